@@ -1,0 +1,457 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// The test binary doubles as the launcher and as the ranks' program:
+//
+//	testbin gdistrun-test-child MODE    runs childMain(MODE)
+//	GDISTRUN_TEST_LAUNCHER=1 testbin …  runs main() (the real command)
+const (
+	childArg    = "gdistrun-test-child"
+	launcherEnv = "GDISTRUN_TEST_LAUNCHER"
+	dirEnv      = "GDISTRUN_TEST_DIR"
+	childSleep  = 30 * time.Second // bounds what a broken test can leak
+)
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == childArg {
+		os.Exit(childMain(os.Args[2]))
+	}
+	if os.Getenv(launcherEnv) == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// childMain is a rank (or a rank's child) in the end-to-end tests. Modes:
+//
+//	sleep     sleep, as a rank's child (a grandchild of gdistrun)
+//	env       print the rank's environment and some awkward output, exit 0
+//	exit3     rank 1 exits 3 at once; the others act as wait
+//	wait      start a sleeping child sharing stdout, record "pid childpid"
+//	          in $GDISTRUN_TEST_DIR/RANK, print "ready", sleep
+//	stubborn  wait, ignoring SIGTERM
+//	term      wait, but on SIGTERM print "got terminated" and exit 0
+//	orphan    wait, but exit 0 at once, leaving the child running
+func childMain(mode string) int {
+	rank := os.Getenv("RANK")
+	switch mode {
+	case "sleep":
+		time.Sleep(childSleep)
+		return 0
+	case "env":
+		fmt.Printf("RANK=%s LOCAL_RANK=%s WORLD_SIZE=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s GDIST_TOKEN=%s\n",
+			rank, os.Getenv("LOCAL_RANK"), os.Getenv("WORLD_SIZE"), os.Getenv("LOCAL_WORLD_SIZE"),
+			os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"), os.Getenv("GDIST_TOKEN"))
+		fmt.Fprintf(os.Stderr, "to stderr\n")
+		fmt.Printf("long %s end\n", strings.Repeat("z", 200<<10))
+		fmt.Printf("progress 1\rprogress 2\rdone\n")
+		fmt.Printf("no newline")
+		return 0
+	case "exit3":
+		if rank == "1" {
+			fmt.Println("exiting 3")
+			return 3
+		}
+	case "stubborn":
+		signal.Ignore(syscall.SIGTERM)
+	}
+	term := make(chan os.Signal, 1)
+	if mode == "term" {
+		signal.Notify(term, syscall.SIGTERM)
+	}
+	gc := exec.Command(os.Args[0], childArg, "sleep")
+	gc.Stdout, gc.Stderr = os.Stdout, os.Stderr // holds the output pipes, like `go run`'s binary
+	if err := gc.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dir := os.Getenv(dirEnv)
+	tmp := filepath.Join(dir, rank+".tmp")
+	pids := fmt.Sprintf("%d %d", os.Getpid(), gc.Process.Pid)
+	if err := os.WriteFile(tmp, []byte(pids), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, rank)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("ready")
+	if mode == "orphan" {
+		return 0
+	}
+	select {
+	case <-term:
+		fmt.Println("got terminated")
+	case <-time.After(childSleep):
+	}
+	return 0
+}
+
+// childEnv returns the environment for a re-executed test binary. Under
+// -race, a process sleeps a second at exit unless told not to.
+func childEnv(extra ...string) []string {
+	env := append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	return append(env, extra...)
+}
+
+// testJob returns a config that runs the test binary as every rank.
+func testJob(t *testing.T, nproc int, mode string) (config, string) {
+	dir := t.TempDir()
+	return config{
+		nproc: nproc, nnodes: 1, masterAddr: "127.0.0.1", killGrace: 3 * time.Second,
+		argv:    []string{os.Args[0], childArg, mode},
+		environ: childEnv(dirEnv + "=" + dir),
+	}, dir
+}
+
+// waitPids waits until n ranks have recorded their pids and returns them
+// (rank pids and their children's), killing them all at cleanup.
+func waitPids(t *testing.T, dir string, n int) (ranks, children []int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for r := range n {
+			if _, err := os.Stat(filepath.Join(dir, strconv.Itoa(r))); err != nil {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "ranks did not start")
+	for r := range n {
+		b, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(r)))
+		require.NoError(t, err)
+		var p, c int
+		_, err = fmt.Sscanf(string(b), "%d %d", &p, &c)
+		require.NoError(t, err)
+		ranks, children = append(ranks, p), append(children, c)
+	}
+	t.Cleanup(func() {
+		for _, pid := range append(ranks, children...) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return ranks, children
+}
+
+// gone reports whether pid no longer runs: it does not exist or is a
+// zombie waiting for its (new) parent to reap it.
+func gone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) state ...
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X')
+}
+
+func requireGone(t *testing.T, pids ...int) {
+	t.Helper()
+	for _, pid := range pids {
+		assert.Eventually(t, func() bool { return gone(pid) }, 2*time.Second, 10*time.Millisecond,
+			"process %d survived", pid)
+	}
+}
+
+// runAsync runs cfg in the background.
+func runAsync(cfg config) (result <-chan runResult, stdout, stderr *bytes.Buffer) {
+	stdout, stderr = new(bytes.Buffer), new(bytes.Buffer)
+	ch := make(chan runResult, 1)
+	go func() {
+		start := time.Now()
+		code, err := run(context.Background(), cfg, stdout, stderr)
+		ch <- runResult{code, err, time.Since(start)}
+	}()
+	return ch, stdout, stderr
+}
+
+type runResult struct {
+	code    int
+	err     error
+	elapsed time.Duration
+}
+
+func awaitRun(t *testing.T, ch <-chan runResult) runResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return")
+		return runResult{}
+	}
+}
+
+func TestRunEnvAndPrefixedOutput(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, _ := testJob(t, 3, "env")
+	cfg.environ = append(cfg.environ, "GDIST_TOKEN=sharedtoken", "RANK=42")
+	var stdout, stderr bytes.Buffer
+	code, err := run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	require.Equal(t, 0, code)
+
+	lines := strings.Split(stdout.String(), "\n")
+	var port string
+	long := "long " + strings.Repeat("z", 200<<10) + " end"
+	for r := range 3 {
+		p := fmt.Sprintf("[%d] ", r)
+		var envLine string
+		for _, l := range lines {
+			if strings.HasPrefix(l, p+"RANK=") {
+				envLine = l
+			}
+		}
+		require.NotEmpty(t, envLine, "rank %d env line in %q", r, stdout.String())
+		var rank, local, world, localWorld, mport, token, addr string
+		_, err := fmt.Sscanf(strings.ReplaceAll(strings.TrimPrefix(envLine, p), "=", " "),
+			"RANK %s LOCAL_RANK %s WORLD_SIZE %s LOCAL_WORLD_SIZE %s MASTER_ADDR %s MASTER_PORT %s GDIST_TOKEN %s",
+			&rank, &local, &world, &localWorld, &addr, &mport, &token)
+		require.NoError(t, err, envLine)
+		assert.Equal(t, []string{strconv.Itoa(r), strconv.Itoa(r), "3", "3", "127.0.0.1", "sharedtoken"},
+			[]string{rank, local, world, localWorld, addr, token})
+		if port == "" {
+			port = mport
+		}
+		assert.Equal(t, port, mport, "one master port for the job")
+
+		assert.Contains(t, lines, p+long)
+		assert.Contains(t, stdout.String(), p+"progress 1\r"+p+"progress 2\r"+p+"done\n")
+		assert.Contains(t, lines, p+"no newline")
+		assert.Contains(t, stderr.String(), p+"to stderr\n")
+	}
+	n, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	assert.Positive(t, n)
+	for _, l := range lines[:len(lines)-1] {
+		assert.Regexp(t, `^\[[012]\] `, l[:min(len(l), 4)], "every line prefixed")
+	}
+}
+
+func TestRunMultiNodeRanks(t *testing.T) {
+	cfg, _ := testJob(t, 2, "env")
+	cfg.nnodes, cfg.nodeRank, cfg.masterPort, cfg.masterAddr = 3, 1, 29555, "10.1.2.3"
+	cfg.environ = append(cfg.environ, "GDIST_TOKEN=t0k")
+	var stdout, stderr bytes.Buffer
+	code, err := run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	require.Equal(t, 0, code)
+	out := stdout.String()
+	assert.Contains(t, out, "[2] RANK=2 LOCAL_RANK=0 WORLD_SIZE=6 LOCAL_WORLD_SIZE=2 MASTER_ADDR=10.1.2.3 MASTER_PORT=29555 GDIST_TOKEN=t0k\n")
+	assert.Contains(t, out, "[3] RANK=3 LOCAL_RANK=1 WORLD_SIZE=6 LOCAL_WORLD_SIZE=2 MASTER_ADDR=10.1.2.3 MASTER_PORT=29555 GDIST_TOKEN=t0k\n")
+}
+
+func TestRunNoPrefix(t *testing.T) {
+	cfg, _ := testJob(t, 1, "env")
+	cfg.noPrefix = true
+	var stdout, stderr bytes.Buffer
+	code, err := run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	require.Equal(t, 0, code)
+	assert.True(t, strings.HasPrefix(stdout.String(), "RANK=0 "))
+	assert.True(t, strings.HasSuffix(stdout.String(), "progress 1\rprogress 2\rdone\nno newline"), "output passed through unchanged")
+	assert.Equal(t, "to stderr\n", stderr.String())
+}
+
+func TestRunRankExits3(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, _ := testJob(t, 2, "exit3")
+	var stdout, stderr bytes.Buffer
+	code, err := run(context.Background(), cfg, &stdout, &stderr)
+	assert.Equal(t, 3, code)
+	var re *rankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Rank)
+	assert.EqualError(t, err, "rank 1 failed first: exit status 3")
+	assert.Contains(t, stdout.String(), "[1] exiting 3\n")
+}
+
+func TestRunRankKilled(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, dir := testJob(t, 2, "wait")
+	res, stdout, _ := runAsync(cfg)
+	ranks, children := waitPids(t, dir, 2)
+
+	killed := time.Now()
+	require.NoError(t, syscall.Kill(ranks[1], syscall.SIGKILL))
+	r := awaitRun(t, res)
+	t.Logf("run returned %v after the kill", time.Since(killed))
+
+	assert.Less(t, time.Since(killed), 10*time.Second)
+	assert.Equal(t, 128+9, r.code)
+	var re *rankError
+	require.ErrorAs(t, r.err, &re)
+	assert.Equal(t, 1, re.Rank)
+	assert.EqualError(t, r.err, "rank 1 failed first: signal: killed")
+	assert.Contains(t, stdout.String(), "[0] ready\n")
+	requireGone(t, append(ranks, children...)...)
+}
+
+func TestRunKillGraceEscalates(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, dir := testJob(t, 2, "stubborn")
+	cfg.killGrace = 300 * time.Millisecond
+	res, _, _ := runAsync(cfg)
+	ranks, children := waitPids(t, dir, 2)
+
+	killed := time.Now()
+	require.NoError(t, syscall.Kill(ranks[0], syscall.SIGKILL))
+	r := awaitRun(t, res)
+	elapsed := time.Since(killed)
+	t.Logf("run returned %v after the kill (grace %v)", elapsed, cfg.killGrace)
+	assert.GreaterOrEqual(t, elapsed, cfg.killGrace, "rank 1 ignores SIGTERM, so it needs the SIGKILL")
+	assert.Less(t, elapsed, 5*time.Second)
+	assert.EqualError(t, r.err, "rank 0 failed first: signal: killed")
+	requireGone(t, append(ranks, children...)...)
+}
+
+func TestRunForwardsSignal(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, dir := testJob(t, 2, "term")
+	sigs := make(chan os.Signal, 1)
+	cfg.signals = sigs
+	res, stdout, _ := runAsync(cfg)
+	ranks, children := waitPids(t, dir, 2)
+
+	sigs <- syscall.SIGTERM
+	r := awaitRun(t, res)
+	assert.Equal(t, 128+15, r.code)
+	var se *signalError
+	require.ErrorAs(t, r.err, &se)
+	assert.Equal(t, syscall.SIGTERM, se.Sig)
+	assert.Contains(t, stdout.String(), "[0] got terminated\n")
+	assert.Contains(t, stdout.String(), "[1] got terminated\n")
+	requireGone(t, append(ranks, children...)...)
+}
+
+func TestRunTimeout(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, _ := testJob(t, 2, "wait")
+	cfg.timeout = 500 * time.Millisecond
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code, err := run(context.Background(), cfg, &stdout, &stderr)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.Equal(t, exitTimeout, code)
+	require.ErrorIs(t, err, errTimedOut)
+	assert.EqualError(t, err, "job timed out after 500ms")
+}
+
+func TestRunProgramNotFound(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var stdout, stderr bytes.Buffer
+	cfg := validConfig()
+	cfg.argv = []string{"gdistrun-no-such-program"}
+	code, err := run(context.Background(), cfg, &stdout, &stderr)
+	assert.Equal(t, exitNotFound, code)
+	require.ErrorIs(t, err, exec.ErrNotFound)
+
+	cfg.argv = []string{filepath.Join(t.TempDir(), "missing")}
+	code, err = run(context.Background(), cfg, &stdout, &stderr)
+	assert.Equal(t, exitNotFound, code)
+	require.Error(t, err)
+}
+
+// launcher starts the real command (main) from the test binary.
+func launcher(t *testing.T, dir string, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = childEnv(launcherEnv+"=1", dirEnv+"="+dir)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd, &stdout, &stderr
+}
+
+func TestLauncherForwardsSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	cmd, stdout, stderr := launcher(t, dir, "-n", "2", "--", os.Args[0], childArg, "term")
+	ranks, children := waitPids(t, dir, 2)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 128+15, ee.ExitCode())
+	assert.Contains(t, stdout.String(), "[0] got terminated\n")
+	assert.Contains(t, stdout.String(), "[1] got terminated\n")
+	assert.Equal(t, "gdistrun: received terminated; stopped all ranks\n", stderr.String())
+	requireGone(t, append(ranks, children...)...)
+}
+
+func TestLauncherRankFailure(t *testing.T) {
+	dir := t.TempDir()
+	cmd, _, stderr := launcher(t, dir, "-n", "2", "--", os.Args[0], childArg, "wait")
+	ranks, children := waitPids(t, dir, 2)
+
+	killed := time.Now()
+	require.NoError(t, syscall.Kill(ranks[1], syscall.SIGKILL))
+	err := cmd.Wait()
+	assert.Less(t, time.Since(killed), 10*time.Second)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 137, ee.ExitCode())
+	assert.Equal(t, "gdistrun: rank 1 failed first: signal: killed\n", stderr.String())
+	requireGone(t, append(ranks, children...)...)
+}
+
+func TestLauncherDeathKillsRanks(t *testing.T) {
+	dir := t.TempDir()
+	cmd, _, _ := launcher(t, dir, "-n", "2", "--", os.Args[0], childArg, "wait")
+	ranks, _ := waitPids(t, dir, 2)
+
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	requireGone(t, ranks...) // Pdeathsig
+}
+
+func TestRunKillsLeftoversOfSuccessfulRank(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, dir := testJob(t, 2, "orphan")
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code, err := run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	assert.Equal(t, 0, code)
+	assert.Less(t, time.Since(start), drainTimeout, "no wait for the leftover's pipe")
+	ranks, children := waitPids(t, dir, 2)
+	requireGone(t, append(ranks, children...)...)
+}
+
+func TestWaitExitedDoesNotReap(t *testing.T) {
+	cmd := exec.Command(os.Args[0], childArg, "env")
+	cmd.Env = childEnv()
+	require.NoError(t, cmd.Start())
+	pid := cmd.Process.Pid
+	require.True(t, waitExited(pid))
+	assert.NoError(t, syscall.Kill(pid, 0), "still a zombie, not reaped")
+	assert.True(t, gone(pid))
+	require.NoError(t, cmd.Wait())
+	assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH)
+}

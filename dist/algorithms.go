@@ -1,0 +1,420 @@
+package dist
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/bufpool"
+)
+
+// The algorithms run one collective at a time (the group serialises them), so
+// they read the running collective's sequence number and fingerprint from
+// g.cur. Messages longer than the segment size are cut into segments, sent
+// and received alternately, which overlaps reduction with transfer, bounds
+// what is queued on any link, and keeps every message far below a
+// transport's frame limit. An empty buffer still travels as one empty
+// message, so the message pattern never depends on the data.
+//
+// Desync detection. Every message carries the collective's sequence number
+// and fingerprint, and every algorithm obeys one rule: a rank's first message
+// in a collective goes to rank r+1 (mod n) and its first receive is from rank
+// r-1, before it receives anything else. The ring algorithms and the
+// dissemination barrier start that way by themselves; the others (recursive
+// doubling for n > 2, trees, chains) first exchange an empty "announce"
+// message around the ring. So whatever two disagreeing ranks called, some
+// rank compares its own fingerprint with its left neighbour's before it can
+// wait for a message that will never come: if any two ranks disagree, two
+// neighbours do. The detecting rank aborts the group and tells everyone.
+
+// send sends one collective message to rank `to`.
+func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
+	return g.t.Send(ctx, to, tagColl, transport.Meta{Seq: g.cur.seq, Fingerprint: g.cur.fp}, p)
+}
+
+// recv receives one collective message of want bytes from rank `from`. The
+// caller must Release the payload. A message from another collective is a
+// *DesyncError.
+func (g *ProcessGroup) recv(ctx context.Context, from, want int) ([]byte, error) {
+	m, err := g.t.Recv(ctx, from, tagColl)
+	if err != nil {
+		return nil, err
+	}
+	if m.Meta.Seq != g.cur.seq || m.Meta.Fingerprint != g.cur.fp {
+		g.t.Release(m.Payload)
+		return nil, &DesyncError{
+			Rank: g.rank, Peer: from,
+			Seq: g.cur.seq, PeerSeq: m.Meta.Seq,
+			Local: describe(g.cur.fp), Remote: describe(m.Meta.Fingerprint),
+		}
+	}
+	if len(m.Payload) != want {
+		n := len(m.Payload)
+		g.t.Release(m.Payload)
+		return nil, &PeerError{Rank: from, Op: g.cur.kind.String(),
+			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, want)}
+	}
+	return m.Payload, nil
+}
+
+// nseg is the number of segments of an n-byte buffer (1 for an empty one).
+func (g *ProcessGroup) nseg(n int) int { return max(1, (n+g.cfg.segment-1)/g.cfg.segment) }
+
+// seg returns segment k of b.
+func (g *ProcessGroup) seg(b []byte, k int) []byte {
+	lo := k * g.cfg.segment
+	return b[lo:min(lo+g.cfg.segment, len(b))]
+}
+
+// announce sends an empty message to rank r+1 and checks the one from rank
+// r-1 (see "Desync detection" above).
+func (g *ProcessGroup) announce(ctx context.Context) error {
+	n, r := g.world, g.rank
+	if err := g.send(ctx, (r+1)%n, nil); err != nil {
+		return err
+	}
+	p, err := g.recv(ctx, (r+n-1)%n, 0)
+	if err != nil {
+		return err
+	}
+	g.t.Release(p)
+	return nil
+}
+
+// Receive modes.
+const (
+	modeCopy   = iota // copy the message into the buffer
+	modeReduce        // combine it into the buffer
+)
+
+// store puts a received segment p into dst.
+func store(dst, p []byte, mode int, red reducer) {
+	if mode == modeReduce {
+		red.into(dst, p)
+	} else {
+		copy(dst, p)
+	}
+}
+
+// exchange sends snd to `to` while receiving rcv from `from`, segment by
+// segment, storing what arrives according to mode.
+func (g *ProcessGroup) exchange(ctx context.Context, to int, snd []byte, from int, rcv []byte, mode int, red reducer) error {
+	ns, nr := g.nseg(len(snd)), g.nseg(len(rcv))
+	for k := range max(ns, nr) {
+		if k < ns {
+			if err := g.send(ctx, to, g.seg(snd, k)); err != nil {
+				return err
+			}
+		}
+		if k < nr {
+			dst := g.seg(rcv, k)
+			p, err := g.recv(ctx, from, len(dst))
+			if err != nil {
+				return err
+			}
+			store(dst, p, mode, red)
+			g.t.Release(p)
+		}
+	}
+	return nil
+}
+
+// sendAll sends b to `to` in segments.
+func (g *ProcessGroup) sendAll(ctx context.Context, to int, b []byte) error {
+	for k := range g.nseg(len(b)) {
+		if err := g.send(ctx, to, g.seg(b, k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recvAll receives b from `from` in segments.
+func (g *ProcessGroup) recvAll(ctx context.Context, from int, b []byte, mode int, red reducer) error {
+	for k := range g.nseg(len(b)) {
+		dst := g.seg(b, k)
+		p, err := g.recv(ctx, from, len(dst))
+		if err != nil {
+			return err
+		}
+		store(dst, p, mode, red)
+		g.t.Release(p)
+	}
+	return nil
+}
+
+// allReduceRD is recursive doubling: ceil(log2 n) rounds in which each rank
+// swaps its whole partial result with the rank whose number differs in one
+// bit and combines the two. With p the largest power of two <= n, the n-p
+// "extra" ranks first fold their vectors into ranks 0..n-p-1 and get the
+// result back at the end (two more rounds). Partners hold bitwise equal
+// partials and combine them with a commutative operation, so every rank ends
+// with the same bits.
+func (g *ProcessGroup) allReduceRD(ctx context.Context, data []byte, red reducer) error {
+	n, r := g.world, g.rank
+	if n > 2 {
+		if err := g.announce(ctx); err != nil {
+			return err
+		}
+	}
+	p2 := 1
+	for p2*2 <= n {
+		p2 *= 2
+	}
+	if r >= p2 { // extra rank: fold in, then wait for the result
+		if err := g.sendAll(ctx, r-p2, data); err != nil {
+			return err
+		}
+		return g.recvAll(ctx, r-p2, data, modeCopy, red)
+	}
+	if r < n-p2 {
+		if err := g.recvAll(ctx, r+p2, data, modeReduce, red); err != nil {
+			return err
+		}
+	}
+	for mask := 1; mask < p2; mask <<= 1 {
+		// Sending and combining the same buffer is safe: exchange sends
+		// segment k before it combines the peer's segment k into it.
+		peer := r ^ mask
+		if err := g.exchange(ctx, peer, data, peer, data, modeReduce, red); err != nil {
+			return err
+		}
+	}
+	red.finish(data, n)
+	if r < n-p2 {
+		return g.sendAll(ctx, r+p2, data)
+	}
+	return nil
+}
+
+// chunk returns block i (mod n) of a count-element buffer split into n
+// nearly equal blocks of es-byte elements: block i holds elements
+// [i*count/n, (i+1)*count/n).
+func chunk(b []byte, es, n, i int) []byte {
+	i = ((i % n) + n) % n
+	count := len(b) / es
+	lo, hi := i*count/n, (i+1)*count/n
+	return b[lo*es : hi*es]
+}
+
+// allReduceRing is the ring all-reduce: a reduce-scatter (n-1 steps; after
+// step s rank r holds the sum of s+2 ranks' block r-s-1) followed by an
+// all-gather (n-1 steps) of the reduced blocks. Each rank sends and receives
+// 2(n-1)/n of the vector. Each block is reduced in a fixed order by one rank
+// and then copied, so every rank gets the same bits.
+func (g *ProcessGroup) allReduceRing(ctx context.Context, data []byte, es int, red reducer) error {
+	n, r := g.world, g.rank
+	next, prev := (r+1)%n, (r+n-1)%n
+	for s := range n - 1 {
+		if err := g.exchange(ctx, next, chunk(data, es, n, r-s), prev, chunk(data, es, n, r-s-1), modeReduce, red); err != nil {
+			return err
+		}
+	}
+	red.finish(chunk(data, es, n, r+1), n)
+	for s := range n - 1 {
+		if err := g.exchange(ctx, next, chunk(data, es, n, r+1-s), prev, chunk(data, es, n, r-s), modeCopy, red); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allGatherRing: in step s rank r passes block r-s on to r+1 and receives
+// block r-s-1 from r-1.
+func (g *ProcessGroup) allGatherRing(ctx context.Context, dst, src []byte) error {
+	n, r := g.world, g.rank
+	b := len(src)
+	copy(dst[r*b:(r+1)*b], src)
+	next, prev := (r+1)%n, (r+n-1)%n
+	block := func(i int) []byte {
+		i = ((i % n) + n) % n
+		return dst[i*b : (i+1)*b]
+	}
+	for s := range n - 1 {
+		if err := g.exchange(ctx, next, block(r-s), prev, block(r-s-1), modeCopy, reducer{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reduceScatterRing: in step s rank r sends its partial of block r-s-1 to
+// r+1 and receives r-1's partial of block r-s-2, to which it adds its own
+// contribution; after n-1 steps the block received is r, complete. Partials
+// live in a pooled scratch block, so src is left untouched.
+func (g *ProcessGroup) reduceScatterRing(ctx context.Context, dst, src []byte, red reducer) error {
+	n, r := g.world, g.rank
+	b := len(dst)
+	next, prev := (r+1)%n, (r+n-1)%n
+	block := func(i int) []byte {
+		i = ((i % n) + n) % n
+		return src[i*b : (i+1)*b]
+	}
+	scratch := bufpool.Default.Get(b)
+	defer bufpool.Default.Put(scratch)
+	for s := range n - 1 {
+		out := scratch
+		if s == 0 {
+			out = block(r - 1)
+		}
+		acc := scratch
+		if s == n-2 {
+			acc = dst
+		}
+		mine := block(r - s - 2)
+		for k := range g.nseg(b) {
+			if err := g.send(ctx, next, g.seg(out, k)); err != nil {
+				return err
+			}
+			d := g.seg(acc, k)
+			p, err := g.recv(ctx, prev, len(d))
+			if err != nil {
+				return err
+			}
+			red.into(p, g.seg(mine, k))
+			copy(d, p)
+			g.t.Release(p)
+		}
+	}
+	red.finish(dst, n)
+	return nil
+}
+
+// broadcastTree is a binomial tree rooted at root: ceil(log2 n) rounds.
+func (g *ProcessGroup) broadcastTree(ctx context.Context, data []byte, root int) error {
+	if err := g.announce(ctx); err != nil {
+		return err
+	}
+	n := g.world
+	vr := (g.rank - root + n) % n
+	real := func(v int) int { return (v + root) % n }
+	mask := 1
+	for mask < n {
+		if vr&mask != 0 {
+			if err := g.recvAll(ctx, real(vr-mask), data, modeCopy, reducer{}); err != nil {
+				return err
+			}
+			break
+		}
+		mask <<= 1
+	}
+	for mask >>= 1; mask > 0; mask >>= 1 {
+		if vr+mask < n {
+			if err := g.sendAll(ctx, real(vr+mask), data); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// broadcastChain pipelines segments down the chain root, root+1, ..., so
+// every link carries the vector once, concurrently.
+func (g *ProcessGroup) broadcastChain(ctx context.Context, data []byte, root int) error {
+	if err := g.announce(ctx); err != nil {
+		return err
+	}
+	n, r := g.world, g.rank
+	vr := (r - root + n) % n
+	next, prev := (r+1)%n, (r+n-1)%n
+	if vr == 0 {
+		return g.sendAll(ctx, next, data)
+	}
+	for k := range g.nseg(len(data)) {
+		d := g.seg(data, k)
+		p, err := g.recv(ctx, prev, len(d))
+		if err != nil {
+			return err
+		}
+		copy(d, p)
+		g.t.Release(p)
+		if vr < n-1 {
+			if err := g.send(ctx, next, d); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// reduceTree is a binomial tree reduction to root. Inner ranks combine into a
+// pooled scratch buffer, so only root's data changes.
+func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, red reducer) error {
+	if err := g.announce(ctx); err != nil {
+		return err
+	}
+	n := g.world
+	vr := (g.rank - root + n) % n
+	real := func(v int) int { return (v + root) % n }
+	acc := data
+	if vr != 0 {
+		acc = bufpool.Default.Get(len(data))
+		defer bufpool.Default.Put(acc)
+		copy(acc, data)
+	}
+	for mask := 1; mask < n; mask <<= 1 {
+		if vr&mask != 0 {
+			return g.sendAll(ctx, real(vr-mask), acc)
+		}
+		if vr+mask < n {
+			if err := g.recvAll(ctx, real(vr+mask), acc, modeReduce, red); err != nil {
+				return err
+			}
+		}
+	}
+	red.finish(acc, n)
+	return nil
+}
+
+// reduceChain pipelines segments up the chain root-1, root-2, ..., root+1 ->
+// root: each rank adds its contribution to the partial passing through.
+func (g *ProcessGroup) reduceChain(ctx context.Context, data []byte, root int, red reducer) error {
+	if err := g.announce(ctx); err != nil {
+		return err
+	}
+	n, r := g.world, g.rank
+	vr := (r - root + n) % n
+	to, from := (r+n-1)%n, (r+1)%n
+	if vr == n-1 {
+		return g.sendAll(ctx, to, data)
+	}
+	for k := range g.nseg(len(data)) {
+		d := g.seg(data, k)
+		p, err := g.recv(ctx, from, len(d))
+		if err != nil {
+			return err
+		}
+		if vr == 0 {
+			red.into(d, p)
+		} else {
+			red.into(p, d)
+			err = g.send(ctx, to, p)
+		}
+		g.t.Release(p)
+		if err != nil {
+			return err
+		}
+	}
+	if vr == 0 {
+		red.finish(data, n)
+	}
+	return nil
+}
+
+// barrier is a dissemination barrier: in round k every rank signals rank
+// r+2^k and waits for rank r-2^k; after ceil(log2 n) rounds every rank has
+// heard, directly or not, from every other.
+func (g *ProcessGroup) barrier(ctx context.Context) error {
+	n, r := g.world, g.rank
+	for d := 1; d < n; d <<= 1 {
+		if err := g.send(ctx, (r+d)%n, nil); err != nil {
+			return err
+		}
+		p, err := g.recv(ctx, (r-d+n)%n, 0)
+		if err != nil {
+			return err
+		}
+		g.t.Release(p)
+	}
+	return nil
+}

@@ -1,0 +1,307 @@
+package dist
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gdist/gdist/dist/transport"
+)
+
+// call is one collective's arguments. Buffers are byte views of the
+// caller's slices; the caller keeps owning them.
+type call struct {
+	kind  opKind
+	dt    DType
+	op    ReduceOp
+	root  int
+	count int    // elements, as fingerprinted (see CollectiveDesc)
+	data  []byte // in and out: all_reduce, broadcast, reduce; dst: all_gather, reduce_scatter
+	src   []byte // all_gather, reduce_scatter
+
+	// federated_average
+	f32      []float32
+	deadline time.Time
+	n        int // participants (out)
+}
+
+func (c *call) fingerprint() uint64 { return fingerprint(c.kind, c.dt, c.op, c.root, c.count) }
+
+// check validates the arguments that do not depend on other ranks.
+func (c *call) check(g *ProcessGroup) error {
+	if !c.dt.valid() && c.kind != kBarrier {
+		return fmt.Errorf("dist: %s: %w: %v", c.kind, ErrUnsupportedDType, c.dt)
+	}
+	if c.kind.hasReduce() && !c.op.valid() {
+		return fmt.Errorf("dist: %s: %w: reduce op %v", c.kind, ErrInvalidArgument, c.op)
+	}
+	if c.kind.hasRoot() {
+		if err := transport.CheckRank(c.root, g.world); err != nil {
+			return fmt.Errorf("dist: %s: root: %w", c.kind, err)
+		}
+	}
+	if c.count < 0 || c.count > MaxCount {
+		return fmt.Errorf("dist: %s: %w: %d elements (at most %d)", c.kind, ErrInvalidArgument, c.count, MaxCount)
+	}
+	return nil
+}
+
+// dispatch runs the collective's algorithm. ctx is the group's op context.
+func (g *ProcessGroup) dispatch(ctx context.Context, c *call) error {
+	red := reducer{c.dt, c.op}
+	if g.world == 1 {
+		switch c.kind {
+		case kAllGather, kReduceScatter:
+			copy(c.data, c.src)
+		case kFederated:
+			c.n = 1
+		}
+		return nil
+	}
+	small := len(c.data) < g.cfg.small
+	switch c.kind {
+	case kAllReduce:
+		if small {
+			return g.allReduceRD(ctx, c.data, red)
+		}
+		return g.allReduceRing(ctx, c.data, c.dt.Size(), red)
+	case kAllGather:
+		return g.allGatherRing(ctx, c.data, c.src)
+	case kReduceScatter:
+		return g.reduceScatterRing(ctx, c.data, c.src, red)
+	case kBroadcast:
+		if small {
+			return g.broadcastTree(ctx, c.data, c.root)
+		}
+		return g.broadcastChain(ctx, c.data, c.root)
+	case kReduce:
+		if small {
+			return g.reduceTree(ctx, c.data, c.root, red)
+		}
+		return g.reduceChain(ctx, c.data, c.root, red)
+	case kBarrier:
+		return g.barrier(ctx)
+	case kFederated:
+		return g.federated(ctx, c)
+	}
+	return fmt.Errorf("dist: unknown collective %v", c.kind)
+}
+
+// AllReduce combines data element by element across all ranks with op and
+// leaves the result in data on every rank, bitwise identical everywhere
+// (except for the payload bits of NaNs). It accumulates in float32. data is
+// the caller's and must not be touched until AllReduce returns.
+//
+// Every rank must call the same collectives in the same order, with the same
+// length, dtype, op and root: a rank that does not gets a *DesyncError (and
+// so do its peers) instead of wrong numbers or a hang. A collective that
+// fails aborts the group: later collectives fail too (see ErrAborted).
+func (g *ProcessGroup) AllReduce(ctx context.Context, data []float32, op ReduceOp) error {
+	c := call{kind: kAllReduce, dt: F32, op: op, count: len(data), data: f32Bytes(data)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// AllReduceF64 is AllReduce for float64 data, accumulating in float64.
+func (g *ProcessGroup) AllReduceF64(ctx context.Context, data []float64, op ReduceOp) error {
+	c := call{kind: kAllReduce, dt: F64, op: op, count: len(data), data: f64Bytes(data)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// AllReduceTyped is AllReduce on raw little-endian elements of type dt (see
+// EncodeFloat32 and DecodeFloat32). Messages carry dt's own width; each
+// combination is computed in float64 and rounded back to dt (for F32 this
+// gives exactly the float32 result). len(data) must be a multiple of
+// dt.Size() (else ErrInvalidArgument); an unknown dt gives
+// ErrUnsupportedDType. data is the caller's and must not be touched until
+// AllReduceTyped returns.
+func (g *ProcessGroup) AllReduceTyped(ctx context.Context, data []byte, dt DType, op ReduceOp) error {
+	c, err := typedCall(data, dt, op)
+	if err != nil {
+		return err
+	}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+func typedCall(data []byte, dt DType, op ReduceOp) (call, error) {
+	if !dt.valid() {
+		return call{}, fmt.Errorf("dist: all_reduce: %w: %v", ErrUnsupportedDType, dt)
+	}
+	if len(data)%dt.Size() != 0 {
+		return call{}, fmt.Errorf("dist: all_reduce: %w: %d bytes is not a whole number of %v elements", ErrInvalidArgument, len(data), dt)
+	}
+	return call{kind: kAllReduce, dt: dt, op: op, count: len(data) / dt.Size(), data: data}, nil
+}
+
+// AllReduceAsync starts AllReduce on the group's worker and returns at once.
+// data must not be touched until the Work is done. The collective takes its
+// place in the group's order now, so a later sync collective waits for it.
+// It runs with the group's default timeout (see WithTimeout).
+func (g *ProcessGroup) AllReduceAsync(data []float32, op ReduceOp) *Work {
+	return g.enqueue(call{kind: kAllReduce, dt: F32, op: op, count: len(data), data: f32Bytes(data)})
+}
+
+// AllReduceF64Async is AllReduceAsync for float64 data.
+func (g *ProcessGroup) AllReduceF64Async(data []float64, op ReduceOp) *Work {
+	return g.enqueue(call{kind: kAllReduce, dt: F64, op: op, count: len(data), data: f64Bytes(data)})
+}
+
+// AllReduceTypedAsync is AllReduceTyped run like AllReduceAsync.
+func (g *ProcessGroup) AllReduceTypedAsync(data []byte, dt DType, op ReduceOp) *Work {
+	c, err := typedCall(data, dt, op)
+	if err != nil {
+		return doneWork(err)
+	}
+	return g.enqueue(c)
+}
+
+// AllGather concatenates every rank's src into dst, in rank order: rank r's
+// src lands at dst[r*len(src):]. len(dst) must be WorldSize*len(src) (else a
+// *LengthMismatchError). src may be that part of dst. Both slices stay the
+// caller's.
+func (g *ProcessGroup) AllGather(ctx context.Context, dst, src []float32) error {
+	if len(dst) != g.world*len(src) {
+		return &LengthMismatchError{Op: kAllGather.String(), Want: g.world * len(src), Got: len(dst)}
+	}
+	c := call{kind: kAllGather, dt: F32, count: len(src), data: f32Bytes(dst), src: f32Bytes(src)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// AllGatherF64 is AllGather for float64 data.
+func (g *ProcessGroup) AllGatherF64(ctx context.Context, dst, src []float64) error {
+	if len(dst) != g.world*len(src) {
+		return &LengthMismatchError{Op: kAllGather.String(), Want: g.world * len(src), Got: len(dst)}
+	}
+	c := call{kind: kAllGather, dt: F64, count: len(src), data: f64Bytes(dst), src: f64Bytes(src)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// ReduceScatter reduces src element by element across ranks with op and
+// gives rank r block r of the result: len(src) must be WorldSize*len(dst)
+// (else a *LengthMismatchError), and dst receives the reduction of every
+// rank's src[r*len(dst):(r+1)*len(dst)]. src is not modified. Both slices
+// stay the caller's and must not overlap.
+func (g *ProcessGroup) ReduceScatter(ctx context.Context, dst, src []float32, op ReduceOp) error {
+	if len(src) != g.world*len(dst) {
+		return &LengthMismatchError{Op: kReduceScatter.String(), Want: g.world * len(dst), Got: len(src)}
+	}
+	c := call{kind: kReduceScatter, dt: F32, op: op, count: len(dst), data: f32Bytes(dst), src: f32Bytes(src)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// ReduceScatterF64 is ReduceScatter for float64 data.
+func (g *ProcessGroup) ReduceScatterF64(ctx context.Context, dst, src []float64, op ReduceOp) error {
+	if len(src) != g.world*len(dst) {
+		return &LengthMismatchError{Op: kReduceScatter.String(), Want: g.world * len(dst), Got: len(src)}
+	}
+	c := call{kind: kReduceScatter, dt: F64, op: op, count: len(dst), data: f64Bytes(dst), src: f64Bytes(src)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// Broadcast copies root's data into data on every other rank. data stays the
+// caller's; on the root it is only read.
+func (g *ProcessGroup) Broadcast(ctx context.Context, data []float32, root int) error {
+	c := call{kind: kBroadcast, dt: F32, root: root, count: len(data), data: f32Bytes(data)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// BroadcastF64 is Broadcast for float64 data.
+func (g *ProcessGroup) BroadcastF64(ctx context.Context, data []float64, root int) error {
+	c := call{kind: kBroadcast, dt: F64, root: root, count: len(data), data: f64Bytes(data)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// Reduce combines data across ranks with op and leaves the result in root's
+// data. Other ranks' data is left unchanged. data stays the caller's.
+func (g *ProcessGroup) Reduce(ctx context.Context, data []float32, op ReduceOp, root int) error {
+	c := call{kind: kReduce, dt: F32, op: op, root: root, count: len(data), data: f32Bytes(data)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// ReduceF64 is Reduce for float64 data.
+func (g *ProcessGroup) ReduceF64(ctx context.Context, data []float64, op ReduceOp, root int) error {
+	c := call{kind: kReduce, dt: F64, op: op, root: root, count: len(data), data: f64Bytes(data)}
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, &c)
+}
+
+// Barrier returns once every rank has entered it.
+func (g *ProcessGroup) Barrier(ctx context.Context) error {
+	c := call{kind: kBarrier}
+	return g.runSync(ctx, &c)
+}
+
+// Work is the handle of an async collective.
+type Work struct {
+	c    call
+	seq  uint64
+	done chan struct{}
+	err  error
+}
+
+func doneWork(err error) *Work {
+	w := &Work{done: make(chan struct{})}
+	w.finish(err)
+	return w
+}
+
+func (w *Work) finish(err error) {
+	w.err = err
+	close(w.done)
+}
+
+// Wait waits for the collective to finish and returns its error. If ctx ends
+// first, Wait returns an error wrapping ctx.Err() but the collective goes on
+// (its buffer is still in use until Done is closed).
+func (w *Work) Wait(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return fmt.Errorf("dist: wait for %s: %w", w.c.kind, ctx.Err())
+	}
+}
+
+// Done is closed when the collective has finished, successfully or not.
+func (w *Work) Done() <-chan struct{} { return w.done }
+
+// Err returns the collective's error once it has finished, and nil before.
+func (w *Work) Err() error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+		return nil
+	}
+}

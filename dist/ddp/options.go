@@ -1,0 +1,115 @@
+package ddp
+
+import (
+	"fmt"
+
+	"github.com/gdist/gdist/dist"
+)
+
+// Defaults of the bucket options (the same as PyTorch's DistributedDataParallel).
+const (
+	// DefaultBucketCap is the default size cap of a gradient bucket, in bytes
+	// of the parameters' dtype.
+	DefaultBucketCap = 25 << 20
+	// DefaultFirstBucketCap is the default cap of the first bucket (the last
+	// parameters, whose gradients are ready first): small so that the first
+	// all-reduce starts early in the backward pass.
+	DefaultFirstBucketCap = 1 << 20
+)
+
+// Option configures Wrap. Options are validated by Wrap, which fails with an
+// error wrapping dist.ErrInvalidArgument for a bad value.
+type Option func(*config) error
+
+type config struct {
+	bucketCap      int
+	firstBucketCap int
+	overlap        bool
+	compress       bool
+	wire           dist.DType
+	accumulation   int
+}
+
+func defaultConfig() config {
+	return config{
+		bucketCap:      DefaultBucketCap,
+		firstBucketCap: DefaultFirstBucketCap,
+		overlap:        true,
+		accumulation:   1,
+	}
+}
+
+// WithBucketCap sets the size cap of a gradient bucket in bytes (of the
+// parameters' dtype); bytes must be positive. A parameter larger than the
+// cap gets a bucket of its own. The default is DefaultBucketCap.
+func WithBucketCap(bytes int) Option {
+	return func(c *config) error {
+		if bytes <= 0 {
+			return fmt.Errorf("ddp: bucket cap %d bytes: %w", bytes, dist.ErrInvalidArgument)
+		}
+		c.bucketCap = bytes
+		return nil
+	}
+}
+
+// WithFirstBucketCap sets the size cap of the first bucket in bytes; bytes
+// must be positive. The default is DefaultFirstBucketCap.
+func WithFirstBucketCap(bytes int) Option {
+	return func(c *config) error {
+		if bytes <= 0 {
+			return fmt.Errorf("ddp: first bucket cap %d bytes: %w", bytes, dist.ErrInvalidArgument)
+		}
+		c.firstBucketCap = bytes
+		return nil
+	}
+}
+
+// WithOverlap chooses when buckets are all-reduced. With true (the default)
+// a bucket's all-reduce starts, asynchronously, as soon as the backward pass
+// has produced all of its gradients, so communication overlaps the rest of
+// backprop. With false every all-reduce starts in Sync, after the backward
+// pass: the baseline against which overlap is measured.
+func WithOverlap(on bool) Option {
+	return func(c *config) error {
+		c.overlap = on
+		return nil
+	}
+}
+
+// WithCompression all-reduces gradients in dt on the wire (dist.F16 or
+// dist.BF16; dist.F32 for float64 parameters) through AllReduceTyped, which
+// accumulates in float64 at every hop. Gradients are divided by the world
+// size (and by the number of accumulated passes, see WithAccumulation)
+// before they are narrowed, as PyTorch's fp16 compression hook does, which
+// keeps F16 sums in range. The result is rounded to dt once per hop, so it
+// is only approximately the uncompressed average (F16: about 3 significant
+// decimal digits, BF16: about 2); it is the same on every rank.
+func WithCompression(dt dist.DType) Option {
+	return func(c *config) error {
+		switch dt {
+		case dist.F16, dist.BF16, dist.F32:
+		default:
+			return fmt.Errorf("ddp: compression to %v (want f16, bf16 or f32): %w", dt, dist.ErrInvalidArgument)
+		}
+		c.compress, c.wire = true, dt
+		return nil
+	}
+}
+
+// WithAccumulation makes the Solver returned by DDP.Solver accumulate
+// gradients over k backward passes: its Step only counts the first k-1 calls
+// of every k (no communication happens during their backward passes, and the
+// inner solver is not called) and on the k-th call synchronises and steps.
+// The gradient handed to the inner solver is then the mean over the k passes
+// and over all ranks, so with a per-pass mean loss it equals the gradient of
+// the mean loss over all k·WorldSize micro-batches. k must be at least 1; 1
+// (the default) means no accumulation.
+func WithAccumulation(k int) Option {
+	return func(c *config) error {
+		if k < 1 {
+			return fmt.Errorf("ddp: accumulation over %d passes: %w", k, dist.ErrInvalidArgument)
+		}
+		c.accumulation = k
+		return nil
+	}
+}

@@ -1,0 +1,147 @@
+package dist
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/gdist/gdist/dist/transport"
+)
+
+// fedState is FederatedAverage's per-group state, owned by the running
+// collective.
+type fedState struct {
+	round   uint64
+	pending map[int]transport.Message // early vectors (from a later round), by rank
+}
+
+// FederatedAverage averages data across the ranks that are on time, for
+// federated learning with stragglers. Rank 0 (the leader) averages its own
+// data with the vectors that reach it by deadline, skips the others, and
+// sends the average to every rank, which stores it in data. It returns the
+// number of vectors averaged on rank 0, and 0 on the other ranks.
+//
+// Every rank must call FederatedAverage the same number of times: each call
+// is a numbered round, and a vector that arrives after its round's deadline
+// is discarded in the next round, never averaged into it. Non-leaders wait
+// for their round's average, bounded by ctx (or the group's default timeout).
+// deadline only matters on rank 0. A peer that sends a vector of another
+// length gets every rank a *DesyncError. data stays the caller's.
+//
+// FederatedAverage takes its turn among the group's collectives like any
+// other collective, and a failure aborts the group like theirs.
+func (g *ProcessGroup) FederatedAverage(ctx context.Context, data []float32, deadline time.Time) (int, error) {
+	c := call{kind: kFederated, dt: F32, op: Mean, count: len(data), data: f32Bytes(data), f32: data, deadline: deadline}
+	if err := c.check(g); err != nil {
+		return 0, err
+	}
+	if err := g.runSync(ctx, &c); err != nil {
+		return 0, err
+	}
+	return c.n, nil
+}
+
+func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
+	g.fed.round++
+	round := g.fed.round
+	meta := transport.Meta{Seq: round, Fingerprint: g.cur.fp}
+	if g.rank != 0 {
+		if err := g.t.Send(ctx, 0, tagFedUp, meta, c.data); err != nil {
+			return err
+		}
+		for {
+			m, err := g.t.Recv(ctx, 0, tagFedDown)
+			if err != nil {
+				return err
+			}
+			if m.Meta.Seq < round { // the average of a round we gave up on
+				g.t.Release(m.Payload)
+				continue
+			}
+			if m.Meta != meta || len(m.Payload) != len(c.data) {
+				g.t.Release(m.Payload)
+				return g.fedDesync(0, m.Meta, round)
+			}
+			copy(c.data, m.Payload)
+			g.t.Release(m.Payload)
+			c.n = 0
+			return nil
+		}
+	}
+
+	dctx, cancel := context.WithDeadline(ctx, c.deadline)
+	defer cancel()
+	n := 1
+	for p := 1; p < g.world; p++ {
+		m, ok, err := g.fedCollect(dctx, ctx, p, round)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if m.Meta.Fingerprint != meta.Fingerprint || len(m.Payload) != len(c.data) {
+			g.t.Release(m.Payload)
+			return g.fedDesync(p, m.Meta, round)
+		}
+		red := reducer{F32, Sum}
+		red.into(c.data, m.Payload)
+		g.t.Release(m.Payload)
+		n++
+	}
+	reducer{F32, Mean}.finish(c.data, n)
+	for p := 1; p < g.world; p++ {
+		if err := g.t.Send(ctx, p, tagFedDown, meta, c.data); err != nil {
+			return err
+		}
+	}
+	c.n = n
+	return nil
+}
+
+// fedCollect returns rank p's vector for round, or ok == false if it has
+// not arrived by the deadline (dctx). Vectors of earlier rounds are dropped;
+// one of a later round is kept for that round.
+func (g *ProcessGroup) fedCollect(dctx, ctx context.Context, p int, round uint64) (transport.Message, bool, error) {
+	if m, ok := g.fed.pending[p]; ok {
+		if m.Meta.Seq == round {
+			delete(g.fed.pending, p)
+			return m, true, nil
+		}
+		if m.Meta.Seq > round {
+			return transport.Message{}, false, nil
+		}
+		delete(g.fed.pending, p)
+		g.t.Release(m.Payload)
+	}
+	for {
+		m, err := g.t.Recv(dctx, p, tagFedUp)
+		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				return transport.Message{}, false, nil // late: skip it this round
+			}
+			return transport.Message{}, false, err
+		}
+		switch {
+		case m.Meta.Seq < round:
+			g.t.Release(m.Payload)
+		case m.Meta.Seq > round:
+			if g.fed.pending == nil {
+				g.fed.pending = make(map[int]transport.Message)
+			}
+			g.fed.pending[p] = m
+			return transport.Message{}, false, nil
+		default:
+			return m, true, nil
+		}
+	}
+}
+
+func (g *ProcessGroup) fedDesync(peer int, m transport.Meta, round uint64) error {
+	return &DesyncError{
+		Rank: g.rank, Peer: peer,
+		Seq: round, PeerSeq: m.Seq,
+		Local: describe(g.cur.fp), Remote: describe(m.Fingerprint),
+	}
+}
+

@@ -1,0 +1,582 @@
+package ops_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ops"
+	"github.com/gdist/gdist/dist/transport"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// buildMu serialises Gorgonia graph construction and differentiation, which
+// touch package globals, across the rank goroutines of one test.
+var buildMu sync.Mutex
+
+// runRanks runs fn on n in-process ranks, one goroutine each, and fails t
+// with every rank's error. A rank's group is closed when its fn returns, so a
+// failing rank makes its peers fail instead of hang.
+func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) {
+	t.Helper()
+	ts := transport.NewLocal(n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		pg, err := dist.New(ts[r], dist.WithTimeout(20*time.Second))
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer pg.Close()
+			errs[r] = fn(pg)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		assert.NoError(t, err, "rank %d", r)
+	}
+}
+
+// valueOf returns rank r's deterministic input element i.
+func valueOf(r, i int) float64 { return 0.5*float64(r+1) + 0.25*float64(i) - 1 + 0.1*math.Sin(float64(7*r+i)) }
+
+// weightOf returns rank r's deterministic loss weight for output element i.
+func weightOf(r, i int) float64 { return math.Cos(float64(3*r+i)) + 0.1*float64(r) }
+
+func seq(n int, f func(i int) float64) []float64 {
+	s := make([]float64, n)
+	for i := range s {
+		s[i] = f(i)
+	}
+	return s
+}
+
+// makeTensor returns a tensor of dt holding vals.
+func makeTensor(dt tensor.Dtype, shape tensor.Shape, vals []float64) tensor.Tensor {
+	if dt == tensor.Float32 {
+		f := make([]float32, len(vals))
+		for i, v := range vals {
+			f[i] = float32(v)
+		}
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
+	}
+	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(append([]float64(nil), vals...)))
+}
+
+// floats copies a Float32 or Float64 value to []float64.
+func floats(t testing.TB, v gorgonia.Value) []float64 {
+	switch d := v.Data().(type) {
+	case []float64:
+		return append([]float64(nil), d...)
+	case []float32:
+		out := make([]float64, len(d))
+		for i, x := range d {
+			out[i] = float64(x)
+		}
+		return out
+	case float64:
+		return []float64{d}
+	case float32:
+		return []float64{float64(d)}
+	}
+	t.Fatalf("unexpected data %T", v.Data())
+	return nil
+}
+
+// closeTo reports whether got is within tol of want, relative to max(1, |want|).
+func closeTo(want, got, tol float64) bool {
+	return math.Abs(want-got) <= tol*math.Max(1, math.Abs(want))
+}
+
+func assertClose(t *testing.T, want, got []float64, tol float64, msg string, args ...any) {
+	t.Helper()
+	if !assert.Len(t, got, len(want), msg) {
+		return
+	}
+	for i := range want {
+		if !closeTo(want[i], got[i], tol) {
+			assert.Failf(t, "mismatch", "%s: element %d: want %v, got %v (tol %g)", fmt.Sprintf(msg, args...), i, want[i], got[i], tol)
+			return
+		}
+	}
+}
+
+// collectiveCase describes one collective and its single-process reference.
+type collectiveCase struct {
+	name  string
+	build func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error)
+	// outRows is the output's first dimension for an input of rows rows.
+	outRows func(rows, n int) int
+	// ref computes every rank's output and input gradient from every rank's
+	// input xs and loss weights ws (loss = Σ_r Σ_i y_r[i]·w_r[i]).
+	ref func(n int, xs, ws [][]float64) (ys, gs [][]float64)
+}
+
+func sumOf(vs [][]float64) []float64 {
+	out := make([]float64, len(vs[0]))
+	for _, v := range vs {
+		for i, x := range v {
+			out[i] += x
+		}
+	}
+	return out
+}
+
+func scale(v []float64, s float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = x * s
+	}
+	return out
+}
+
+func repeat(n int, v []float64) [][]float64 {
+	out := make([][]float64, n)
+	for i := range out {
+		out[i] = append([]float64(nil), v...)
+	}
+	return out
+}
+
+func cases() []collectiveCase {
+	same := func(rows, n int) int { return rows }
+	allReduce := func(op dist.ReduceOp) collectiveCase {
+		return collectiveCase{
+			name:    "AllReduce/" + op.String(),
+			build:   func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) { return ops.AllReduce(pg, x, op) },
+			outRows: same,
+			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
+				s := 1.0
+				if op == dist.Mean {
+					s = 1 / float64(n)
+				}
+				return repeat(n, scale(sumOf(xs), s)), repeat(n, scale(sumOf(ws), s))
+			},
+		}
+	}
+	reduceScatter := func(op dist.ReduceOp) collectiveCase {
+		return collectiveCase{
+			name:    "ReduceScatter/" + op.String(),
+			build:   func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) { return ops.ReduceScatter(pg, x, op) },
+			outRows: func(rows, n int) int { return rows / n },
+			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
+				s := 1.0
+				if op == dist.Mean {
+					s = 1 / float64(n)
+				}
+				sum := scale(sumOf(xs), s)
+				blk := len(sum) / n
+				ys := make([][]float64, n)
+				var g []float64
+				for r := range n {
+					ys[r] = sum[r*blk : (r+1)*blk]
+					g = append(g, scale(ws[r], s)...)
+				}
+				return ys, repeat(n, g)
+			},
+		}
+	}
+	reduce := func(op dist.ReduceOp, root func(n int) int) collectiveCase {
+		return collectiveCase{
+			name: "Reduce/" + op.String(),
+			build: func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) {
+				return ops.Reduce(pg, x, op, root(pg.WorldSize()))
+			},
+			outRows: same,
+			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
+				s := 1.0
+				if op == dist.Mean {
+					s = 1 / float64(n)
+				}
+				ys := make([][]float64, n)
+				for r := range n {
+					ys[r] = make([]float64, len(xs[r]))
+				}
+				ys[root(n)] = scale(sumOf(xs), s)
+				return ys, repeat(n, scale(ws[root(n)], s))
+			},
+		}
+	}
+	last := func(n int) int { return n - 1 }
+	first := func(int) int { return 0 }
+	return []collectiveCase{
+		allReduce(dist.Sum),
+		allReduce(dist.Mean),
+		{
+			name:    "AllGather",
+			build:   func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) { return ops.AllGather(pg, x) },
+			outRows: func(rows, n int) int { return rows * n },
+			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
+				var cat []float64
+				for _, x := range xs {
+					cat = append(cat, x...)
+				}
+				sw := sumOf(ws)
+				blk := len(xs[0])
+				gs := make([][]float64, n)
+				for r := range n {
+					gs[r] = sw[r*blk : (r+1)*blk]
+				}
+				return repeat(n, cat), gs
+			},
+		},
+		reduceScatter(dist.Sum),
+		reduceScatter(dist.Mean),
+		{
+			name: "Broadcast",
+			build: func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) {
+				return ops.Broadcast(pg, x, pg.WorldSize()-1)
+			},
+			outRows: same,
+			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
+				gs := make([][]float64, n)
+				for r := range n {
+					gs[r] = make([]float64, len(xs[r]))
+				}
+				gs[n-1] = sumOf(ws)
+				return repeat(n, xs[n-1]), gs
+			},
+		},
+		reduce(dist.Sum, first),
+		reduce(dist.Mean, last),
+	}
+}
+
+// TestCollectiveValuesAndGradients runs each collective op in a real graph on
+// 1, 2 and 3 ranks and compares every rank's output and input gradient with a
+// single-process computation of loss = Σ_r Σ_i y_r[i]·w_r[i].
+func TestCollectiveValuesAndGradients(t *testing.T) {
+	for _, n := range []int{1, 2, 3} {
+		for _, dt := range []tensor.Dtype{tensor.Float64, tensor.Float32} {
+			for _, c := range cases() {
+				t.Run(fmt.Sprintf("n=%d/%v/%s", n, dt, c.name), func(t *testing.T) {
+					tol := 1e-12
+					if dt == tensor.Float32 {
+						tol = 1e-5
+					}
+					rows, cols := 2*n, 3
+					outRows := c.outRows(rows, n)
+					xs := make([][]float64, n)
+					ws := make([][]float64, n)
+					for r := range n {
+						xs[r] = seq(rows*cols, func(i int) float64 { return valueOf(r, i) })
+						ws[r] = seq(outRows*cols, func(i int) float64 { return weightOf(r, i) })
+					}
+					wantY, wantG := c.ref(n, xs, ws)
+					gotY := make([][]float64, n)
+					gotG := make([][]float64, n)
+					runRanks(t, n, func(pg *dist.ProcessGroup) error {
+						r := pg.Rank()
+						buildMu.Lock()
+						g := gorgonia.NewGraph()
+						x := gorgonia.NewTensor(g, dt, 2, gorgonia.WithShape(rows, cols), gorgonia.WithName("x"),
+							gorgonia.WithValue(makeTensor(dt, tensor.Shape{rows, cols}, xs[r])))
+						w := gorgonia.NewConstant(makeTensor(dt, tensor.Shape{outRows, cols}, ws[r]), gorgonia.WithName("w"))
+						y, err := c.build(pg, x)
+						if err != nil {
+							buildMu.Unlock()
+							return err
+						}
+						loss := gorgonia.Must(gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(y, w))))
+						_, err = gorgonia.Grad(loss, x)
+						var yv gorgonia.Value
+						gorgonia.Read(y, &yv)
+						buildMu.Unlock()
+						if err != nil {
+							return err
+						}
+						vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
+						defer vm.Close()
+						if err := vm.RunAll(); err != nil {
+							return err
+						}
+						gx, err := x.Grad()
+						if err != nil {
+							return err
+						}
+						gotY[r], gotG[r] = floats(t, yv), floats(t, gx)
+						return nil
+					})
+					for r := range n {
+						assertClose(t, wantY[r], gotY[r], tol, "rank %d output", r)
+						assertClose(t, wantG[r], gotG[r], tol, "rank %d gradient", r)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestScalarAllReduce all-reduces a scalar loss inside the graph (the usual
+// way to compute a global mean loss) and differentiates through it.
+func TestScalarAllReduce(t *testing.T) {
+	const n = 3
+	runRanks(t, n, func(pg *dist.ProcessGroup) error {
+		r := float64(pg.Rank())
+		buildMu.Lock()
+		g := gorgonia.NewGraph()
+		x := gorgonia.NewScalar(g, tensor.Float64, gorgonia.WithName("x"), gorgonia.WithValue(r+1))
+		sq := gorgonia.Must(gorgonia.Square(x))
+		mean, err := ops.AllReduce(pg, sq, dist.Mean)
+		if err == nil {
+			_, err = gorgonia.Grad(mean, x)
+		}
+		var mv gorgonia.Value
+		gorgonia.Read(mean, &mv)
+		buildMu.Unlock()
+		if err != nil {
+			return err
+		}
+		vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
+		defer vm.Close()
+		if err := vm.RunAll(); err != nil {
+			return err
+		}
+		// mean = (1+4+9)/3; d(Σ_r mean_r)/dx_r = n · (2x_r/n) = 2x_r.
+		assert.InDelta(t, 14.0/3, mv.Data().(float64), 1e-12)
+		gx, err := x.Grad()
+		if err != nil {
+			return err
+		}
+		assert.InDelta(t, 2*(r+1), gx.Data().(float64), 1e-12)
+		return nil
+	})
+}
+
+// TestNumericGradient checks the gradient of a chain of every collective
+// against central finite differences of the global loss Σ_r loss_r.
+func TestNumericGradient(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			rows, cols := n, 2
+			size := rows * cols
+			runRanks(t, n, func(pg *dist.ProcessGroup) error {
+				r := pg.Rank()
+				buildMu.Lock()
+				g := gorgonia.NewGraph()
+				xv := makeTensor(tensor.Float64, tensor.Shape{rows, cols}, seq(size, func(i int) float64 { return valueOf(r, i) }))
+				x := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(rows, cols), gorgonia.WithName("x"), gorgonia.WithValue(xv))
+				a := gorgonia.NewConstant(makeTensor(tensor.Float64, tensor.Shape{rows * n, cols},
+					seq(size*n, func(i int) float64 { return 1 + 0.5*weightOf(r, i) })))
+				w := gorgonia.NewConstant(makeTensor(tensor.Float64, tensor.Shape{rows, cols},
+					seq(size, func(i int) float64 { return weightOf(r+5, i) })))
+				loss, err := func() (*gorgonia.Node, error) {
+					y, err := ops.AllGather(pg, gorgonia.Must(gorgonia.Tanh(x))) // (n·rows, cols)
+					if err != nil {
+						return nil, err
+					}
+					if y, err = ops.ReduceScatter(pg, gorgonia.Must(gorgonia.HadamardProd(y, a)), dist.Sum); err != nil {
+						return nil, err
+					}
+					if y, err = ops.AllReduce(pg, gorgonia.Must(gorgonia.Square(y)), dist.Mean); err != nil {
+						return nil, err
+					}
+					if y, err = ops.Broadcast(pg, y, n-1); err != nil {
+						return nil, err
+					}
+					if y, err = ops.Reduce(pg, gorgonia.Must(gorgonia.HadamardProd(y, w)), dist.Sum, 0); err != nil {
+						return nil, err
+					}
+					return gorgonia.Sum(gorgonia.Must(gorgonia.Square(y)))
+				}()
+				if err == nil {
+					_, err = gorgonia.Grad(loss, x)
+				}
+				var lv gorgonia.Value
+				gorgonia.Read(loss, &lv)
+				buildMu.Unlock()
+				if err != nil {
+					return err
+				}
+				vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
+				defer vm.Close()
+				total := func() (float64, error) {
+					vm.Reset()
+					if err := vm.RunAll(); err != nil {
+						return 0, err
+					}
+					l := []float64{lv.Data().(float64)}
+					err := pg.AllReduceF64(context.Background(), l, dist.Sum)
+					return l[0], err
+				}
+				if _, err := total(); err != nil {
+					return err
+				}
+				gv, err := x.Grad()
+				if err != nil {
+					return err
+				}
+				analytic := floats(t, gv)
+				data := xv.Data().([]float64)
+				const eps = 1e-6
+				for owner := range n {
+					for i := range size {
+						orig := data[i]
+						if r == owner {
+							data[i] = orig + eps
+						}
+						lp, err := total()
+						if err != nil {
+							return err
+						}
+						if r == owner {
+							data[i] = orig - eps
+						}
+						lm, err := total()
+						if err != nil {
+							return err
+						}
+						data[i] = orig
+						if r == owner {
+							num := (lp - lm) / (2 * eps)
+							assert.True(t, closeTo(num, analytic[i], 1e-6),
+								"rank %d x[%d]: numeric %v, analytic %v", r, i, num, analytic[i])
+						}
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestEachOpIsUnique checks that two identical collectives over the same
+// input stay two nodes (Gorgonia merges nodes with equal hashes).
+func TestEachOpIsUnique(t *testing.T) {
+	ts := transport.NewLocal(1)
+	pg, err := dist.New(ts[0])
+	require.NoError(t, err)
+	defer pg.Close()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	g := gorgonia.NewGraph()
+	x := gorgonia.NewVector(g, tensor.Float64, gorgonia.WithShape(4), gorgonia.WithName("x"))
+	a, err := ops.AllReduce(pg, x, dist.Sum)
+	require.NoError(t, err)
+	b, err := ops.AllReduce(pg, x, dist.Sum)
+	require.NoError(t, err)
+	assert.NotSame(t, a, b)
+	assert.NotEqual(t, a.ID(), b.ID())
+	assert.NotEqual(t, a.Op().Hashcode(), b.Op().Hashcode())
+}
+
+func TestInvalidArguments(t *testing.T) {
+	ts := transport.NewLocal(2)
+	pg, err := dist.New(ts[0])
+	require.NoError(t, err)
+	defer pg.Close()
+	defer ts[1].Close()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	g := gorgonia.NewGraph()
+	v := gorgonia.NewVector(g, tensor.Float64, gorgonia.WithShape(3), gorgonia.WithName("v"))
+	s := gorgonia.NewScalar(g, tensor.Float64, gorgonia.WithName("s"))
+	i := gorgonia.NewVector(g, tensor.Int, gorgonia.WithShape(4), gorgonia.WithName("i"))
+
+	_, err = ops.AllReduce(pg, i, dist.Sum)
+	assert.ErrorIs(t, err, dist.ErrUnsupportedDType)
+	_, err = ops.AllGather(pg, s)
+	assert.ErrorIs(t, err, dist.ErrInvalidArgument)
+	_, err = ops.ReduceScatter(pg, v, dist.Sum) // 3 rows over 2 ranks
+	assert.ErrorIs(t, err, dist.ErrInvalidArgument)
+	_, err = ops.Broadcast(pg, v, 2)
+	assert.ErrorIs(t, err, dist.ErrInvalidRank)
+	_, err = ops.Reduce(pg, v, dist.Sum, -1)
+	assert.ErrorIs(t, err, dist.ErrInvalidRank)
+	_, err = ops.AllReduce(nil, v, dist.Sum)
+	assert.ErrorIs(t, err, dist.ErrInvalidArgument)
+	_, err = ops.AllReduce(pg, nil, dist.Sum)
+	assert.ErrorIs(t, err, dist.ErrInvalidArgument)
+}
+
+// TestNotDifferentiable checks that Max runs forward and that its SymDiff
+// fails with ErrNotDifferentiable. (Gorgonia's Grad wraps SymDiff errors in a
+// SymDiffError without Unwrap, so the op is asked directly.)
+func TestNotDifferentiable(t *testing.T) {
+	runRanks(t, 2, func(pg *dist.ProcessGroup) error {
+		buildMu.Lock()
+		g := gorgonia.NewGraph()
+		x := gorgonia.NewVector(g, tensor.Float64, gorgonia.WithShape(2), gorgonia.WithName("x"),
+			gorgonia.WithValue(tensor.New(tensor.WithBacking([]float64{float64(pg.Rank()), 5 - float64(pg.Rank())}))))
+		y, err := ops.AllReduce(pg, x, dist.Max)
+		if err != nil {
+			buildMu.Unlock()
+			return err
+		}
+		loss := gorgonia.Must(gorgonia.Sum(y))
+		_, gradErr := gorgonia.Grad(loss, x)
+		_, symErr := y.Op().(gorgonia.SDOp).SymDiff(gorgonia.Nodes{x}, y, loss)
+		var yv gorgonia.Value
+		gorgonia.Read(y, &yv)
+		buildMu.Unlock()
+		assert.Error(t, gradErr)
+		assert.ErrorIs(t, symErr, ops.ErrNotDifferentiable)
+		vm := gorgonia.NewTapeMachine(g)
+		defer vm.Close()
+		if err := vm.RunAll(); err != nil {
+			return err
+		}
+		assert.Equal(t, []float64{1, 5}, floats(t, yv))
+		return nil
+	})
+}
+
+// TestDoDoesNotWriteInput checks that a collective leaves its input register
+// untouched (it works on a copy).
+func TestDoDoesNotWriteInput(t *testing.T) {
+	runRanks(t, 2, func(pg *dist.ProcessGroup) error {
+		buildMu.Lock()
+		g := gorgonia.NewGraph()
+		in := tensor.New(tensor.WithBacking([]float32{1, 2, 3, 4}))
+		x := gorgonia.NewVector(g, tensor.Float32, gorgonia.WithShape(4), gorgonia.WithName("x"), gorgonia.WithValue(in))
+		y, err := ops.AllReduce(pg, x, dist.Sum)
+		var yv gorgonia.Value
+		if err == nil {
+			gorgonia.Read(y, &yv)
+		}
+		buildMu.Unlock()
+		if err != nil {
+			return err
+		}
+		vm := gorgonia.NewTapeMachine(g)
+		defer vm.Close()
+		if err := vm.RunAll(); err != nil {
+			return err
+		}
+		assert.Equal(t, []float32{1, 2, 3, 4}, in.Data())
+		assert.Equal(t, []float32{2, 4, 6, 8}, yv.Data())
+		return nil
+	})
+}
+
+func TestErrorsSurface(t *testing.T) {
+	// A collective whose peer is gone fails the run instead of hanging.
+	ts := transport.NewLocal(2)
+	pg, err := dist.New(ts[0], dist.WithTimeout(5*time.Second))
+	require.NoError(t, err)
+	defer pg.Close()
+	ts[1].Kill()
+	buildMu.Lock()
+	g := gorgonia.NewGraph()
+	x := gorgonia.NewVector(g, tensor.Float64, gorgonia.WithShape(2), gorgonia.WithName("x"),
+		gorgonia.WithValue(tensor.New(tensor.WithBacking([]float64{1, 2}))))
+	_, err = ops.AllReduce(pg, x, dist.Sum)
+	buildMu.Unlock()
+	require.NoError(t, err)
+	vm := gorgonia.NewTapeMachine(g)
+	defer vm.Close()
+	err = vm.RunAll()
+	require.Error(t, err)
+}

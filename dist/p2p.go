@@ -1,0 +1,140 @@
+package dist
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gdist/gdist/dist/transport"
+)
+
+// Point-to-point messages are independent of the collectives: they are not
+// sequenced with them and still work after the group was aborted by a failed
+// collective (but not after Close). Messages from one rank under one tag
+// arrive in the order they were sent.
+
+func (g *ProcessGroup) checkP2P(op string, peer int, tag uint32) error {
+	if tag >= TagReservedBase {
+		return fmt.Errorf("dist: %s: %w: %#x", op, ErrReservedTag, tag)
+	}
+	if g.isClosed() {
+		return fmt.Errorf("dist: %s: %w", op, ErrClosed)
+	}
+	return transport.CheckRank(peer, g.world)
+}
+
+// p2pErr makes errors after Close match ErrClosed.
+func (g *ProcessGroup) p2pErr(op string, err error) error {
+	if err != nil && g.isClosed() {
+		return fmt.Errorf("dist: %s: %w", op, ErrClosed)
+	}
+	return err
+}
+
+// Send sends p to rank `to` under tag, which must be below TagReservedBase
+// (else ErrReservedTag). It returns once p may be reused; p is not retained.
+func (g *ProcessGroup) Send(ctx context.Context, to int, tag uint32, p []byte) error {
+	if err := g.checkP2P("send", to, tag); err != nil {
+		return err
+	}
+	return g.p2pErr("send", g.t.Send(ctx, to, tag, transport.Meta{}, p))
+}
+
+// Recv returns the next message from rank `from` under tag. The caller owns
+// the returned slice.
+func (g *ProcessGroup) Recv(ctx context.Context, from int, tag uint32) ([]byte, error) {
+	if err := g.checkP2P("recv", from, tag); err != nil {
+		return nil, err
+	}
+	m, err := g.t.Recv(ctx, from, tag)
+	if err != nil {
+		return nil, g.p2pErr("recv", err)
+	}
+	return m.Payload, nil
+}
+
+// SendF32 sends data (little-endian float32s) to rank `to` under tag. data is
+// not retained.
+func (g *ProcessGroup) SendF32(ctx context.Context, to int, tag uint32, data []float32) error {
+	return g.Send(ctx, to, tag, f32Bytes(data))
+}
+
+// SendF64 sends data (little-endian float64s) to rank `to` under tag. data is
+// not retained.
+func (g *ProcessGroup) SendF64(ctx context.Context, to int, tag uint32, data []float64) error {
+	return g.Send(ctx, to, tag, f64Bytes(data))
+}
+
+// recvSized receives a message and checks that it holds whole elements of es
+// bytes; the caller must Release the payload.
+func (g *ProcessGroup) recvSized(ctx context.Context, from int, tag uint32, es int) ([]byte, error) {
+	if err := g.checkP2P("recv", from, tag); err != nil {
+		return nil, err
+	}
+	m, err := g.t.Recv(ctx, from, tag)
+	if err != nil {
+		return nil, g.p2pErr("recv", err)
+	}
+	if len(m.Payload)%es != 0 {
+		n := len(m.Payload)
+		g.t.Release(m.Payload)
+		return nil, &PeerError{Rank: from, Op: "recv",
+			Err: fmt.Errorf("%w: message of %d bytes is not a whole number of %d-byte values", ErrProtocol, n, es)}
+	}
+	return m.Payload, nil
+}
+
+// RecvF32 receives a message of float32s from rank `from` under tag; its
+// length comes from the message. The caller owns the new slice.
+func (g *ProcessGroup) RecvF32(ctx context.Context, from int, tag uint32) ([]float32, error) {
+	p, err := g.recvSized(ctx, from, tag, 4)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, len(p)/4)
+	copy(f32Bytes(out), p)
+	g.t.Release(p)
+	return out, nil
+}
+
+// RecvF64 receives a message of float64s from rank `from` under tag. The
+// caller owns the new slice.
+func (g *ProcessGroup) RecvF64(ctx context.Context, from int, tag uint32) ([]float64, error) {
+	p, err := g.recvSized(ctx, from, tag, 8)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(p)/8)
+	copy(f64Bytes(out), p)
+	g.t.Release(p)
+	return out, nil
+}
+
+// RecvF32Into receives a message of float32s into dst. A message of another
+// length is consumed and reported as a *LengthMismatchError, leaving dst
+// unchanged. dst stays the caller's.
+func (g *ProcessGroup) RecvF32Into(ctx context.Context, from int, tag uint32, dst []float32) error {
+	p, err := g.recvSized(ctx, from, tag, 4)
+	if err != nil {
+		return err
+	}
+	defer g.t.Release(p)
+	if len(p) != 4*len(dst) {
+		return &LengthMismatchError{Op: "recv", Want: len(dst), Got: len(p) / 4}
+	}
+	copy(f32Bytes(dst), p)
+	return nil
+}
+
+// RecvF64Into receives a message of float64s into dst, like RecvF32Into.
+func (g *ProcessGroup) RecvF64Into(ctx context.Context, from int, tag uint32, dst []float64) error {
+	p, err := g.recvSized(ctx, from, tag, 8)
+	if err != nil {
+		return err
+	}
+	defer g.t.Release(p)
+	if len(p) != 8*len(dst) {
+		return &LengthMismatchError{Op: "recv", Want: len(dst), Got: len(p) / 8}
+	}
+	copy(f64Bytes(dst), p)
+	return nil
+}

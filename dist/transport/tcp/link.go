@@ -1,0 +1,439 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/bufpool"
+	"github.com/gdist/gdist/internal/wire"
+)
+
+const (
+	// smallCopy: payloads up to this size are copied behind the header and
+	// written with one write; larger ones go out with one writev.
+	smallCopy = 4 << 10
+	// readChunk: large payloads are read in chunks this big so the heartbeat
+	// monitor sees progress on a slow link.
+	readChunk = 1 << 20
+	// readBuf is the size of each link's read buffer.
+	readBuf = 64 << 10
+)
+
+// Pending control work that whoever holds a link's write lock performs
+// before releasing it (see peer.unlock).
+const (
+	pendCredit   = 1 << iota // send a Credit frame for the freed bytes
+	pendShutdown             // send nothing more: shut down the write side
+)
+
+// peer is one established link.
+type peer struct {
+	t    *Transport
+	rank int
+	conn *net.TCPConn
+	br   *bufio.Reader
+
+	// what the peer said in the handshake
+	window   int64  // its queue limit for us: our send window (0 = unbounded)
+	maxFrame uint64 // the largest payload it accepts
+
+	// write side, guarded by wmu
+	wmu     sync.Mutex
+	wclosed bool
+	hdr     [wire.HeaderSize]byte
+	small   []byte // header + small payload
+	vec     [2][]byte
+	bufs    net.Buffers
+	tx      atomic.Uint64 // frames written
+	pending atomic.Uint32 // pend* bits
+
+	// send credit (this rank -> peer)
+	cmu         sync.Mutex
+	inflight    int64 // bytes sent and not credited back (guarded by cmu)
+	blockedSent bool  // a Blocked frame went out since the last Credit (guarded by cmu)
+	waiters     int   // sends waiting for credit (guarded by cmu)
+	credit      chan struct{} // a token per waiting send when credit arrives
+
+	// receive credit (peer -> this rank)
+	freed       atomic.Int64 // bytes the application took and we have not credited yet
+	peerBlocked atomic.Bool
+
+	// liveness
+	rx       atomic.Uint64 // frames (and payload chunks) read
+	lastRx   uint64        // monitor only
+	lastRxAt time.Time     // monitor only
+	lastTx   uint64        // monitor only
+
+	gone     atomic.Bool // the peer said goodbye
+	goneCh   chan struct{}
+	goneOnce sync.Once
+}
+
+func newPeer(t *Transport, rank int, conn *net.TCPConn, br *bufio.Reader, info wire.HelloInfo) *peer {
+	p := &peer{
+		t:        t,
+		rank:     rank,
+		conn:     conn,
+		br:       br,
+		window:   int64(min(info.QueueLimit, 1<<62)),
+		maxFrame: info.MaxFrame,
+		small:    make([]byte, wire.HeaderSize+smallCopy),
+		credit:   make(chan struct{}, wakeCap),
+		goneCh:   make(chan struct{}),
+		lastRxAt: time.Now(),
+	}
+	return p
+}
+
+// wakeCap bounds how many waiting sends one Credit wakes directly; the rest
+// are woken in a chain by the sends that succeed.
+const wakeCap = 1024
+
+func signal(c chan struct{}) { wake(c, 1) }
+
+// wake puts up to n tokens into c without blocking.
+func wake(c chan struct{}, n int) {
+	for range min(n, cap(c)) {
+		select {
+		case c <- struct{}{}:
+		default:
+			return
+		}
+	}
+}
+
+// acquire waits until the peer can queue n more bytes from us and reserves
+// them. Nothing is reserved when it returns an error.
+func (p *peer) acquire(ctx context.Context, n int) error {
+	if p.window <= 0 {
+		return nil
+	}
+	waited := false
+	p.cmu.Lock()
+	for {
+		if p.inflight == 0 || p.inflight+int64(n) <= p.window {
+			p.inflight += int64(n)
+			room := p.inflight < p.window
+			p.cmu.Unlock()
+			if waited && room {
+				signal(p.credit) // more waiters than wakeCap: pass the wake-up on
+			}
+			return nil
+		}
+		notify := !p.blockedSent
+		p.blockedSent = true
+		p.waiters++
+		p.cmu.Unlock()
+		waited = true
+		var err error
+		if notify {
+			err = p.writeControl(wire.Blocked, 0)
+		}
+		if err == nil {
+			select {
+			case <-p.credit:
+			case <-ctx.Done():
+				err = fmt.Errorf("dist: send to rank %d: %w", p.rank, ctx.Err())
+			case <-p.goneCh:
+				err = &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
+			case <-p.t.stop:
+				err = p.t.stateErr("send", errClosed("send"))
+			}
+		}
+		p.cmu.Lock()
+		p.waiters--
+		if err != nil {
+			p.cmu.Unlock()
+			return err
+		}
+	}
+}
+
+// addCredit handles a Credit frame.
+func (p *peer) addCredit(n uint64) error {
+	p.cmu.Lock()
+	p.inflight -= int64(min(n, 1<<62))
+	bad := p.inflight < 0
+	p.blockedSent = false
+	w := p.waiters
+	p.cmu.Unlock()
+	if bad {
+		return fmt.Errorf("%w: credit of %d bytes exceeds what was sent", ErrProtocol, n)
+	}
+	wake(p.credit, w)
+	return nil
+}
+
+// consumed records that the application took n bytes from this peer's queue
+// and sends credit when enough has accumulated or the peer is waiting.
+func (p *peer) consumed(n int) {
+	if p.t.creditAt == 0 {
+		return
+	}
+	if f := p.freed.Add(int64(n)); f >= p.t.creditAt || (f > 0 && p.peerBlocked.Load()) {
+		p.kick(pendCredit)
+	}
+}
+
+// onBlocked handles a Blocked frame.
+func (p *peer) onBlocked() {
+	p.peerBlocked.Store(true)
+	if p.freed.Load() > 0 {
+		p.kick(pendCredit)
+	}
+}
+
+// kick schedules control work. It never waits for the write lock: if another
+// goroutine holds it, that goroutine does the work before releasing it. So
+// the reader goroutine never blocks on a write, which is what keeps two
+// ranks writing large messages at each other from deadlocking.
+func (p *peer) kick(bits uint32) {
+	p.pending.Or(bits)
+	if p.wmu.TryLock() {
+		p.unlock()
+	}
+}
+
+// unlock performs pending control work and releases wmu. It re-checks after
+// releasing, as work may have been kicked while it held the lock.
+func (p *peer) unlock() {
+	for {
+		if p.pending.Load() != 0 {
+			p.flushLocked()
+		}
+		p.wmu.Unlock()
+		if p.pending.Load() == 0 || !p.wmu.TryLock() {
+			return
+		}
+	}
+}
+
+func (p *peer) flushLocked() {
+	bits := p.pending.Swap(0)
+	if p.wclosed {
+		return
+	}
+	if bits&pendCredit != 0 {
+		if x := p.freed.Swap(0); x > 0 {
+			p.peerBlocked.Store(false)
+			p.writeHeaderLocked(wire.Header{Kind: wire.Credit, Src: uint32(p.t.rank), Seq: uint64(x)})
+		}
+	}
+	if bits&pendShutdown != 0 {
+		p.wclosed = true
+		p.conn.CloseWrite()
+	}
+}
+
+// writeHeaderLocked writes a control frame; errors are handled (the link is
+// failed) and only reported.
+func (p *peer) writeHeaderLocked(h wire.Header) error {
+	h.Put(p.hdr[:])
+	_, err := p.conn.Write(p.hdr[:])
+	p.tx.Add(1)
+	if err != nil {
+		return p.writeFailed(err)
+	}
+	return nil
+}
+
+func (p *peer) writeControl(kind wire.Kind, seq uint64) error {
+	p.wmu.Lock()
+	defer p.unlock()
+	if p.wclosed {
+		return p.closedErr()
+	}
+	return p.writeHeaderLocked(wire.Header{Kind: kind, Src: uint32(p.t.rank), Seq: seq})
+}
+
+// writeData writes one Data frame: header and payload in a single write.
+func (p *peer) writeData(tag uint32, meta transport.Meta, payload []byte) error {
+	h := wire.Header{Kind: wire.Data, Src: uint32(p.t.rank), Tag: tag, Seq: meta.Seq,
+		Fingerprint: meta.Fingerprint, Len: uint64(len(payload))}
+	p.wmu.Lock()
+	if p.wclosed {
+		p.unlock()
+		return p.closedErr()
+	}
+	var err error
+	if len(payload) <= smallCopy {
+		b := p.small[:wire.HeaderSize+len(payload)]
+		h.Put(b)
+		copy(b[wire.HeaderSize:], payload)
+		_, err = p.conn.Write(b)
+	} else {
+		h.Put(p.hdr[:])
+		p.vec[0], p.vec[1] = p.hdr[:], payload
+		p.bufs = p.vec[:]
+		_, err = p.bufs.WriteTo(p.conn)
+		p.vec[1] = nil
+	}
+	p.tx.Add(1)
+	if err != nil {
+		err = p.writeFailed(err)
+	}
+	p.unlock()
+	return err
+}
+
+func (p *peer) closedErr() error {
+	if p.gone.Load() {
+		return &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
+	}
+	return p.t.stateErr("send", errClosed("send"))
+}
+
+// writeFailed handles a failed write: the link is broken, which fails the
+// transport unless it is closing or the peer said goodbye.
+func (p *peer) writeFailed(err error) error {
+	if p.gone.Load() {
+		return &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
+	}
+	if !p.t.closing.Load() {
+		p.t.fail(p.rank, fmt.Errorf("%w: write: %w", transport.ErrPeerLost, err))
+	}
+	return p.t.stateErr("send", &transport.PeerError{Rank: p.rank, Op: "send",
+		Err: fmt.Errorf("%w: %w", transport.ErrPeerLost, err)})
+}
+
+// heartbeat writes a Heartbeat unless a write is in progress (which the
+// peer sees anyway).
+func (p *peer) heartbeat(deadline time.Time) {
+	if !p.wmu.TryLock() {
+		return
+	}
+	if !p.wclosed {
+		p.conn.SetWriteDeadline(deadline)
+		p.writeHeaderLocked(wire.Header{Kind: wire.Heartbeat, Src: uint32(p.t.rank)})
+		p.conn.SetWriteDeadline(time.Time{})
+	}
+	p.unlock()
+}
+
+// goodbye sends Goodbye and shuts down the write side, waiting at most until
+// deadline for a write in progress.
+func (p *peer) goodbye(deadline time.Time) {
+	p.conn.SetWriteDeadline(deadline)
+	p.wmu.Lock()
+	if !p.wclosed {
+		p.conn.SetWriteDeadline(deadline)
+		h := wire.Header{Kind: wire.Goodbye, Src: uint32(p.t.rank)}
+		h.Put(p.hdr[:])
+		p.conn.Write(p.hdr[:])
+		p.wclosed = true
+		p.conn.CloseWrite()
+	}
+	p.wmu.Unlock()
+}
+
+// onGoodbye handles a Goodbye: messages already queued stay deliverable,
+// then Recv reports the peer as closed; sends to it fail; our write side is
+// shut down so that the peer's Close finishes promptly.
+func (p *peer) onGoodbye() {
+	p.gone.Store(true)
+	p.goneOnce.Do(func() { close(p.goneCh) })
+	p.t.box.CloseSource(p.rank, &transport.PeerError{Rank: p.rank, Op: "recv", Err: transport.ErrPeerClosed})
+	p.kick(pendShutdown)
+}
+
+// readLoop reads frames from the peer until the link ends.
+func (p *peer) readLoop() {
+	t := p.t
+	defer t.wg.Done()
+	var hb [wire.HeaderSize]byte
+	bye := false
+	for {
+		if _, err := io.ReadFull(p.br, hb[:]); err != nil {
+			if !bye {
+				p.readFailed(err)
+			}
+			return
+		}
+		p.rx.Add(1)
+		h, err := wire.Parse(hb[:], uint64(t.cfg.maxFrame))
+		if err != nil {
+			p.protocolError(err)
+			return
+		}
+		if bye || t.closing.Load() {
+			// Drain (so closing the socket does not reset the peer) and discard.
+			if h.Kind == wire.Data {
+				if _, err := p.br.Discard(int(h.Len)); err != nil {
+					return
+				}
+			}
+			continue
+		}
+		switch h.Kind {
+		case wire.Data:
+			if h.Src != uint32(p.rank) {
+				p.protocolError(fmt.Errorf("data frame claims source rank %d", h.Src))
+				return
+			}
+			buf := bufpool.Default.Get(int(h.Len))
+			if err := p.readPayload(buf); err != nil {
+				bufpool.Default.Put(buf)
+				p.readFailed(err)
+				return
+			}
+			m := transport.Message{Meta: transport.Meta{Seq: h.Seq, Fingerprint: h.Fingerprint}, Payload: buf}
+			if err := t.box.Put(t.ctx, p.rank, h.Tag, m, len(buf)); err != nil {
+				bufpool.Default.Put(buf) // the transport is closing or failed
+			}
+		case wire.Credit:
+			if err := p.addCredit(h.Seq); err != nil {
+				p.protocolError(err)
+				return
+			}
+		case wire.Blocked:
+			p.onBlocked()
+		case wire.Heartbeat:
+		case wire.Goodbye:
+			bye = true
+			p.onGoodbye()
+		default:
+			p.protocolError(fmt.Errorf("unexpected %v frame on an established link", h.Kind))
+			return
+		}
+	}
+}
+
+func (p *peer) readPayload(buf []byte) error {
+	for len(buf) > 0 {
+		n := min(len(buf), readChunk)
+		if _, err := io.ReadFull(p.br, buf[:n]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		p.rx.Add(1)
+		buf = buf[n:]
+	}
+	return nil
+}
+
+func (p *peer) readFailed(err error) {
+	if p.t.closing.Load() || p.t.failed.Load() {
+		return
+	}
+	if errors.Is(err, io.EOF) {
+		err = fmt.Errorf("connection closed without goodbye: %w", err)
+	}
+	p.t.fail(p.rank, fmt.Errorf("%w: %w", transport.ErrPeerLost, err))
+}
+
+func (p *peer) protocolError(err error) {
+	if p.t.closing.Load() {
+		return
+	}
+	p.t.fail(p.rank, fmt.Errorf("%w: %w: %w", transport.ErrPeerLost, ErrProtocol, err))
+}

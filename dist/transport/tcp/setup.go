@@ -1,0 +1,445 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/gdist/gdist/internal/wire"
+)
+
+// New connects rank `rank` of a job of `world` ranks whose listen addresses
+// are all known: addrs[i] is where rank i listens, and ln is this rank's
+// listener (its address should be addrs[rank]). Rank i dials every rank
+// j < i and accepts from every rank j > i; dials are retried until ctx ends,
+// so ranks may start in any order. New returns once every link is up.
+//
+// The transport takes ownership of ln and closes it in Close; it keeps
+// accepting (and refusing, with a log line) connections until then. ln may
+// be nil only when world is 1. addrs is not retained.
+func New(ctx context.Context, rank, world int, ln net.Listener, addrs []string, opts ...Option) (*Transport, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := checkArgs(rank, world, &cfg); err != nil {
+		return nil, err
+	}
+	if len(addrs) != world {
+		return nil, fmt.Errorf("%w: %d addresses for a world of %d", ErrConfig, len(addrs), world)
+	}
+	if ln == nil && world > 1 {
+		return nil, fmt.Errorf("%w: nil listener", ErrConfig)
+	}
+	t := newTransport(rank, world, ln, cfg)
+	t.accept = func(r int) bool { return r > rank }
+	t.acceptMode = wire.ModeMesh
+	t.startAccepting()
+	sctx, cancel := t.setupContext(ctx)
+	defer cancel()
+	for j := 0; j < rank; j++ {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			l, err := t.dial(sctx, j, addrs[j], wire.ModeMesh)
+			if err == nil {
+				err = t.addPeer(l)
+			}
+			if err != nil {
+				t.setupFailed(err)
+			}
+		}()
+	}
+	if err := t.waitLinked(sctx); err != nil {
+		cancel()
+		t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// Rendezvous connects rank `rank` of a job of `world` ranks through rank 0:
+// rank 0 listens on master and serves the rendezvous; every other rank
+// listens on WithListenAddr (default "127.0.0.1:0"), connects to master,
+// authenticates, registers the address it listens on, receives every rank's
+// address and then connects to the others as New does. The connection to
+// rank 0 stays up as the link between the two. Dials are retried until ctx
+// ends. Rendezvous returns once every link is up.
+func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Option) (*Transport, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := checkArgs(rank, world, &cfg); err != nil {
+		return nil, err
+	}
+	addr := cfg.listenAddr
+	if rank == 0 {
+		addr = master
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: rank %d: listen: %w", rank, err)
+	}
+	t := newTransport(rank, world, ln, cfg)
+	t.addrs = make([]string, world)
+	t.addrs[0] = master
+	if rank == 0 {
+		t.accept = func(r int) bool { return r > 0 }
+		t.acceptMode = wire.ModeRendezvous
+	} else {
+		t.accept = func(r int) bool { return r > rank }
+		t.acceptMode = wire.ModeMesh
+	}
+	t.startAccepting()
+	sctx, cancel := t.setupContext(ctx)
+	defer cancel()
+	if rank > 0 {
+		err = t.joinRendezvous(sctx, master)
+	}
+	if err == nil {
+		err = t.waitLinked(sctx)
+	}
+	if err != nil {
+		cancel()
+		t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+func checkArgs(rank, world int, cfg *config) error {
+	if world < 1 {
+		return fmt.Errorf("%w: world size %d", ErrConfig, world)
+	}
+	if rank < 0 || rank >= world {
+		return fmt.Errorf("%w: rank %d not in [0, %d)", ErrConfig, rank, world)
+	}
+	if int64(world) > 1<<31 {
+		return fmt.Errorf("%w: world size %d", ErrConfig, world)
+	}
+	return cfg.validate(world)
+}
+
+// setupContext is ctx, also cancelled when the transport stops.
+func (t *Transport) setupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	sctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(t.ctx, cancel)
+	return sctx, func() { stop(); cancel() }
+}
+
+// joinRendezvous registers with rank 0, receives the table and dials the
+// ranks below this one.
+func (t *Transport) joinRendezvous(ctx context.Context, master string) error {
+	l, err := t.dial(ctx, 0, master, wire.ModeRendezvous)
+	if err != nil {
+		return err
+	}
+	addrs, err := t.register(ctx, l)
+	if err != nil {
+		l.conn.Close()
+		return err
+	}
+	addrs[0] = master
+	t.addrs = addrs
+	if err := t.addPeer(l); err != nil {
+		return err
+	}
+	for j := 1; j < t.rank; j++ {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			l, err := t.dial(ctx, j, addrs[j], wire.ModeMesh)
+			if err == nil {
+				err = t.addPeer(l)
+			}
+			if err != nil {
+				t.setupFailed(err)
+			}
+		}()
+	}
+	return nil
+}
+
+// advertised is the address other ranks should dial to reach this one: the
+// listener's, with an unspecified IP replaced by the local IP of the
+// connection to rank 0.
+func (t *Transport) advertised(toMaster net.Conn) string {
+	la, ok := t.ln.Addr().(*net.TCPAddr)
+	if !ok {
+		return t.ln.Addr().String()
+	}
+	ip := la.IP
+	if ip == nil || ip.IsUnspecified() {
+		if ca, ok := toMaster.LocalAddr().(*net.TCPAddr); ok {
+			ip = ca.IP
+		}
+	}
+	return net.JoinHostPort(ip.String(), strconv.Itoa(la.Port))
+}
+
+// register sends this rank's address to rank 0 and waits for the table.
+func (t *Transport) register(ctx context.Context, l link) ([]string, error) {
+	me := t.advertised(l.conn)
+	if len(me) > wire.MaxAddrLen {
+		return nil, fmt.Errorf("%w: address %q too long", ErrConfig, me)
+	}
+	defer bindDeadline(ctx, l.conn, time.Time{})()
+	if err := writeFrame(l.conn, wire.Header{Kind: wire.Register, Src: uint32(t.rank)}, []byte(me)); err != nil {
+		return nil, fmt.Errorf("tcp: rank %d: register with rank 0: %w", t.rank, err)
+	}
+	h, p, err := readFrame(l.br, wire.MaxHandshakePayload(t.world))
+	if err != nil {
+		return nil, fmt.Errorf("tcp: rank %d: waiting for the rendezvous table: %w", t.rank, err)
+	}
+	if h.Kind != wire.Table || h.Src != 0 {
+		return nil, fmt.Errorf("%w: expected the table from rank 0, got %v from %d", ErrProtocol, h.Kind, h.Src)
+	}
+	addrs, err := wire.ParseTable(p, t.world)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	return addrs, nil
+}
+
+// dial connects and authenticates to rank `to` at addr, retrying until ctx
+// ends or the failure is one retrying cannot fix.
+func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (link, error) {
+	var d net.Dialer
+	backoff := 10 * time.Millisecond
+	var last error
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			conn := c.(*net.TCPConn)
+			t.tune(conn)
+			br := bufio.NewReaderSize(conn, readBuf)
+			var info wire.HelloInfo
+			info, err = t.clientHandshake(ctx, conn, br, to, mode)
+			if err == nil {
+				t.mu.Lock()
+				t.claimed[to] = true
+				t.mu.Unlock()
+				return link{rank: to, conn: conn, br: br, info: info}, nil
+			}
+			conn.Close()
+			if errFatal(err) {
+				return link{}, fmt.Errorf("tcp: rank %d: connect to rank %d at %s: %w", t.rank, to, addr, err)
+			}
+		}
+		last = err
+		t.log.Debug("tcp: dial failed; retrying", "peer", to, "addr", addr, "err", err)
+		select {
+		case <-ctx.Done():
+			return link{}, fmt.Errorf("tcp: rank %d: connect to rank %d at %s: %w (last error: %v)",
+				t.rank, to, addr, ctx.Err(), last)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (t *Transport) tune(c *net.TCPConn) {
+	c.SetNoDelay(true)
+	if n := t.cfg.sockBuf; n > 0 {
+		c.SetReadBuffer(n)
+		c.SetWriteBuffer(n)
+	}
+}
+
+// addPeer turns an authenticated link into a live peer with its reader.
+func (t *Transport) addPeer(l link) error {
+	p := newPeer(t, l.rank, l.conn, l.br, l.info)
+	t.mu.Lock()
+	if t.closing.Load() || t.failed.Load() {
+		t.mu.Unlock()
+		l.conn.Close()
+		return errClosed("connect")
+	}
+	t.claimed[l.rank] = true
+	t.peers[l.rank].Store(p)
+	t.linked++
+	t.wg.Add(1)
+	t.mu.Unlock()
+	go p.readLoop()
+	signal(t.linkCh)
+	return nil
+}
+
+func (t *Transport) setupFailed(err error) {
+	t.mu.Lock()
+	if t.setupErr == nil {
+		t.setupErr = err
+	}
+	t.mu.Unlock()
+	signal(t.linkCh)
+}
+
+// waitLinked waits until every peer is linked.
+func (t *Transport) waitLinked(ctx context.Context) error {
+	for {
+		t.mu.Lock()
+		n, err := t.linked, t.setupErr
+		t.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if n == t.world-1 {
+			return nil
+		}
+		select {
+		case <-t.linkCh:
+		case <-t.stop:
+			if t.failed.Load() {
+				return t.failure("connect")
+			}
+			return errClosed("connect")
+		case <-ctx.Done():
+			return fmt.Errorf("tcp: rank %d: %d of %d peers connected: %w", t.rank, n, t.world-1, ctx.Err())
+		}
+	}
+}
+
+func (t *Transport) startAccepting() {
+	if t.ln == nil {
+		return
+	}
+	t.wg.Add(1)
+	go t.acceptLoop()
+}
+
+// acceptLoop accepts connections until the listener closes; each is
+// authenticated on its own goroutine so a slow or hostile client cannot hold
+// up the others.
+func (t *Transport) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			select {
+			case <-t.stop:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.log.Warn("tcp: accept failed", "err", err)
+			select {
+			case <-t.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		conn, ok := c.(*net.TCPConn)
+		if !ok {
+			c.Close()
+			continue
+		}
+		if t.pendingHS.Add(1) > int32(t.cfg.maxPendingHS) {
+			t.pendingHS.Add(-1)
+			t.log.Warn("tcp: refused connection: too many handshakes in progress", "remote", c.RemoteAddr())
+			c.Close()
+			continue
+		}
+		t.wg.Add(1)
+		go t.serve(conn)
+	}
+}
+
+// serve authenticates one incoming connection and makes it a peer.
+func (t *Transport) serve(conn *net.TCPConn) {
+	defer t.wg.Done()
+	t.tune(conn)
+	br := bufio.NewReaderSize(conn, readBuf)
+	l, err := t.serverHandshake(conn, br)
+	if err == nil && t.acceptMode == wire.ModeRendezvous {
+		err = t.acceptRegistration(l)
+	}
+	t.pendingHS.Add(-1)
+	if err != nil {
+		conn.Close()
+		select {
+		case <-t.stop:
+			return // closing: not worth a warning
+		default:
+		}
+		var he *hsError
+		reason := "i/o"
+		if errors.As(err, &he) {
+			reason = he.reason.String()
+		}
+		t.log.Warn("tcp: refused connection", "remote", conn.RemoteAddr().String(), "reason", reason, "err", err)
+		return
+	}
+	if t.acceptMode == wire.ModeRendezvous {
+		return // acceptRegistration hands the link on
+	}
+	if err := t.addPeer(l); err != nil {
+		return
+	}
+}
+
+// registrant is a rank registered with rank 0, waiting for the table.
+type registrant struct {
+	l    link
+	addr string
+}
+
+// acceptRegistration (rank 0 of a rendezvous) reads a registered rank's
+// address. When every rank has registered, it sends each the table and
+// makes them peers.
+func (t *Transport) acceptRegistration(l link) error {
+	h, p, err := readFrame(l.br, wire.MaxAddrLen)
+	if err == nil && (h.Kind != wire.Register || h.Src != uint32(l.rank)) {
+		err = fmt.Errorf("%w: expected register from rank %d, got %v from %d", ErrProtocol, l.rank, h.Kind, h.Src)
+	}
+	if err == nil {
+		if _, _, serr := net.SplitHostPort(string(p)); serr != nil {
+			err = fmt.Errorf("%w: rank %d registered a bad address %q: %w", ErrProtocol, l.rank, p, serr)
+		}
+	}
+	if err != nil {
+		t.unclaim(l.rank)
+		return err
+	}
+	t.mu.Lock()
+	t.regs = append(t.regs, registrant{l: l, addr: string(p)})
+	t.addrs[l.rank] = string(p)
+	var all []registrant
+	if len(t.regs) == t.world-1 {
+		all, t.regs = t.regs, nil
+	}
+	table := append([]string(nil), t.addrs...)
+	t.mu.Unlock()
+	if all == nil {
+		return nil
+	}
+	payload, err := wire.AppendTable(nil, table)
+	if err == nil {
+		for _, r := range all {
+			r.l.conn.SetWriteDeadline(time.Now().Add(t.cfg.hsTimeout))
+			if werr := writeFrame(r.l.conn, wire.Header{Kind: wire.Table}, payload); werr != nil && err == nil {
+				err = fmt.Errorf("tcp: rank 0: send the table to rank %d: %w", r.l.rank, werr)
+			}
+			r.l.conn.SetWriteDeadline(time.Time{})
+		}
+	}
+	for _, r := range all {
+		if err != nil {
+			r.l.conn.Close()
+			continue
+		}
+		t.addPeer(r.l)
+	}
+	if err != nil {
+		t.setupFailed(err)
+	}
+	return nil
+}

@@ -1,0 +1,302 @@
+package tcp
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+	"github.com/gdist/gdist/internal/bufpool"
+)
+
+// closeLinger bounds how long Close waits for peers to acknowledge its
+// goodbye before it drops the connections.
+const closeLinger = 5 * time.Second
+
+// Transport is a full-mesh TCP transport: one authenticated connection per
+// pair of ranks, a reader goroutine per peer and credit-based flow control
+// (see the package documentation). Create it with New or Rendezvous.
+type Transport struct {
+	rank, world int
+	cfg         config
+	log         *slog.Logger
+	ln          net.Listener // nil only for a world of one without a listener
+	box         *mailbox.Mailbox[transport.Message]
+	peers       []atomic.Pointer[peer] // by rank; nil for this rank and links not up yet
+	creditAt    int64                  // send a Credit once this many bytes were freed
+
+	// lifetime
+	ctx      context.Context // cancelled when the transport stops
+	cancel   context.CancelFunc
+	stop     chan struct{} // closed when the transport closes or fails
+	stopOnce sync.Once
+	closing  atomic.Bool
+	failed   atomic.Bool
+	failErr  *transport.PeerError // set before failed
+	closeOne sync.Once
+	wg       sync.WaitGroup // every goroutine the transport owns
+
+	// setup
+	mu         sync.Mutex
+	claimed    []bool // ranks whose handshake succeeded (guarded by mu)
+	linked     int    // peers added (guarded by mu)
+	setupErr   error  // fatal setup error (guarded by mu)
+	linkCh     chan struct{}
+	accept     func(rank int) bool // which ranks may connect to this listener
+	acceptMode uint8
+	pendingHS  atomic.Int32
+	addrs      []string     // rendezvous: the table
+	regs       []registrant // rank 0 in rendezvous: registered links waiting for the table
+}
+
+var _ transport.Transport = (*Transport)(nil)
+
+func newTransport(rank, world int, ln net.Listener, cfg config) *Transport {
+	t := &Transport{
+		rank:    rank,
+		world:   world,
+		cfg:     cfg,
+		log:     cfg.logger.With("rank", rank),
+		ln:      ln,
+		box:     mailbox.New(world, cfg.queueLimit, func(m transport.Message) { bufpool.Default.Put(m.Payload) }),
+		peers:   make([]atomic.Pointer[peer], world),
+		stop:    make(chan struct{}),
+		claimed: make([]bool, world),
+		linkCh:  make(chan struct{}, 1),
+		accept:  func(int) bool { return false },
+	}
+	if cfg.queueLimit > 0 {
+		t.creditAt = max(int64(cfg.queueLimit)/4, 1)
+	}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	if cfg.hbInterval > 0 {
+		t.wg.Add(1)
+		go t.monitor()
+	}
+	return t
+}
+
+// Rank implements transport.Transport.
+func (t *Transport) Rank() int { return t.rank }
+
+// WorldSize implements transport.Transport.
+func (t *Transport) WorldSize() int { return t.world }
+
+// Addr returns the address this rank listens on, or nil if it has no
+// listener.
+func (t *Transport) Addr() net.Addr {
+	if t.ln == nil {
+		return nil
+	}
+	return t.ln.Addr()
+}
+
+// Send implements transport.Transport. It waits, under ctx, until the
+// receiver has queue space for p (flow control), then writes the frame; it
+// returns once p is written to the socket, so p may be reused. A message
+// longer than the receiver's maximum frame is refused with an error matching
+// transport.ErrFrameTooLarge.
+func (t *Transport) Send(ctx context.Context, to int, tag uint32, meta transport.Meta, p []byte) error {
+	if t.closing.Load() {
+		return errClosed("send")
+	}
+	if err := transport.CheckRank(to, t.world); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("dist: send to rank %d: %w", to, err)
+	}
+	if t.failed.Load() {
+		return t.failure("send")
+	}
+	if to == t.rank {
+		return t.sendSelf(ctx, tag, meta, p)
+	}
+	pr := t.peers[to].Load()
+	if pr == nil { // cannot happen once New has returned
+		return &transport.PeerError{Rank: to, Op: "send", Err: transport.ErrPeerLost}
+	}
+	if uint64(len(p)) > pr.maxFrame {
+		return fmt.Errorf("dist: send to rank %d: %w: %d bytes, the peer accepts %d",
+			to, transport.ErrFrameTooLarge, len(p), pr.maxFrame)
+	}
+	if pr.gone.Load() {
+		return &transport.PeerError{Rank: to, Op: "send", Err: transport.ErrPeerClosed}
+	}
+	if err := pr.acquire(ctx, len(p)); err != nil {
+		return err
+	}
+	return pr.writeData(tag, meta, p)
+}
+
+func (t *Transport) sendSelf(ctx context.Context, tag uint32, meta transport.Meta, p []byte) error {
+	if uint64(len(p)) > uint64(t.cfg.maxFrame) {
+		return fmt.Errorf("dist: send to self: %w: %d bytes, limit %d", transport.ErrFrameTooLarge, len(p), t.cfg.maxFrame)
+	}
+	buf := bufpool.Default.Get(len(p))
+	copy(buf, p)
+	if err := t.box.Put(ctx, t.rank, tag, transport.Message{Meta: meta, Payload: buf}, len(buf)); err != nil {
+		bufpool.Default.Put(buf)
+		return t.stateErr("send", err)
+	}
+	return nil
+}
+
+// Recv implements transport.Transport. The returned payload belongs to the
+// caller; handing it back with Release lets the transport reuse it.
+func (t *Transport) Recv(ctx context.Context, from int, tag uint32) (transport.Message, error) {
+	if t.closing.Load() {
+		return transport.Message{}, errClosed("recv")
+	}
+	if err := transport.CheckRank(from, t.world); err != nil {
+		return transport.Message{}, err
+	}
+	m, err := t.box.Get(ctx, from, tag)
+	if err != nil {
+		return transport.Message{}, t.stateErr("recv", err)
+	}
+	if from != t.rank {
+		if pr := t.peers[from].Load(); pr != nil {
+			pr.consumed(len(m.Payload))
+		}
+	}
+	return m, nil
+}
+
+// Release implements transport.Transport.
+func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
+
+// Close implements transport.Transport: it tells every peer goodbye (they
+// see this rank as closed, not lost, once they have drained its messages),
+// closes the connections and the listener and waits for every goroutine the
+// transport started. Pending calls return an error matching
+// transport.ErrClosed, as do all later ones. Close is idempotent and always
+// returns nil.
+func (t *Transport) Close() error {
+	t.closeOne.Do(func() { t.shutdown(true) })
+	return nil
+}
+
+// Kill simulates this rank crashing: it drops every connection without a
+// goodbye, so peers see it as lost (transport.ErrPeerLost), as if the
+// process had died. Later calls return transport.ErrClosed. It is meant for
+// tests of failure handling; Close is the normal way out.
+func (t *Transport) Kill() {
+	t.closeOne.Do(func() { t.shutdown(false) })
+}
+
+func (t *Transport) shutdown(graceful bool) {
+	t.mu.Lock()
+	t.closing.Store(true)
+	t.mu.Unlock()
+	t.box.Fail(errClosed("recv"))
+	t.stopNow()
+	if t.ln != nil {
+		t.ln.Close()
+	}
+	deadline := time.Now().Add(min(closeLinger, max(t.cfg.hbTimeout, time.Second)))
+	for r := range t.peers {
+		p := t.peers[r].Load()
+		if p == nil {
+			continue
+		}
+		if graceful && !t.failed.Load() {
+			p.goodbye(deadline)
+			p.conn.SetReadDeadline(deadline)
+		} else {
+			p.conn.Close()
+		}
+	}
+	t.wg.Wait()
+	for r := range t.peers {
+		if p := t.peers[r].Load(); p != nil {
+			p.conn.Close()
+		}
+	}
+}
+
+func (t *Transport) stopNow() {
+	t.stopOnce.Do(func() {
+		close(t.stop)
+		t.cancel()
+	})
+}
+
+// fail records that peer rank was lost and fails the whole transport: every
+// pending and later call returns a *transport.PeerError naming rank, and all
+// connections are dropped so that the other ranks notice too.
+func (t *Transport) fail(rank int, cause error) {
+	t.mu.Lock()
+	if t.closing.Load() || t.failed.Load() {
+		t.mu.Unlock()
+		return
+	}
+	t.failErr = &transport.PeerError{Rank: rank, Op: "recv", Err: cause}
+	t.failed.Store(true)
+	t.mu.Unlock()
+	t.log.Error("tcp: peer lost; failing the transport", "peer", rank, "err", cause)
+	t.box.Fail(t.failErr)
+	t.stopNow()
+	for r := range t.peers {
+		if p := t.peers[r].Load(); p != nil {
+			p.conn.Close()
+		}
+	}
+}
+
+// failure returns the recorded failure, re-labelled with op.
+func (t *Transport) failure(op string) error {
+	return &transport.PeerError{Rank: t.failErr.Rank, Op: op, Err: t.failErr.Err}
+}
+
+// stateErr maps an error from a blocking operation to what the caller
+// should see: ErrClosed after Close, the failure after a lost peer, err
+// otherwise (a context error or a peer that said goodbye).
+func (t *Transport) stateErr(op string, err error) error {
+	switch {
+	case t.closing.Load():
+		return errClosed(op)
+	case t.failed.Load():
+		return t.failure(op)
+	}
+	return err
+}
+
+func errClosed(op string) error { return fmt.Errorf("dist: %s: %w", op, transport.ErrClosed) }
+
+// monitor sends heartbeats on idle links and fails the transport when a peer
+// has been silent for the heartbeat timeout.
+func (t *Transport) monitor() {
+	defer t.wg.Done()
+	tick := time.NewTicker(t.cfg.hbInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case now := <-tick.C:
+			for r := range t.peers {
+				p := t.peers[r].Load()
+				if p == nil || p.gone.Load() {
+					continue
+				}
+				if rx := p.rx.Load(); rx != p.lastRx {
+					p.lastRx, p.lastRxAt = rx, now
+				} else if silent := now.Sub(p.lastRxAt); silent > t.cfg.hbTimeout {
+					t.fail(p.rank, fmt.Errorf("%w: %w: nothing received for %v",
+						transport.ErrPeerLost, ErrHeartbeatTimeout, silent.Round(time.Millisecond)))
+					return
+				}
+				if tx := p.tx.Load(); tx == p.lastTx {
+					p.heartbeat(now.Add(t.cfg.hbTimeout))
+				}
+				p.lastTx = p.tx.Load()
+			}
+		}
+	}
+}
