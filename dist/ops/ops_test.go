@@ -50,7 +50,9 @@ func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) {
 }
 
 // valueOf returns rank r's deterministic input element i.
-func valueOf(r, i int) float64 { return 0.5*float64(r+1) + 0.25*float64(i) - 1 + 0.1*math.Sin(float64(7*r+i)) }
+func valueOf(r, i int) float64 {
+	return 0.5*float64(r+1) + 0.25*float64(i) - 1 + 0.1*math.Sin(float64(7*r+i))
+}
 
 // weightOf returns rank r's deterministic loss weight for output element i.
 func weightOf(r, i int) float64 { return math.Cos(float64(3*r+i)) + 0.1*float64(r) }
@@ -168,8 +170,10 @@ func cases() []collectiveCase {
 	}
 	reduceScatter := func(op dist.ReduceOp) collectiveCase {
 		return collectiveCase{
-			name:    "ReduceScatter/" + op.String(),
-			build:   func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) { return ops.ReduceScatter(pg, x, op) },
+			name: "ReduceScatter/" + op.String(),
+			build: func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) {
+				return ops.ReduceScatter(pg, x, op)
+			},
 			outRows: func(rows, n int) int { return rows / n },
 			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
 				s := 1.0
@@ -579,4 +583,42 @@ func TestErrorsSurface(t *testing.T) {
 	defer vm.Close()
 	err = vm.RunAll()
 	require.Error(t, err)
+}
+
+// TestMismatchedGraphsFail builds different collectives on the two ranks:
+// both runs fail (the group detects the desync) instead of hanging.
+func TestMismatchedGraphsFail(t *testing.T) {
+	ts := transport.NewLocal(2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		pg, err := dist.New(ts[r], dist.WithTimeout(10*time.Second))
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer pg.Close()
+			buildMu.Lock()
+			g := gorgonia.NewGraph()
+			x := gorgonia.NewVector(g, tensor.Float64, gorgonia.WithShape(2), gorgonia.WithName("x"),
+				gorgonia.WithValue(tensor.New(tensor.WithBacking([]float64{1, 2}))))
+			if r == 0 {
+				_, err = ops.AllReduce(pg, x, dist.Sum)
+			} else {
+				_, err = ops.AllGather(pg, x)
+			}
+			buildMu.Unlock()
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			vm := gorgonia.NewTapeMachine(g)
+			defer vm.Close()
+			errs[r] = vm.RunAll()
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		assert.Error(t, err, "rank %d", r)
+	}
 }

@@ -1,0 +1,77 @@
+// Package ddp is data-parallel training for Gorgonia models, in the manner of
+// PyTorch's DistributedDataParallel: every rank holds a full copy of the
+// model, trains on its own share of each batch, and averages gradients with
+// the other ranks before every optimiser step, so that all copies stay
+// identical and training equals one process on the whole batch.
+//
+// Wrap broadcasts the parameters from rank 0 and groups them into buckets,
+// in reverse order (the order in which backprop produces their gradients):
+// a small first bucket (DefaultFirstBucketCap, 1 MiB) so that communication
+// starts early, then buckets of up to DefaultBucketCap (25 MiB), one dtype
+// each.
+//
+// The forward pass uses Hook(w) in place of every parameter w. The hook is
+// the identity; its gradient op, which gorgonia.Grad creates next to the
+// gradient of hook(w), adds w's gradient into its bucket, and when a bucket
+// is complete starts its all-reduce asynchronously (dist's AllReduce*Async)
+// while the rest of backprop runs. Sync (or the Solver wrapper's Step) then
+// waits for the buckets and writes the averaged gradients into each
+// parameter's gradient — param.Grad(), the dual value that every Gorgonia
+// solver reads — before the inner solver steps.
+//
+// # Overlap needs hooks at the point of use
+//
+// The TapeMachine executes nodes in creation order, and Backpropagate visits
+// the forward graph in reverse creation order, creating each node's gradient
+// ops as it goes. A hook's gradient op is therefore created — and run — right
+// after the gradient of the op that consumes the hook, provided the hook was
+// created right before that op. Call Hook where the parameter is used. Hooks
+// created for all parameters before the forward pass (Hooked, or a model
+// that takes its parameters up front) are visited last, so their gradient
+// ops all run at the end of backprop: training is identical, but the
+// all-reduces do not overlap the backward pass (Stats.Exposed ≈ Stats.Comm).
+//
+// # Requirements
+//
+//   - The loss must be a mean over the local batch, and every rank's local
+//     batch the same size, so that the mean of the ranks' gradients is the
+//     gradient of the mean over the global batch.
+//   - Every rank builds the same graph and runs the same steps: the bucket
+//     all-reduces are collectives, issued in bucket order.
+//   - Bind dual values for the parameters (gorgonia.BindDualValues) or read
+//     gradients through param.Grad() as solvers do; one TapeMachine per DDP.
+//   - Between two synchronised backward passes there must be a Sync (Step):
+//     to accumulate gradients over several passes use SetSync(false) or
+//     WithAccumulation.
+//
+// Errors raised inside the machine (a failed all-reduce, a misuse) reach
+// RunAll wrapped by Gorgonia, which does not unwrap; the DDP keeps the first
+// one, and Err, Sync and Step return it matchably. A DDP whose all-reduce
+// failed stays failed.
+//
+// # Usage
+//
+// On every rank (pg from dist.InitFromEnv, or dist.New over a transport):
+//
+//	g := gorgonia.NewGraph()
+//	params := ... // the model's learnable nodes, with values
+//	d, err := ddp.Wrap(ctx, pg, params)
+//	x := gorgonia.NewMatrix(g, gorgonia.Float32, gorgonia.WithShape(localBatch, in))
+//	h := x
+//	for l := range layers {
+//		w, err := d.Hook(params[2*l]) // at the point of use
+//		h = gorgonia.Must(gorgonia.Mul(h, w))
+//		...
+//	}
+//	loss := ... // a mean over the local batch
+//	_, err = gorgonia.Grad(loss, params...)
+//	vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(params...))
+//	solver := d.Solver(gorgonia.NewAdamSolver())
+//	for each batch {
+//		// Let x and y hold this rank's share of the batch
+//		err = vm.RunAll()
+//		err = solver.Step(gorgonia.NodesToValueGrads(params))
+//		vm.Reset()
+//		log.Printf("%+v", d.Stats())
+//	}
+package ddp

@@ -1,0 +1,160 @@
+package ddp
+
+import (
+	"fmt"
+	"hash"
+	"hash/fnv"
+
+	"github.com/chewxy/hm"
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
+)
+
+// hookOp is hook(w): the identity on values, whose gradient op reports w's
+// gradient to the DDP.
+type hookOp struct {
+	d *DDP
+	i int // parameter index
+}
+
+var _ gorgonia.SDOp = (*hookOp)(nil)
+
+func (op *hookOp) Arity() int { return 1 }
+
+func (op *hookOp) Type() hm.Type {
+	a := hm.TypeVariable('a')
+	return hm.NewFnType(a, a)
+}
+
+func (op *hookOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
+	return identityShape(inputs)
+}
+
+// Do returns a copy of the parameter's value: returning the value itself
+// would let a later in-place op (the compiler reuses registers) write into
+// the parameter.
+func (op *hookOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
+	if len(inputs) != 1 {
+		return nil, fmt.Errorf("ddp: %v: want 1 input, got %d: %w", op, len(inputs), dist.ErrInvalidArgument)
+	}
+	op.d.forwardSeen(op.i)
+	return cloneValue(inputs[0])
+}
+
+func (op *hookOp) ReturnsPtr() bool     { return false }
+func (op *hookOp) CallsExtern() bool    { return false }
+func (op *hookOp) OverwritesInput() int { return -1 }
+
+func (op *hookOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "gdist.ddp.Hook#%d.%d", op.d.id, op.i) }
+
+func (op *hookOp) Hashcode() uint32 { return hashOf(op) }
+
+func (op *hookOp) String() string { return fmt.Sprintf("DDPHook(%s)", op.d.params[op.i].Name()) }
+
+func (op *hookOp) DiffWRT(inputs int) []bool { return []bool{true} }
+
+// SymDiff adds the hook's gradient op, which passes grad through as the
+// parameter's gradient and hands it to the DDP. Backpropagate calls it right
+// after it has summed the hook's incoming gradient, so the gradient op runs
+// (in creation order) as soon as that gradient is computed.
+func (op *hookOp) SymDiff(inputs gorgonia.Nodes, output, grad *gorgonia.Node) (gorgonia.Nodes, error) {
+	d := op.d
+	d.mu.Lock()
+	exists := d.gradNodes[op.i] != nil
+	d.mu.Unlock()
+	if exists {
+		return nil, fmt.Errorf("ddp: %v differentiated twice: %w", op, ErrDuplicateGradient)
+	}
+	gn, err := gorgonia.ApplyOp(&hookGradOp{d: d, i: op.i}, grad)
+	if err != nil {
+		return nil, fmt.Errorf("ddp: gradient of %v: %w", op, err)
+	}
+	d.mu.Lock()
+	d.gradNodes[op.i] = gn
+	d.nGrad++
+	d.bkts[d.slots[op.i].bucket].nGrad++
+	d.mu.Unlock()
+	return gorgonia.Nodes{gn}, nil
+}
+
+// hookGradOp is the gradient op of hook(w): the identity on the gradient,
+// which it also adds into the DDP's bucket and, when the bucket is complete,
+// starts the bucket's all-reduce.
+type hookGradOp struct {
+	d *DDP
+	i int
+}
+
+func (op *hookGradOp) Arity() int { return 1 }
+
+func (op *hookGradOp) Type() hm.Type {
+	a := hm.TypeVariable('a')
+	return hm.NewFnType(a, a)
+}
+
+func (op *hookGradOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
+	return identityShape(inputs)
+}
+
+// Do hands the gradient to the DDP and returns a copy of it: this rank's
+// local gradient of the pass. The averaged gradient is written into the
+// parameter's gradient by Sync.
+func (op *hookGradOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
+	if len(inputs) != 1 {
+		return nil, fmt.Errorf("ddp: %v: want 1 input, got %d: %w", op, len(inputs), dist.ErrInvalidArgument)
+	}
+	if err := op.d.gradReady(op.i, inputs[0]); err != nil {
+		return nil, err
+	}
+	return cloneValue(inputs[0])
+}
+
+func (op *hookGradOp) ReturnsPtr() bool     { return false }
+func (op *hookGradOp) CallsExtern() bool    { return false }
+func (op *hookGradOp) OverwritesInput() int { return -1 }
+
+func (op *hookGradOp) WriteHash(h hash.Hash) {
+	fmt.Fprintf(h, "gdist.ddp.HookGrad#%d.%d", op.d.id, op.i)
+}
+
+func (op *hookGradOp) Hashcode() uint32 { return hashOf(op) }
+
+func (op *hookGradOp) String() string {
+	return fmt.Sprintf("DDPHookGrad(%s)", op.d.params[op.i].Name())
+}
+
+func identityShape(inputs []gorgonia.DimSizer) (tensor.Shape, error) {
+	if len(inputs) != 1 {
+		return nil, fmt.Errorf("ddp: hook: want 1 input shape, got %d: %w", len(inputs), dist.ErrInvalidArgument)
+	}
+	s, ok := inputs[0].(tensor.Shape)
+	if !ok {
+		return nil, fmt.Errorf("ddp: hook: input shape is a %T: %w", inputs[0], dist.ErrInvalidArgument)
+	}
+	return s.Clone(), nil
+}
+
+func hashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
+	h := fnv.New32a()
+	op.WriteHash(h)
+	return h.Sum32()
+}
+
+// cloneValue returns a copy of a Float32/Float64 tensor or scalar.
+func cloneValue(v gorgonia.Value) (gorgonia.Value, error) {
+	switch x := v.(type) {
+	case *gorgonia.F32:
+		return gorgonia.NewF32(float32(*x)), nil
+	case *gorgonia.F64:
+		return gorgonia.NewF64(float64(*x)), nil
+	case tensor.Tensor:
+		c, ok := x.Clone().(tensor.Tensor)
+		if !ok {
+			return nil, fmt.Errorf("ddp: cannot copy a %T: %w", v, dist.ErrUnsupportedDType)
+		}
+		return c, nil
+	}
+	return nil, fmt.Errorf("ddp: cannot copy a %T: %w", v, dist.ErrUnsupportedDType)
+}
