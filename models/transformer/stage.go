@@ -1,0 +1,436 @@
+package transformer
+
+import (
+	"fmt"
+	"math"
+
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/models/checkpoint"
+)
+
+// Stage is a contiguous range of layers [From, To] of a model, built in one
+// Gorgonia graph: it owns the learnables of those layers and can add their
+// forward pass to the graph.
+//
+// Layers are numbered 0..Layers+1: layer 0 is the embedding (one-hot tokens
+// times the token table, plus the position table), layers 1..Layers are
+// pre-LN transformer blocks (x + attn(LN(x)), then x + mlp(LN(x)), causal
+// multi-head self-attention, GELU MLP) and layer Layers+1 is the final layer
+// norm and the output head. A full model is the stage [0, Layers+1].
+//
+// Activations are 2-D, one row per token: batch*Ctx rows, sequence-major
+// (row b*Ctx+t is position t of sequence b). The input of a stage is
+// [batch*Ctx, Vocab] one-hot tokens if From == 0, else hidden states
+// [batch*Ctx, Dim]; the output is logits [batch*Ctx, Vocab] if To ==
+// Layers+1, else hidden states [batch*Ctx, Dim].
+//
+// A Stage is not safe for concurrent use; building graphs in several
+// goroutines at once also needs external serialisation (see the package
+// documentation).
+type Stage struct {
+	cfg      Config
+	from, to int
+	batch    int
+	g        *gorgonia.ExprGraph
+	dt       tensor.Dtype
+
+	params []*gorgonia.Node
+	byName map[string]*gorgonia.Node
+
+	mask, pos *gorgonia.Node // constants, created on first use
+}
+
+// NewStage adds the learnables of layers from..to (inclusive) of cfg to g,
+// initialised from cfg.Seed, for a fixed batch size. It does not add any
+// computation; call Forward for that.
+func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int) (*Stage, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if from < 0 || to < from || to > cfg.HeadLayer() {
+		return nil, fmt.Errorf("%w: [%d, %d] with %d layers", ErrLayerRange, from, to, cfg.NumLayers())
+	}
+	if batch < 1 {
+		return nil, fmt.Errorf("%w: batch %d < 1", ErrShape, batch)
+	}
+	if cfg.TiedHead && (from > 0 || to < cfg.HeadLayer()) && (from == 0 || to == cfg.HeadLayer()) {
+		return nil, fmt.Errorf("%w: stage [%d, %d]", ErrTiedSplit, from, to)
+	}
+	s := &Stage{cfg: cfg, from: from, to: to, batch: batch, g: g, dt: cfg.Dtype.Tensor(),
+		byName: make(map[string]*gorgonia.Node)}
+	for l := from; l <= to; l++ {
+		for _, p := range paramSpecs(cfg, l) {
+			t := initTensor(cfg, p)
+			var n *gorgonia.Node
+			if len(p.shape) == 1 {
+				n = gorgonia.NewVector(g, s.dt, gorgonia.WithShape(p.shape...), gorgonia.WithName(p.name), gorgonia.WithValue(t))
+			} else {
+				n = gorgonia.NewMatrix(g, s.dt, gorgonia.WithShape(p.shape...), gorgonia.WithName(p.name), gorgonia.WithValue(t))
+			}
+			s.params = append(s.params, n)
+			s.byName[p.name] = n
+		}
+	}
+	return s, nil
+}
+
+// Config returns the model configuration.
+func (s *Stage) Config() Config { return s.cfg }
+
+// From returns the first layer of the stage.
+func (s *Stage) From() int { return s.from }
+
+// To returns the last layer of the stage (inclusive).
+func (s *Stage) To() int { return s.to }
+
+// Batch returns the number of sequences per forward pass.
+func (s *Stage) Batch() int { return s.batch }
+
+// Rows returns batch*Ctx, the number of rows of the stage's input and output.
+func (s *Stage) Rows() int { return s.batch * s.cfg.Ctx }
+
+// Graph returns the graph the stage was built in.
+func (s *Stage) Graph() *gorgonia.ExprGraph { return s.g }
+
+// IsFirst reports whether the stage contains the embedding (From == 0) and
+// so takes one-hot tokens as input.
+func (s *Stage) IsFirst() bool { return s.from == 0 }
+
+// IsLast reports whether the stage contains the output head (To ==
+// Layers+1) and so produces logits.
+func (s *Stage) IsLast() bool { return s.to == s.cfg.HeadLayer() }
+
+// InputShape returns the shape Forward expects: [Rows, Vocab] for the first
+// stage, [Rows, Dim] otherwise.
+func (s *Stage) InputShape() tensor.Shape {
+	if s.IsFirst() {
+		return tensor.Shape{s.Rows(), s.cfg.Vocab}
+	}
+	return tensor.Shape{s.Rows(), s.cfg.Dim}
+}
+
+// OutputShape returns the shape Forward returns: [Rows, Vocab] for the last
+// stage, [Rows, Dim] otherwise.
+func (s *Stage) OutputShape() tensor.Shape {
+	if s.IsLast() {
+		return tensor.Shape{s.Rows(), s.cfg.Vocab}
+	}
+	return tensor.Shape{s.Rows(), s.cfg.Dim}
+}
+
+// NewInput adds a zero-valued input node of InputShape and the model dtype,
+// with the given (graph-unique) name, to the stage's graph. Fill it before
+// each run with FillOneHot (first stage) or by copying hidden states into
+// its value, or bind a new value with gorgonia.Let.
+func (s *Stage) NewInput(name string) *gorgonia.Node {
+	return s.newMatrix(name, s.InputShape())
+}
+
+// NewTargets adds a zero-valued [Rows, Vocab] input node for one-hot targets
+// (see CrossEntropy and FillOneHot).
+func (s *Stage) NewTargets(name string) *gorgonia.Node {
+	return s.newMatrix(name, tensor.Shape{s.Rows(), s.cfg.Vocab})
+}
+
+func (s *Stage) newMatrix(name string, shape tensor.Shape) *gorgonia.Node {
+	v := tensor.New(tensor.Of(s.dt), tensor.WithShape(shape...))
+	return gorgonia.NewMatrix(s.g, s.dt, gorgonia.WithShape(shape...), gorgonia.WithName(name), gorgonia.WithValue(v))
+}
+
+// Learnables returns the stage's parameter nodes in canonical order (see
+// ParamNames). The caller owns the returned slice, not the nodes.
+func (s *Stage) Learnables() gorgonia.Nodes { return append(gorgonia.Nodes(nil), s.params...) }
+
+// Names returns the stage's parameter names in canonical order. The caller
+// owns the returned slice.
+func (s *Stage) Names() []string {
+	names := make([]string, len(s.params))
+	for i, n := range s.params {
+		names[i] = n.Name()
+	}
+	return names
+}
+
+// Param returns the parameter node with the given name, or nil.
+func (s *Stage) Param(name string) *gorgonia.Node { return s.byName[name] }
+
+// Weights returns a copy of the current parameter values, in canonical
+// order, ready for checkpoint.Write. The caller owns the returned tensors.
+func (s *Stage) Weights() []checkpoint.Named {
+	out := make([]checkpoint.Named, len(s.params))
+	for i, n := range s.params {
+		out[i] = checkpoint.Named{Name: n.Name(), Tensor: n.Value().(*tensor.Dense).Clone().(*tensor.Dense)}
+	}
+	return out
+}
+
+// SetWeights copies values into the stage's parameters. Every parameter of
+// the stage must be present in ts (else an error matching
+// checkpoint.ErrMissingTensor) with its exact shape (else ErrShape); tensors
+// for other layers are ignored, and float32/float64 values are converted to
+// the model dtype. The values are copied into the existing parameter
+// tensors, so machines and solvers built on the graph stay valid. ts is not
+// retained.
+func (s *Stage) SetWeights(ts []checkpoint.Named) error {
+	byName := make(map[string]tensor.Tensor, len(ts))
+	for _, t := range ts {
+		byName[t.Name] = t.Tensor
+	}
+	// Check everything before changing anything.
+	for _, n := range s.params {
+		t, ok := byName[n.Name()]
+		if !ok {
+			return fmt.Errorf("%w: %q", checkpoint.ErrMissingTensor, n.Name())
+		}
+		if !t.Shape().Eq(n.Shape()) {
+			return fmt.Errorf("%w: %q is %v, want %v", ErrShape, n.Name(), t.Shape(), n.Shape())
+		}
+		if dt := t.Dtype(); dt != tensor.Float32 && dt != tensor.Float64 {
+			return fmt.Errorf("%w: %q has dtype %v", ErrShape, n.Name(), dt)
+		}
+	}
+	for _, n := range s.params {
+		if err := copyInto(n.Value().(*tensor.Dense), byName[n.Name()]); err != nil {
+			return fmt.Errorf("transformer: setting %q: %w", n.Name(), err)
+		}
+	}
+	return nil
+}
+
+// copyInto copies src into dst element-wise, converting between float32 and
+// float64.
+func copyInto(dst *tensor.Dense, src tensor.Tensor) error {
+	if d, ok := src.(*tensor.Dense); ok && d.IsView() {
+		src = d.Materialize()
+	}
+	switch dv := dst.Data().(type) {
+	case []float32:
+		switch sv := src.Data().(type) {
+		case []float32:
+			copy(dv, sv)
+		case []float64:
+			for i := range dv {
+				dv[i] = float32(sv[i])
+			}
+		default:
+			return fmt.Errorf("%w: source data %T", ErrShape, sv)
+		}
+	case []float64:
+		switch sv := src.Data().(type) {
+		case []float32:
+			for i := range dv {
+				dv[i] = float64(sv[i])
+			}
+		case []float64:
+			copy(dv, sv)
+		default:
+			return fmt.Errorf("%w: source data %T", ErrShape, sv)
+		}
+	default:
+		return fmt.Errorf("%w: parameter data %T", ErrShape, dv)
+	}
+	return nil
+}
+
+// Forward adds the forward pass of the stage's layers to the graph and
+// returns its output node (see OutputShape). in must have InputShape and the
+// model dtype. Forward may be called more than once (for instance on
+// different inputs); the calls share the learnables.
+func (s *Stage) Forward(in *gorgonia.Node) (out *gorgonia.Node, err error) {
+	if !in.Shape().Eq(s.InputShape()) {
+		return nil, fmt.Errorf("%w: stage [%d, %d] input is %v, want %v", ErrShape, s.from, s.to, in.Shape(), s.InputShape())
+	}
+	if in.Dtype() != s.dt {
+		return nil, fmt.Errorf("%w: input dtype %v, want %v", ErrShape, in.Dtype(), s.dt)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			be, ok := r.(buildError)
+			if !ok {
+				panic(r)
+			}
+			out, err = nil, fmt.Errorf("transformer: building stage [%d, %d]: %w", s.from, s.to, be.err)
+		}
+	}()
+	h := in
+	for l := s.from; l <= s.to; l++ {
+		switch {
+		case l == 0:
+			h = s.embed(h)
+		case l <= s.cfg.Layers:
+			h = s.block(l, h)
+		default:
+			h = s.head(h)
+		}
+	}
+	return h, nil
+}
+
+// buildError carries a graph-construction error out of the layer builders.
+type buildError struct{ err error }
+
+func must(n *gorgonia.Node, err error) *gorgonia.Node {
+	if err != nil {
+		panic(buildError{err})
+	}
+	return n
+}
+
+func (s *Stage) p(l int, suffix string) *gorgonia.Node {
+	n := s.byName[LayerName(l)+"."+suffix]
+	if n == nil {
+		panic(buildError{fmt.Errorf("%w: no parameter %s.%s", ErrLayerRange, LayerName(l), suffix)})
+	}
+	return n
+}
+
+func (s *Stage) scalar(v float64) *gorgonia.Node {
+	if s.dt == tensor.Float32 {
+		return gorgonia.NewConstant(float32(v))
+	}
+	return gorgonia.NewConstant(v)
+}
+
+// constant adds a non-learnable input node holding vals (float64, converted
+// to the model dtype). Input nodes are used instead of gorgonia.NewConstant
+// because constants hash (and are named) by formatting their whole value.
+func (s *Stage) constant(name string, shape tensor.Shape, vals []float64) *gorgonia.Node {
+	var back any = vals
+	if s.dt == tensor.Float32 {
+		f := make([]float32, len(vals))
+		for i, x := range vals {
+			f[i] = float32(x)
+		}
+		back = f
+	}
+	t := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(back))
+	return gorgonia.NewTensor(s.g, s.dt, len(shape), gorgonia.WithShape(shape...), gorgonia.WithName(name), gorgonia.WithValue(t))
+}
+
+// positions returns the [Rows, Ctx] one-hot matrix of token positions.
+func (s *Stage) positions() *gorgonia.Node {
+	if s.pos == nil {
+		T := s.cfg.Ctx
+		vals := make([]float64, s.Rows()*T)
+		for r := range s.Rows() {
+			vals[r*T+r%T] = 1
+		}
+		s.pos = s.constant(fmt.Sprintf("%s.positions.b%d", LayerName(0), s.batch), tensor.Shape{s.Rows(), T}, vals)
+	}
+	return s.pos
+}
+
+// causalMask returns the additive [batch*Heads, Ctx, Ctx] mask: 0 where key
+// position <= query position, -1e9 elsewhere.
+func (s *Stage) causalMask() *gorgonia.Node {
+	if s.mask == nil {
+		T := s.cfg.Ctx
+		bh := s.batch * s.cfg.Heads
+		vals := make([]float64, bh*T*T)
+		for b := range bh {
+			for i := range T {
+				for j := i + 1; j < T; j++ {
+					vals[(b*T+i)*T+j] = -1e9
+				}
+			}
+		}
+		s.mask = s.constant(fmt.Sprintf("causal_mask.b%d.h%d", s.batch, s.cfg.Heads), tensor.Shape{bh, T, T}, vals)
+	}
+	return s.mask
+}
+
+// embed: one-hot [Rows, Vocab] -> [Rows, Dim].
+func (s *Stage) embed(x *gorgonia.Node) *gorgonia.Node {
+	tok := must(gorgonia.Mul(x, s.p(0, "tok_emb")))
+	pos := must(gorgonia.Mul(s.positions(), s.p(0, "pos_emb")))
+	return must(gorgonia.Add(tok, pos))
+}
+
+// layerNorm normalises each row of x [Rows, Dim] and applies gain g and
+// bias b ([Dim]).
+func (s *Stage) layerNorm(x, g, b *gorgonia.Node) *gorgonia.Node {
+	mean := must(gorgonia.Mean(x, 1))
+	xc := must(gorgonia.BroadcastSub(x, mean, nil, []byte{1}))
+	variance := must(gorgonia.Mean(must(gorgonia.Square(xc)), 1))
+	std := must(gorgonia.Sqrt(must(gorgonia.Add(variance, s.scalar(1e-5)))))
+	xn := must(gorgonia.BroadcastHadamardDiv(xc, std, nil, []byte{1}))
+	y := must(gorgonia.BroadcastHadamardProd(xn, g, nil, []byte{0}))
+	return must(gorgonia.BroadcastAdd(y, b, nil, []byte{0}))
+}
+
+// linear returns x·w (+ bias broadcast over rows if b != nil).
+func (s *Stage) linear(x, w, b *gorgonia.Node) *gorgonia.Node {
+	y := must(gorgonia.Mul(x, w))
+	if b == nil {
+		return y
+	}
+	return must(gorgonia.BroadcastAdd(y, b, nil, []byte{0}))
+}
+
+// gelu is the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+func (s *Stage) gelu(x *gorgonia.Node) *gorgonia.Node {
+	x3 := must(gorgonia.Cube(x))
+	inner := must(gorgonia.Add(x, must(gorgonia.HadamardProd(x3, s.scalar(0.044715)))))
+	t := must(gorgonia.Tanh(must(gorgonia.HadamardProd(inner, s.scalar(math.Sqrt(2/math.Pi))))))
+	onePlus := must(gorgonia.Add(t, s.scalar(1)))
+	return must(gorgonia.HadamardProd(must(gorgonia.HadamardProd(x, onePlus)), s.scalar(0.5)))
+}
+
+// splitHeads: [B*T, D] -> [B*H, T, hd].
+func (s *Stage) splitHeads(x *gorgonia.Node) *gorgonia.Node {
+	B, T, H, hd := s.batch, s.cfg.Ctx, s.cfg.Heads, s.cfg.HeadDim()
+	x = must(gorgonia.Reshape(x, tensor.Shape{B, T, H, hd}))
+	if H > 1 {
+		x = must(gorgonia.Transpose(x, 0, 2, 1, 3))
+	}
+	return must(gorgonia.Reshape(x, tensor.Shape{B * H, T, hd}))
+}
+
+// mergeHeads: [B*H, T, hd] -> [B*T, D].
+func (s *Stage) mergeHeads(x *gorgonia.Node) *gorgonia.Node {
+	B, T, H, hd := s.batch, s.cfg.Ctx, s.cfg.Heads, s.cfg.HeadDim()
+	if H > 1 {
+		x = must(gorgonia.Reshape(x, tensor.Shape{B, H, T, hd}))
+		x = must(gorgonia.Transpose(x, 0, 2, 1, 3))
+	}
+	return must(gorgonia.Reshape(x, tensor.Shape{B * T, H * hd}))
+}
+
+// attention is causal multi-head self-attention of x [Rows, Dim].
+func (s *Stage) attention(l int, x *gorgonia.Node) *gorgonia.Node {
+	scale := 1 / math.Sqrt(float64(s.cfg.HeadDim()))
+	q := must(gorgonia.HadamardProd(s.linear(x, s.p(l, "attn.wq"), nil), s.scalar(scale)))
+	k := s.linear(x, s.p(l, "attn.wk"), nil)
+	v := s.linear(x, s.p(l, "attn.wv"), nil)
+	qh, kh, vh := s.splitHeads(q), s.splitHeads(k), s.splitHeads(v)
+	scores := must(gorgonia.BatchedMatMul(qh, kh, false, true)) // [B*H, T, T]
+	scores = must(gorgonia.Add(scores, s.causalMask()))
+	probs := must(rowSoftmax(scores, false))
+	o := must(gorgonia.BatchedMatMul(probs, vh)) // [B*H, T, hd]
+	return s.linear(s.mergeHeads(o), s.p(l, "attn.wo"), s.p(l, "attn.bo"))
+}
+
+// block is one pre-LN transformer block.
+func (s *Stage) block(l int, h *gorgonia.Node) *gorgonia.Node {
+	a := s.attention(l, s.layerNorm(h, s.p(l, "ln1.g"), s.p(l, "ln1.b")))
+	h = must(gorgonia.Add(h, a))
+	m := s.layerNorm(h, s.p(l, "ln2.g"), s.p(l, "ln2.b"))
+	m = s.gelu(s.linear(m, s.p(l, "mlp.w1"), s.p(l, "mlp.b1")))
+	m = s.linear(m, s.p(l, "mlp.w2"), s.p(l, "mlp.b2"))
+	return must(gorgonia.Add(h, m))
+}
+
+// head: final layer norm and projection to logits [Rows, Vocab].
+func (s *Stage) head(h *gorgonia.Node) *gorgonia.Node {
+	l := s.cfg.HeadLayer()
+	x := s.layerNorm(h, s.p(l, "ln.g"), s.p(l, "ln.b"))
+	var w *gorgonia.Node
+	if s.cfg.TiedHead {
+		w = must(gorgonia.Transpose(s.p(0, "tok_emb")))
+	} else {
+		w = s.p(l, "head.w")
+	}
+	return s.linear(x, w, s.p(l, "head.b"))
+}

@@ -1,0 +1,196 @@
+package transformer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/models/checkpoint"
+)
+
+// buildMu serialises graph construction inside this package's constructors:
+// Gorgonia's graph building and Grad touch package-level state.
+var buildMu sync.Mutex
+
+// TrainerOption configures NewTrainer.
+type TrainerOption func(*trainerOptions)
+
+type trainerOptions struct {
+	lr      float64
+	clip    float64
+	solver  gorgonia.Solver
+	weights []checkpoint.Named
+}
+
+// WithLearnRate sets the Adam learning rate (default 3e-3). Ignored with
+// WithSolver.
+func WithLearnRate(lr float64) TrainerOption { return func(o *trainerOptions) { o.lr = lr } }
+
+// WithClip sets Adam's element-wise gradient clipping bound (default 1; 0
+// disables clipping). Ignored with WithSolver.
+func WithClip(c float64) TrainerOption { return func(o *trainerOptions) { o.clip = c } }
+
+// WithSolver replaces the default Adam solver.
+func WithSolver(s gorgonia.Solver) TrainerOption { return func(o *trainerOptions) { o.solver = s } }
+
+// WithWeights sets the initial parameters (see Stage.SetWeights) instead of
+// the seeded initialisation. The tensors are copied.
+func WithWeights(ts []checkpoint.Named) TrainerOption {
+	return func(o *trainerOptions) { o.weights = ts }
+}
+
+// Trainer trains a full model in one process: a graph with the whole model
+// (a Stage over all layers) for a fixed batch size, the cross-entropy loss,
+// its gradients, a TapeMachine and a solver. It is not safe for concurrent
+// use.
+//
+// The exported nodes belong to the trainer's graph; read them, do not
+// rebind them.
+type Trainer struct {
+	// Stage holds the model's learnables.
+	Stage *Stage
+	// Input is the [batch*Ctx, Vocab] one-hot input node.
+	Input *gorgonia.Node
+	// Targets is the [batch*Ctx, Vocab] one-hot target node.
+	Targets *gorgonia.Node
+	// Logits is the [batch*Ctx, Vocab] output node.
+	Logits *gorgonia.Node
+	// Loss is the scalar mean cross-entropy node.
+	Loss *gorgonia.Node
+
+	vm     gorgonia.VM
+	solver gorgonia.Solver
+	steps  int
+}
+
+// NewTrainer builds a trainer for cfg with batch sequences per step.
+func NewTrainer(cfg Config, batch int, opts ...TrainerOption) (*Trainer, error) {
+	o := trainerOptions{lr: 3e-3, clip: 1}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	g := gorgonia.NewGraph()
+	st, err := NewStage(g, cfg, 0, cfg.HeadLayer(), batch)
+	if err != nil {
+		return nil, err
+	}
+	if o.weights != nil {
+		if err := st.SetWeights(o.weights); err != nil {
+			return nil, err
+		}
+	}
+	t := &Trainer{Stage: st, Input: st.NewInput("input"), Targets: st.NewTargets("targets")}
+	if t.Logits, err = st.Forward(t.Input); err != nil {
+		return nil, err
+	}
+	if t.Loss, err = CrossEntropy(t.Logits, t.Targets); err != nil {
+		return nil, err
+	}
+	if _, err = gorgonia.Grad(t.Loss, st.Learnables()...); err != nil {
+		return nil, fmt.Errorf("transformer: gradients: %w", err)
+	}
+	t.vm = gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(st.Learnables()...))
+	t.solver = o.solver
+	if t.solver == nil {
+		sopts := []gorgonia.SolverOpt{gorgonia.WithLearnRate(o.lr)}
+		if o.clip > 0 {
+			sopts = append(sopts, gorgonia.WithClip(o.clip))
+		}
+		t.solver = gorgonia.NewAdamSolver(sopts...)
+	}
+	return t, nil
+}
+
+// Step runs one training step on a batch: inputs and targets are
+// batch*Ctx token ids each, sequence-major (see SampleBatch). It returns the
+// loss before the update. The slices are not retained.
+func (t *Trainer) Step(ctx context.Context, inputs, targets []int) (float64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("transformer: step: %w", err)
+	}
+	if err := FillOneHot(t.Input.Value().(*tensor.Dense), inputs); err != nil {
+		return 0, err
+	}
+	if err := FillOneHot(t.Targets.Value().(*tensor.Dense), targets); err != nil {
+		return 0, err
+	}
+	defer t.vm.Reset()
+	if err := t.vm.RunAll(); err != nil {
+		return 0, fmt.Errorf("transformer: step: %w", err)
+	}
+	loss, err := ScalarValue(t.Loss)
+	if err != nil {
+		return 0, err
+	}
+	if err := t.solver.Step(gorgonia.NodesToValueGrads(t.Stage.Learnables())); err != nil {
+		return loss, fmt.Errorf("transformer: solver: %w", err)
+	}
+	t.steps++
+	return loss, nil
+}
+
+// Steps returns the number of successful Step calls.
+func (t *Trainer) Steps() int { return t.steps }
+
+// Weights returns a copy of the current parameters (see Stage.Weights).
+func (t *Trainer) Weights() []checkpoint.Named { return t.Stage.Weights() }
+
+// Close releases the trainer's machine.
+func (t *Trainer) Close() error {
+	return t.vm.Close()
+}
+
+// ScalarValue returns the value of a scalar node after a run as float64.
+func ScalarValue(n *gorgonia.Node) (float64, error) {
+	v := n.Value()
+	if v == nil {
+		return 0, fmt.Errorf("%w: node %s has no value", ErrShape, n.Name())
+	}
+	switch x := v.Data().(type) {
+	case float32:
+		return float64(x), nil
+	case float64:
+		return x, nil
+	case []float32:
+		if len(x) == 1 {
+			return float64(x[0]), nil
+		}
+	case []float64:
+		if len(x) == 1 {
+			return x[0], nil
+		}
+	}
+	return 0, fmt.Errorf("%w: node %s is not a float scalar (%v)", ErrShape, n.Name(), v.Shape())
+}
+
+// Float64s returns a copy of the value of n (a float32 or float64 tensor or
+// scalar) after a run, converted to float64, in row-major order. The caller owns the returned slice.
+func Float64s(n *gorgonia.Node) ([]float64, error) {
+	v := n.Value()
+	if v == nil {
+		return nil, fmt.Errorf("%w: node %s has no value", ErrShape, n.Name())
+	}
+	if d, ok := v.(*tensor.Dense); ok && d.IsView() {
+		v = d.Materialize().(*tensor.Dense)
+	}
+	switch x := v.Data().(type) {
+	case []float32:
+		out := make([]float64, len(x))
+		for i, f := range x {
+			out[i] = float64(f)
+		}
+		return out, nil
+	case []float64:
+		return append([]float64(nil), x...), nil
+	case float32:
+		return []float64{float64(x)}, nil
+	case float64:
+		return []float64{x}, nil
+	}
+	return nil, fmt.Errorf("%w: node %s holds %T", ErrShape, n.Name(), v.Data())
+}
