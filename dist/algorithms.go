@@ -17,15 +17,18 @@ import (
 // message, so the message pattern never depends on the data.
 //
 // Desync detection. Every message carries the collective's sequence number
-// and fingerprint, and every algorithm obeys one rule: a rank's first message
-// in a collective goes to rank r+1 (mod n) and its first receive is from rank
-// r-1, before it receives anything else. The ring algorithms and the
-// dissemination barrier start that way by themselves; the others (recursive
-// doubling for n > 2, trees, chains) first exchange an empty "announce"
-// message around the ring. So whatever two disagreeing ranks called, some
-// rank compares its own fingerprint with its left neighbour's before it can
-// wait for a message that will never come: if any two ranks disagree, two
-// neighbours do. The detecting rank aborts the group and tells everyone.
+// and fingerprint, and every algorithm obeys two rules: (1) before its first
+// receive, a rank sends a message to rank r+1 (mod n), and nothing it does
+// before that can block; (2) its first receive is from rank r-1. The ring
+// algorithms and the dissemination barrier start that way by themselves; the
+// others (recursive doubling for n > 2, trees, chains) start by sending an
+// empty "announce" message to r+1 and receive the one from r-1 just before
+// their first real receive (or at the end, if they have none), so it travels
+// concurrently with their first step. Whatever two disagreeing ranks called,
+// two neighbours disagree, and the right one's first receive returns the left
+// one's first message, fingerprint and all: the disagreement is found before
+// any rank can wait for a message that will never come. The detecting rank
+// aborts the group and tells everyone.
 
 // send sends one collective message to rank `to`.
 func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
@@ -66,14 +69,15 @@ func (g *ProcessGroup) seg(b []byte, k int) []byte {
 	return b[lo:min(lo+g.cfg.segment, len(b))]
 }
 
-// announce sends an empty message to rank r+1 and checks the one from rank
-// r-1 (see "Desync detection" above).
-func (g *ProcessGroup) announce(ctx context.Context) error {
-	n, r := g.world, g.rank
-	if err := g.send(ctx, (r+1)%n, nil); err != nil {
-		return err
-	}
-	p, err := g.recv(ctx, (r+n-1)%n, 0)
+// annSend sends the empty announce message to rank r+1 (see "Desync
+// detection" above).
+func (g *ProcessGroup) annSend(ctx context.Context) error {
+	return g.send(ctx, (g.rank+1)%g.world, nil)
+}
+
+// annRecv receives and checks the announce message from rank r-1.
+func (g *ProcessGroup) annRecv(ctx context.Context) error {
+	p, err := g.recv(ctx, (g.rank+g.world-1)%g.world, 0)
 	if err != nil {
 		return err
 	}
@@ -97,12 +101,18 @@ func store(dst, p []byte, mode int, red reducer) {
 }
 
 // exchange sends snd to `to` while receiving rcv from `from`, segment by
-// segment, storing what arrives according to mode.
-func (g *ProcessGroup) exchange(ctx context.Context, to int, snd []byte, from int, rcv []byte, mode int, red reducer) error {
+// segment, storing what arrives according to mode. With ann, it receives the
+// announce message before its first receive.
+func (g *ProcessGroup) exchange(ctx context.Context, to int, snd []byte, from int, rcv []byte, mode int, red reducer, ann bool) error {
 	ns, nr := g.nseg(len(snd)), g.nseg(len(rcv))
 	for k := range max(ns, nr) {
 		if k < ns {
 			if err := g.send(ctx, to, g.seg(snd, k)); err != nil {
+				return err
+			}
+		}
+		if ann && k == 0 {
+			if err := g.annRecv(ctx); err != nil {
 				return err
 			}
 		}
@@ -129,8 +139,14 @@ func (g *ProcessGroup) sendAll(ctx context.Context, to int, b []byte) error {
 	return nil
 }
 
-// recvAll receives b from `from` in segments.
-func (g *ProcessGroup) recvAll(ctx context.Context, from int, b []byte, mode int, red reducer) error {
+// recvAll receives b from `from` in segments. With ann, it first receives
+// the announce message.
+func (g *ProcessGroup) recvAll(ctx context.Context, from int, b []byte, mode int, red reducer, ann bool) error {
+	if ann {
+		if err := g.annRecv(ctx); err != nil {
+			return err
+		}
+	}
 	for k := range g.nseg(len(b)) {
 		dst := g.seg(b, k)
 		p, err := g.recv(ctx, from, len(dst))
@@ -152,8 +168,9 @@ func (g *ProcessGroup) recvAll(ctx context.Context, from int, b []byte, mode int
 // with the same bits.
 func (g *ProcessGroup) allReduceRD(ctx context.Context, data []byte, red reducer) error {
 	n, r := g.world, g.rank
-	if n > 2 {
-		if err := g.announce(ctx); err != nil {
+	ann := n > 2 // for n == 2 the first exchange is with r+1 == r-1
+	if ann {
+		if err := g.annSend(ctx); err != nil {
 			return err
 		}
 	}
@@ -165,20 +182,22 @@ func (g *ProcessGroup) allReduceRD(ctx context.Context, data []byte, red reducer
 		if err := g.sendAll(ctx, r-p2, data); err != nil {
 			return err
 		}
-		return g.recvAll(ctx, r-p2, data, modeCopy, red)
+		return g.recvAll(ctx, r-p2, data, modeCopy, red, ann)
 	}
 	if r < n-p2 {
-		if err := g.recvAll(ctx, r+p2, data, modeReduce, red); err != nil {
+		if err := g.recvAll(ctx, r+p2, data, modeReduce, red, ann); err != nil {
 			return err
 		}
+		ann = false
 	}
 	for mask := 1; mask < p2; mask <<= 1 {
 		// Sending and combining the same buffer is safe: exchange sends
 		// segment k before it combines the peer's segment k into it.
 		peer := r ^ mask
-		if err := g.exchange(ctx, peer, data, peer, data, modeReduce, red); err != nil {
+		if err := g.exchange(ctx, peer, data, peer, data, modeReduce, red, ann); err != nil {
 			return err
 		}
+		ann = false
 	}
 	red.finish(data, n)
 	if r < n-p2 {
@@ -206,13 +225,13 @@ func (g *ProcessGroup) allReduceRing(ctx context.Context, data []byte, es int, r
 	n, r := g.world, g.rank
 	next, prev := (r+1)%n, (r+n-1)%n
 	for s := range n - 1 {
-		if err := g.exchange(ctx, next, chunk(data, es, n, r-s), prev, chunk(data, es, n, r-s-1), modeReduce, red); err != nil {
+		if err := g.exchange(ctx, next, chunk(data, es, n, r-s), prev, chunk(data, es, n, r-s-1), modeReduce, red, false); err != nil {
 			return err
 		}
 	}
 	red.finish(chunk(data, es, n, r+1), n)
 	for s := range n - 1 {
-		if err := g.exchange(ctx, next, chunk(data, es, n, r+1-s), prev, chunk(data, es, n, r-s), modeCopy, red); err != nil {
+		if err := g.exchange(ctx, next, chunk(data, es, n, r+1-s), prev, chunk(data, es, n, r-s), modeCopy, red, false); err != nil {
 			return err
 		}
 	}
@@ -231,7 +250,7 @@ func (g *ProcessGroup) allGatherRing(ctx context.Context, dst, src []byte) error
 		return dst[i*b : (i+1)*b]
 	}
 	for s := range n - 1 {
-		if err := g.exchange(ctx, next, block(r-s), prev, block(r-s-1), modeCopy, reducer{}); err != nil {
+		if err := g.exchange(ctx, next, block(r-s), prev, block(r-s-1), modeCopy, reducer{}, false); err != nil {
 			return err
 		}
 	}
@@ -282,7 +301,7 @@ func (g *ProcessGroup) reduceScatterRing(ctx context.Context, dst, src []byte, r
 
 // broadcastTree is a binomial tree rooted at root: ceil(log2 n) rounds.
 func (g *ProcessGroup) broadcastTree(ctx context.Context, data []byte, root int) error {
-	if err := g.announce(ctx); err != nil {
+	if err := g.annSend(ctx); err != nil {
 		return err
 	}
 	n := g.world
@@ -291,7 +310,7 @@ func (g *ProcessGroup) broadcastTree(ctx context.Context, data []byte, root int)
 	mask := 1
 	for mask < n {
 		if vr&mask != 0 {
-			if err := g.recvAll(ctx, real(vr-mask), data, modeCopy, reducer{}); err != nil {
+			if err := g.recvAll(ctx, real(vr-mask), data, modeCopy, reducer{}, true); err != nil {
 				return err
 			}
 			break
@@ -305,20 +324,29 @@ func (g *ProcessGroup) broadcastTree(ctx context.Context, data []byte, root int)
 			}
 		}
 	}
+	if vr == 0 {
+		return g.annRecv(ctx)
+	}
 	return nil
 }
 
 // broadcastChain pipelines segments down the chain root, root+1, ..., so
 // every link carries the vector once, concurrently.
 func (g *ProcessGroup) broadcastChain(ctx context.Context, data []byte, root int) error {
-	if err := g.announce(ctx); err != nil {
+	if err := g.annSend(ctx); err != nil {
 		return err
 	}
 	n, r := g.world, g.rank
 	vr := (r - root + n) % n
 	next, prev := (r+1)%n, (r+n-1)%n
 	if vr == 0 {
-		return g.sendAll(ctx, next, data)
+		if err := g.sendAll(ctx, next, data); err != nil {
+			return err
+		}
+		return g.annRecv(ctx)
+	}
+	if err := g.annRecv(ctx); err != nil {
+		return err
 	}
 	for k := range g.nseg(len(data)) {
 		d := g.seg(data, k)
@@ -340,7 +368,7 @@ func (g *ProcessGroup) broadcastChain(ctx context.Context, data []byte, root int
 // reduceTree is a binomial tree reduction to root. Inner ranks combine into a
 // pooled scratch buffer, so only root's data changes.
 func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, red reducer) error {
-	if err := g.announce(ctx); err != nil {
+	if err := g.annSend(ctx); err != nil {
 		return err
 	}
 	n := g.world
@@ -352,31 +380,49 @@ func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, re
 		defer bufpool.Default.Put(acc)
 		copy(acc, data)
 	}
+	ann := true
 	for mask := 1; mask < n; mask <<= 1 {
 		if vr&mask != 0 {
-			return g.sendAll(ctx, real(vr-mask), acc)
-		}
-		if vr+mask < n {
-			if err := g.recvAll(ctx, real(vr+mask), acc, modeReduce, red); err != nil {
+			if err := g.sendAll(ctx, real(vr-mask), acc); err != nil {
 				return err
 			}
+			break
+		}
+		if vr+mask < n {
+			if err := g.recvAll(ctx, real(vr+mask), acc, modeReduce, red, ann); err != nil {
+				return err
+			}
+			ann = false
 		}
 	}
-	red.finish(acc, n)
+	if ann { // a leaf: it received nothing
+		if err := g.annRecv(ctx); err != nil {
+			return err
+		}
+	}
+	if vr == 0 {
+		red.finish(acc, n)
+	}
 	return nil
 }
 
 // reduceChain pipelines segments up the chain root-1, root-2, ..., root+1 ->
 // root: each rank adds its contribution to the partial passing through.
 func (g *ProcessGroup) reduceChain(ctx context.Context, data []byte, root int, red reducer) error {
-	if err := g.announce(ctx); err != nil {
+	if err := g.annSend(ctx); err != nil {
 		return err
 	}
 	n, r := g.world, g.rank
 	vr := (r - root + n) % n
 	to, from := (r+n-1)%n, (r+1)%n
 	if vr == n-1 {
-		return g.sendAll(ctx, to, data)
+		if err := g.sendAll(ctx, to, data); err != nil {
+			return err
+		}
+		return g.annRecv(ctx)
+	}
+	if err := g.annRecv(ctx); err != nil {
+		return err
 	}
 	for k := range g.nseg(len(data)) {
 		d := g.seg(data, k)

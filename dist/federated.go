@@ -144,4 +144,3 @@ func (g *ProcessGroup) fedDesync(peer int, m transport.Meta, round uint64) error
 		Local: describe(g.cur.fp), Remote: describe(m.Fingerprint),
 	}
 }
-

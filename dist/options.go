@@ -41,7 +41,7 @@ type config struct {
 	small     int
 	segment   int
 	logger    *slog.Logger
-	tcpListen string
+	loggerSet bool
 	err       error
 }
 
@@ -98,13 +98,14 @@ func withSegment(bytes int) Option {
 }
 
 // WithLogger sets where the group logs aborts (desyncs, lost peers,
-// timeouts). The default discards everything.
+// timeouts). The default discards the group's messages; InitFromEnv also
+// hands l to the TCP transport, which otherwise logs to slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l == nil {
 			c.fail("WithLogger(nil)")
 			return
 		}
-		c.logger = l
+		c.logger, c.loggerSet = l, true
 	}
 }

@@ -157,8 +157,8 @@ func (m *Model) Forward(x *gorgonia.Node) (*gorgonia.Node, error) {
 // learnables.
 func (m *Model) ForwardWith(x *gorgonia.Node, params gorgonia.Nodes) (*gorgonia.Node, error) {
 	c := m.cfg
-	if x.Dims() != 2 || x.Shape()[1] != c.Sizes[0] || x.Dtype() != c.Dtype {
-		return nil, fmt.Errorf("%w: input %v %v, want (batch, %d) %v", ErrShape, x.Shape(), x.Dtype(), c.Sizes[0], c.Dtype)
+	if err := m.checkInput(x); err != nil {
+		return nil, err
 	}
 	learn := m.Learnables()
 	if len(params) != len(learn) {
@@ -170,14 +170,67 @@ func (m *Model) ForwardWith(x *gorgonia.Node, params gorgonia.Nodes) (*gorgonia.
 		}
 	}
 
+	return m.forward(x, func(k int) (*gorgonia.Node, error) { return params[k], nil })
+}
+
+// ForwardHooked is Forward with hook(p) in place of every learnable p,
+// where hook is called immediately before p's use: before layer i's matrix
+// product for w_i and before its bias addition for b_i, so each hook node is
+// created right before the node that consumes it. A data-parallel wrapper
+// needs that order to overlap communication with the backward pass (the
+// TapeMachine runs nodes in creation order, and Backpropagate creates a
+// hook's gradient op when it reaches the hook). hook receives each learnable
+// once, in forward order (w0, b0, w1, b1, ...), and must return a node of
+// the learnable's shape and dtype; an error from hook is returned wrapped.
+// With the identity hook, ForwardHooked computes exactly what Forward does.
+func (m *Model) ForwardHooked(x *gorgonia.Node, hook func(*gorgonia.Node) (*gorgonia.Node, error)) (*gorgonia.Node, error) {
+	if hook == nil {
+		return nil, fmt.Errorf("%w: nil hook", ErrConfig)
+	}
+	if err := m.checkInput(x); err != nil {
+		return nil, err
+	}
+	learn := m.Learnables()
+	return m.forward(x, func(k int) (*gorgonia.Node, error) {
+		p, err := hook(learn[k])
+		if err != nil {
+			return nil, fmt.Errorf("mlp: hook of %s: %w", learn[k].Name(), err)
+		}
+		if p == nil || !p.Shape().Eq(learn[k].Shape()) || p.Dtype() != m.cfg.Dtype {
+			return nil, fmt.Errorf("%w: hook of %s returned shape %v, want %v %v", ErrShape, learn[k].Name(), shapeOf(p), learn[k].Shape(), m.cfg.Dtype)
+		}
+		return p, nil
+	})
+}
+
+// checkInput checks x is a (batch, Sizes[0]) matrix of the model's dtype.
+func (m *Model) checkInput(x *gorgonia.Node) error {
+	c := m.cfg
+	if x == nil || x.Dims() != 2 || x.Shape()[1] != c.Sizes[0] || x.Dtype() != c.Dtype {
+		return fmt.Errorf("%w: input %v, want (batch, %d) %v", ErrShape, shapeOf(x), c.Sizes[0], c.Dtype)
+	}
+	return nil
+}
+
+// forward adds the layers to the graph, asking param(k) for learnable k
+// (w_i is 2i, b_i is 2i+1) right before the op that uses it.
+func (m *Model) forward(x *gorgonia.Node, param func(k int) (*gorgonia.Node, error)) (*gorgonia.Node, error) {
 	h := x
 	layers := len(m.ws)
 	for i := range layers {
-		z, err := gorgonia.Mul(h, params[2*i])
+		w, err := param(2 * i)
+		if err != nil {
+			return nil, err
+		}
+		z, err := gorgonia.Mul(h, w)
 		if err != nil {
 			return nil, fmt.Errorf("mlp: layer %d matmul: %w", i, err)
 		}
-		if z, err = gorgonia.BroadcastAdd(z, params[2*i+1], nil, []byte{0}); err != nil {
+		b, err := param(2*i + 1)
+		if err != nil {
+			return nil, err
+		}
+		if z, err = gorgonia.BroadcastAdd(z, b, nil, []byte{0}); err != nil {
 			return nil, fmt.Errorf("mlp: layer %d bias: %w", i, err)
 		}
 		if i < layers-1 {

@@ -1,6 +1,7 @@
 package mlp
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -333,6 +334,131 @@ func TestForwardWithHook(t *testing.T) {
 	for k := range plain.grads {
 		assert.InDeltaSlice(t, plain.grads[k], hooked.grads[k], 1e-15, "param %d", k)
 	}
+}
+
+// TestForwardHookedIdentity checks that ForwardHooked with the identity
+// hook computes exactly what Forward does: logits, loss and gradients.
+func TestForwardHookedIdentity(t *testing.T) {
+	for _, dt := range []tensor.Dtype{tensor.Float32, tensor.Float64} {
+		cfg := Config{Sizes: []int{6, 5, 4, 3}, Batch: 4, Dtype: dt, Seed: 7}
+		rng := rand.New(rand.NewPCG(3, 3))
+		xs, ys, _ := blobs[float64](rng, 4, 6, 3)
+
+		type result struct {
+			loss   float64
+			logits []float64
+			grads  [][]float64
+		}
+		runOnce := func(hooked bool) result {
+			g := gorgonia.NewGraph()
+			m, err := New(g, cfg)
+			require.NoError(t, err)
+			x, y := m.NewInputs()
+			var out *gorgonia.Node
+			if hooked {
+				var seen []string
+				out, err = m.ForwardHooked(x, func(p *gorgonia.Node) (*gorgonia.Node, error) {
+					seen = append(seen, p.Name())
+					return p, nil
+				})
+				assert.Equal(t, []string{"w0", "b0", "w1", "b1", "w2", "b2"}, seen, "each learnable once, in forward order")
+			} else {
+				out, err = m.Forward(x)
+			}
+			require.NoError(t, err)
+			var logits gorgonia.Value
+			gorgonia.Read(out, &logits)
+			loss, err := Loss(out, y)
+			require.NoError(t, err)
+			_, err = gorgonia.Grad(loss, m.Learnables()...)
+			require.NoError(t, err)
+			vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(m.Learnables()...))
+			defer vm.Close()
+			require.NoError(t, gorgonia.Let(x, dense(dt, []int{4, 6}, xs)))
+			require.NoError(t, gorgonia.Let(y, dense(dt, []int{4, 3}, ys)))
+			require.NoError(t, vm.RunAll())
+			r := result{loss: toF64(loss.Value().Data()), logits: append([]float64(nil), toF64s(logits.Data())...)}
+			for _, p := range m.Learnables() {
+				gv, err := p.Grad()
+				require.NoError(t, err)
+				r.grads = append(r.grads, append([]float64(nil), toF64s(gv.Data())...))
+			}
+			return r
+		}
+		plain, hooked := runOnce(false), runOnce(true)
+		assert.Equal(t, plain.loss, hooked.loss, "%v", dt)
+		assert.Equal(t, plain.logits, hooked.logits, "%v", dt)
+		assert.Equal(t, plain.grads, hooked.grads, "%v", dt)
+	}
+}
+
+// TestForwardHookedPointOfUse checks that every hook node is created right
+// before the op that consumes it, not up front: hook(p_k) comes after every
+// consumer of hook(p_{k-1}), and gradients still reach the learnables.
+func TestForwardHookedPointOfUse(t *testing.T) {
+	g := gorgonia.NewGraph()
+	m, err := New(g, Config{Sizes: []int{5, 4, 3}, Batch: 2, Dtype: tensor.Float64, Seed: 1})
+	require.NoError(t, err)
+	x, y := m.NewInputs()
+	var hooks gorgonia.Nodes
+	out, err := m.ForwardHooked(x, func(p *gorgonia.Node) (*gorgonia.Node, error) {
+		h, err := gorgonia.Mul(p, gorgonia.NewConstant(1.0))
+		hooks = append(hooks, h)
+		return h, err
+	})
+	require.NoError(t, err)
+	require.Len(t, hooks, 4)
+
+	pos := map[*gorgonia.Node]int{}
+	for i, n := range g.AllNodes() {
+		pos[n] = i
+	}
+	prevLast := -1
+	for k, h := range hooks {
+		assert.Greater(t, pos[h], prevLast, "hook %d created after the previous hook's consumers", k)
+		users := g.To(h.ID())
+		require.Positive(t, users.Len(), "hook %d is used", k)
+		for users.Next() {
+			u := users.Node().(*gorgonia.Node)
+			assert.Greater(t, pos[u], pos[h])
+			prevLast = max(prevLast, pos[u])
+		}
+	}
+
+	loss, err := Loss(out, y)
+	require.NoError(t, err)
+	_, err = gorgonia.Grad(loss, m.Learnables()...)
+	require.NoError(t, err)
+	for _, p := range m.Learnables() {
+		assert.NotNil(t, p.Deriv(), "%s gets a gradient", p.Name())
+	}
+}
+
+func TestForwardHookedErrors(t *testing.T) {
+	g := gorgonia.NewGraph()
+	m, err := New(g, Config{Sizes: []int{4, 3, 2}, Batch: 2})
+	require.NoError(t, err)
+	x, _ := m.NewInputs()
+	_, err = m.ForwardHooked(x, nil)
+	assert.ErrorIs(t, err, ErrConfig)
+
+	bad := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(2, 5), gorgonia.WithName("bad"))
+	_, err = m.ForwardHooked(bad, func(p *gorgonia.Node) (*gorgonia.Node, error) { return p, nil })
+	assert.ErrorIs(t, err, ErrShape)
+
+	boom := errors.New("boom")
+	_, err = m.ForwardHooked(x, func(p *gorgonia.Node) (*gorgonia.Node, error) {
+		if p.Name() == "b1" {
+			return nil, boom
+		}
+		return p, nil
+	})
+	assert.ErrorIs(t, err, boom)
+
+	_, err = m.ForwardHooked(x, func(p *gorgonia.Node) (*gorgonia.Node, error) {
+		return m.Learnables()[0], nil // wrong shape for all but w0
+	})
+	assert.ErrorIs(t, err, ErrShape)
 }
 
 func TestCorrect(t *testing.T) {

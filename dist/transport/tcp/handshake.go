@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -18,7 +17,7 @@ import (
 type link struct {
 	rank int
 	conn *net.TCPConn
-	br   *bufio.Reader
+	br   *frameReader
 	info wire.HelloInfo // what the other side said about itself
 }
 
@@ -48,6 +47,13 @@ func writeFrame(w io.Writer, h wire.Header, payload []byte) error {
 // readFrame reads one frame whose payload is at most max bytes; the header
 // is checked before the payload is allocated.
 func readFrame(r io.Reader, max uint64) (wire.Header, []byte, error) {
+	return readExpected(r, max, 0, 0)
+}
+
+// readExpected is readFrame that also refuses, before reading the payload,
+// a frame other than want with exactly wantLen bytes (want 0: any frame).
+// A Reject is always accepted so the caller can report it.
+func readExpected(r io.Reader, max uint64, want wire.Kind, wantLen uint64) (wire.Header, []byte, error) {
 	var hb [wire.HeaderSize]byte
 	if _, err := io.ReadFull(r, hb[:]); err != nil {
 		return wire.Header{}, nil, err
@@ -55,6 +61,10 @@ func readFrame(r io.Reader, max uint64) (wire.Header, []byte, error) {
 	h, err := wire.Parse(hb[:], max)
 	if err != nil {
 		return wire.Header{}, nil, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	if want != 0 && h.Kind != wire.Reject && (h.Kind != want || h.Len != wantLen) {
+		return wire.Header{}, nil, fmt.Errorf("%w: expected %v frame of %d bytes, got %v of %d",
+			ErrProtocol, want, wantLen, h.Kind, h.Len)
 	}
 	p := make([]byte, h.Len)
 	if _, err := io.ReadFull(r, p); err != nil {
@@ -91,7 +101,7 @@ func (t *Transport) helloInfo(peer int, mode uint8) (wire.HelloInfo, error) {
 
 // clientHandshake authenticates conn to rank server. It returns the
 // server's HelloInfo. Errors matching errFatal mean retrying is pointless.
-func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *bufio.Reader, server int, mode uint8) (wire.HelloInfo, error) {
+func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *frameReader, server int, mode uint8) (wire.HelloInfo, error) {
 	defer bindDeadline(ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
 	mine, err := t.helloInfo(server, mode)
 	if err != nil {
@@ -102,7 +112,7 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 	if err := writeFrame(conn, wire.Header{Kind: wire.Hello, Src: uint32(t.rank)}, hello); err != nil {
 		return wire.HelloInfo{}, err
 	}
-	h, ack, err := readFrame(br, wire.HelloAckSize)
+	h, ack, err := readExpected(br, wire.HelloAckSize, wire.HelloAck, wire.HelloAckSize)
 	if err != nil {
 		return wire.HelloInfo{}, err
 	}
@@ -132,7 +142,7 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 	if err := writeFrame(conn, wire.Header{Kind: wire.Auth, Src: uint32(t.rank)}, cmac[:]); err != nil {
 		return wire.HelloInfo{}, err
 	}
-	h, _, err = readFrame(br, 0)
+	h, _, err = readExpected(br, 0, wire.Welcome, 0)
 	if err != nil {
 		return wire.HelloInfo{}, err
 	}
@@ -154,7 +164,7 @@ func errFatal(err error) bool {
 
 // serverHandshake authenticates an incoming connection. On failure it has
 // sent Reject where it could; the caller closes conn.
-func (t *Transport) serverHandshake(conn *net.TCPConn, br *bufio.Reader) (link, error) {
+func (t *Transport) serverHandshake(conn *net.TCPConn, br *frameReader) (link, error) {
 	defer bindDeadline(t.ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
 	l, err := t.serverExchange(conn, br)
 	if err != nil {
@@ -167,16 +177,16 @@ func (t *Transport) serverHandshake(conn *net.TCPConn, br *bufio.Reader) (link, 
 	return l, nil
 }
 
-func (t *Transport) serverExchange(conn *net.TCPConn, br *bufio.Reader) (link, error) {
-	h, hello, err := readFrame(br, wire.HelloSize)
+func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, error) {
+	h, hello, err := readExpected(br, wire.HelloSize, wire.Hello, wire.HelloSize)
 	if err != nil {
 		if errors.Is(err, ErrProtocol) {
 			return link{}, &hsError{wire.RejectProtocol, err}
 		}
 		return link{}, err
 	}
-	if h.Kind != wire.Hello || len(hello) != wire.HelloSize {
-		return link{}, reject(wire.RejectProtocol, "expected hello, got %v with %d bytes", h.Kind, len(hello))
+	if h.Kind != wire.Hello {
+		return link{}, reject(wire.RejectProtocol, "expected hello, got %v", h.Kind)
 	}
 	theirs, err := wire.ParseHello(hello)
 	if err != nil {
@@ -206,7 +216,7 @@ func (t *Transport) serverExchange(conn *net.TCPConn, br *bufio.Reader) (link, e
 	if err := writeFrame(conn, wire.Header{Kind: wire.HelloAck, Src: uint32(t.rank)}, ack); err != nil {
 		return link{}, err
 	}
-	h, auth, err := readFrame(br, wire.AuthSize)
+	h, auth, err := readExpected(br, wire.AuthSize, wire.Auth, wire.AuthSize)
 	if err != nil {
 		if errors.Is(err, ErrProtocol) {
 			return link{}, &hsError{wire.RejectProtocol, err}

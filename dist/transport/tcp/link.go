@@ -1,12 +1,12 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +25,8 @@ const (
 	readChunk = 1 << 20
 	// readBuf is the size of each link's read buffer.
 	readBuf = 64 << 10
+	// yieldMin: after queueing a payload this large the reader yields.
+	yieldMin = 16 << 10
 )
 
 // Pending control work that whoever holds a link's write lock performs
@@ -39,7 +41,7 @@ type peer struct {
 	t    *Transport
 	rank int
 	conn *net.TCPConn
-	br   *bufio.Reader
+	br   *frameReader
 
 	// what the peer said in the handshake
 	window   int64  // its queue limit for us: our send window (0 = unbounded)
@@ -57,9 +59,9 @@ type peer struct {
 
 	// send credit (this rank -> peer)
 	cmu         sync.Mutex
-	inflight    int64 // bytes sent and not credited back (guarded by cmu)
-	blockedSent bool  // a Blocked frame went out since the last Credit (guarded by cmu)
-	waiters     int   // sends waiting for credit (guarded by cmu)
+	inflight    int64         // bytes sent and not credited back (guarded by cmu)
+	blockedSent bool          // a Blocked frame went out since the last Credit (guarded by cmu)
+	waiters     int           // sends waiting for credit (guarded by cmu)
 	credit      chan struct{} // a token per waiting send when credit arrives
 
 	// receive credit (peer -> this rank)
@@ -77,7 +79,7 @@ type peer struct {
 	goneOnce sync.Once
 }
 
-func newPeer(t *Transport, rank int, conn *net.TCPConn, br *bufio.Reader, info wire.HelloInfo) *peer {
+func newPeer(t *Transport, rank int, conn *net.TCPConn, br *frameReader, info wire.HelloInfo) *peer {
 	p := &peer{
 		t:        t,
 		rank:     rank,
@@ -90,6 +92,7 @@ func newPeer(t *Transport, rank int, conn *net.TCPConn, br *bufio.Reader, info w
 		goneCh:   make(chan struct{}),
 		lastRxAt: time.Now(),
 	}
+	br.rx = &p.rx
 	return p
 }
 
@@ -351,7 +354,7 @@ func (p *peer) readLoop() {
 	var hb [wire.HeaderSize]byte
 	bye := false
 	for {
-		if _, err := io.ReadFull(p.br, hb[:]); err != nil {
+		if err := p.br.readHeader(hb[:]); err != nil {
 			if !bye {
 				p.readFailed(err)
 			}
@@ -366,7 +369,7 @@ func (p *peer) readLoop() {
 		if bye || t.closing.Load() {
 			// Drain (so closing the socket does not reset the peer) and discard.
 			if h.Kind == wire.Data {
-				if _, err := p.br.Discard(int(h.Len)); err != nil {
+				if err := p.br.discard(h.Len); err != nil {
 					return
 				}
 			}
@@ -379,7 +382,7 @@ func (p *peer) readLoop() {
 				return
 			}
 			buf := bufpool.Default.Get(int(h.Len))
-			if err := p.readPayload(buf); err != nil {
+			if err := p.br.readPayload(buf); err != nil {
 				bufpool.Default.Put(buf)
 				p.readFailed(err)
 				return
@@ -387,6 +390,12 @@ func (p *peer) readLoop() {
 			m := transport.Message{Meta: transport.Meta{Seq: h.Seq, Fingerprint: h.Fingerprint}, Payload: buf}
 			if err := t.box.Put(t.ctx, p.rank, h.Tag, m, len(buf)); err != nil {
 				bufpool.Default.Put(buf) // the transport is closing or failed
+			} else if len(buf) >= yieldMin {
+				// Let a waiting receiver take the message (and release its
+				// buffer) before reading on: otherwise, when Ps are few, the
+				// reader runs a whole queue ahead into cold buffers, where the
+				// pool could have handed back the same warm one.
+				runtime.Gosched()
 			}
 		case wire.Credit:
 			if err := p.addCredit(h.Seq); err != nil {
@@ -406,21 +415,6 @@ func (p *peer) readLoop() {
 	}
 }
 
-func (p *peer) readPayload(buf []byte) error {
-	for len(buf) > 0 {
-		n := min(len(buf), readChunk)
-		if _, err := io.ReadFull(p.br, buf[:n]); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		p.rx.Add(1)
-		buf = buf[n:]
-	}
-	return nil
-}
-
 func (p *peer) readFailed(err error) {
 	if p.t.closing.Load() || p.t.failed.Load() {
 		return
@@ -434,6 +428,9 @@ func (p *peer) readFailed(err error) {
 func (p *peer) protocolError(err error) {
 	if p.t.closing.Load() {
 		return
+	}
+	if errors.Is(err, wire.ErrFrameTooLarge) {
+		err = fmt.Errorf("%w: %w", transport.ErrFrameTooLarge, err)
 	}
 	p.t.fail(p.rank, fmt.Errorf("%w: %w: %w", transport.ErrPeerLost, ErrProtocol, err))
 }

@@ -54,16 +54,16 @@ func (e *RejectedError) Is(target error) bool {
 type Option func(*config)
 
 type config struct {
-	token       []byte
-	insecure    bool
-	listenAddr  string
-	maxFrame    int
-	queueLimit  int
-	hbInterval  time.Duration
-	hbTimeout   time.Duration
-	hsTimeout   time.Duration
-	logger      *slog.Logger
-	sockBuf     int
+	token        []byte
+	insecure     bool
+	listenAddr   string
+	maxFrame     int
+	queueLimit   int
+	hbInterval   time.Duration
+	hbTimeout    time.Duration
+	hsTimeout    time.Duration
+	logger       *slog.Logger
+	sockBuf      int
 	maxPendingHS int
 }
 

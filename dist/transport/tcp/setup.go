@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -218,7 +217,7 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 		if err == nil {
 			conn := c.(*net.TCPConn)
 			t.tune(conn)
-			br := bufio.NewReaderSize(conn, readBuf)
+			br := newFrameReader(conn, readBuf)
 			var info wire.HelloInfo
 			info, err = t.clientHandshake(ctx, conn, br, to, mode)
 			if err == nil {
@@ -357,7 +356,7 @@ func (t *Transport) acceptLoop() {
 func (t *Transport) serve(conn *net.TCPConn) {
 	defer t.wg.Done()
 	t.tune(conn)
-	br := bufio.NewReaderSize(conn, readBuf)
+	br := newFrameReader(conn, readBuf)
 	l, err := t.serverHandshake(conn, br)
 	if err == nil && t.acceptMode == wire.ModeRendezvous {
 		err = t.acceptRegistration(l)
@@ -396,7 +395,9 @@ type registrant struct {
 // address. When every rank has registered, it sends each the table and
 // makes them peers.
 func (t *Transport) acceptRegistration(l link) error {
+	undo := bindDeadline(t.ctx, l.conn, time.Now().Add(t.cfg.hsTimeout))
 	h, p, err := readFrame(l.br, wire.MaxAddrLen)
+	undo()
 	if err == nil && (h.Kind != wire.Register || h.Src != uint32(l.rank)) {
 		err = fmt.Errorf("%w: expected register from rank %d, got %v from %d", ErrProtocol, l.rank, h.Kind, h.Src)
 	}
@@ -410,6 +411,10 @@ func (t *Transport) acceptRegistration(l link) error {
 		return err
 	}
 	t.mu.Lock()
+	if t.closing.Load() || t.failed.Load() {
+		t.mu.Unlock()
+		return errClosed("connect")
+	}
 	t.regs = append(t.regs, registrant{l: l, addr: string(p)})
 	t.addrs[l.rank] = string(p)
 	var all []registrant

@@ -193,7 +193,12 @@ func (t *Transport) Kill() {
 func (t *Transport) shutdown(graceful bool) {
 	t.mu.Lock()
 	t.closing.Store(true)
+	regs := t.regs
+	t.regs = nil
 	t.mu.Unlock()
+	for _, r := range regs {
+		r.l.conn.Close() // registered with rank 0, still waiting for the table
+	}
 	t.box.Fail(errClosed("recv"))
 	t.stopNow()
 	if t.ln != nil {
@@ -293,7 +298,8 @@ func (t *Transport) monitor() {
 					return
 				}
 				if tx := p.tx.Load(); tx == p.lastTx {
-					p.heartbeat(now.Add(t.cfg.hbTimeout))
+					// Not now: the tick may have been delivered late.
+					p.heartbeat(time.Now().Add(t.cfg.hbTimeout))
 				}
 				p.lastTx = p.tx.Load()
 			}

@@ -59,6 +59,8 @@ type Mailbox[M any] struct {
 
 	mu      sync.Mutex
 	queues  map[key]*queue[M]
+	lastKey key       // one-entry cache in front of queues: most traffic
+	lastQ   *queue[M] // repeats the previous (src, tag)
 	sources []source
 	err     error         // fatal error; set once
 	done    chan struct{} // closed when err is set
@@ -82,11 +84,15 @@ func New[M any](world, limit int, drop func(M)) *Mailbox[M] {
 }
 
 func (m *Mailbox[M]) queue(k key) *queue[M] {
+	if m.lastQ != nil && m.lastKey == k {
+		return m.lastQ
+	}
 	q := m.queues[k]
 	if q == nil {
 		q = &queue[M]{notify: make(chan struct{}, 1)}
 		m.queues[k] = q
 	}
+	m.lastKey, m.lastQ = k, q
 	return q
 }
 
@@ -239,6 +245,7 @@ func (m *Mailbox[M]) Fail(err error) bool {
 		}
 		delete(m.queues, k)
 	}
+	m.lastQ = nil
 	close(m.done)
 	m.mu.Unlock()
 	return true

@@ -1,0 +1,511 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/tcp"
+)
+
+// envJob carries a rank's job (JSON) from the parent to the re-executed
+// child; its presence makes the program a rank.
+const envJob = "GDIST_BENCH_JOB"
+
+// resultPrefix starts the line with a rank's outcome on its stdout.
+const resultPrefix = "GDIST_BENCH_RESULT "
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if spec, ok := os.LookupEnv(envJob); ok {
+		err = rankMain(ctx, spec, os.Stdout)
+	} else {
+		err = benchMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/ddp:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// options are the benchmark's flags.
+type options struct {
+	part     string
+	procs    int
+	timeout  time.Duration
+	profile  string
+	steps    int
+	warmup   int
+	reps     int
+	batch    int
+	compress string
+	bucket   int
+
+	oSteps, oWarmup, oReps int
+	oBatch                 int
+	oProcs                 int
+	layers, width          int
+	link                   float64 // MB/s
+	oBucket                int
+}
+
+func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o options
+	fs := flag.NewFlagSet("bench/ddp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.part, "part", "all", "what to run: scaling, overlap or all")
+	fs.IntVar(&o.procs, "procs", 1, "GOMAXPROCS of every rank")
+	fs.DurationVar(&o.timeout, "timeout", 15*time.Minute, "give up after this long")
+	fs.StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of every rank's timed steps into this directory")
+	fs.IntVar(&o.steps, "steps", 200, "scaling: timed steps per run")
+	fs.IntVar(&o.warmup, "warmup", 20, "scaling: untimed steps first")
+	fs.IntVar(&o.reps, "reps", 3, "scaling: runs per configuration (interleaved; the median is reported)")
+	fs.IntVar(&o.batch, "batch", 64, "scaling: batch per rank")
+	fs.StringVar(&o.compress, "compress", "", "scaling: DDP gradient compression, f16 or bf16")
+	fs.IntVar(&o.bucket, "bucket-cap", 0, "scaling: DDP bucket cap in bytes (0: default, 25 MiB with a 1 MiB first bucket)")
+	fs.IntVar(&o.oSteps, "overlap-steps", 10, "overlap: timed steps per run")
+	fs.IntVar(&o.oWarmup, "overlap-warmup", 3, "overlap: untimed steps first")
+	fs.IntVar(&o.oReps, "overlap-reps", 1, "overlap: runs per configuration (the median is reported)")
+	fs.IntVar(&o.oBatch, "overlap-batch", 32, "overlap: batch per rank")
+	fs.IntVar(&o.oProcs, "overlap-procs", 0, "overlap: GOMAXPROCS of every rank (0: the value of -procs)")
+	fs.IntVar(&o.layers, "layers", 8, "overlap: layers of the deep model")
+	fs.IntVar(&o.width, "width", 1024, "overlap: width of every layer")
+	fs.Float64Var(&o.link, "link", 400, "overlap: bandwidth of each rank's outgoing link in MB/s (1 MB = 1e6 bytes; 0: unlimited)")
+	fs.IntVar(&o.oBucket, "overlap-bucket-cap", 0, "overlap: DDP bucket cap in bytes (0: one layer per bucket)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.procs < 1 || o.steps < 1 || o.reps < 1 || o.oSteps < 1 || o.oReps < 1 || o.layers < 1 || o.width < 1 || o.link < 0 {
+		return errors.New("-procs, -steps, -reps, -overlap-steps, -overlap-reps, -layers and -width must be positive and -link not negative")
+	}
+	if o.oProcs == 0 {
+		o.oProcs = o.procs
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stdout, "bench/ddp: %s/%s, %d CPUs, %s; ranks are processes over loopback TCP, GOMAXPROCS=%d each\n",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), o.procs)
+	switch o.part {
+	case "all", "scaling", "overlap":
+	default:
+		return fmt.Errorf("-part %q: want scaling, overlap or all", o.part)
+	}
+	if o.part != "overlap" {
+		if err := scaling(ctx, o, stdout, stderr); err != nil {
+			return err
+		}
+	}
+	if o.part != "scaling" {
+		if err := overlap(ctx, o, stdout, stderr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run is one configuration's result: every rank's outcome.
+type run []outcome
+
+func (r run) world() int { return r[0].World }
+
+// elapsed is the slowest rank's time for the timed steps.
+func (r run) elapsed() float64 {
+	e := 0.0
+	for _, o := range r {
+		e = max(e, o.Elapsed)
+	}
+	return e
+}
+
+// throughput is samples/s over all ranks.
+func (r run) throughput(batch int) float64 {
+	return float64(r.world()*batch*r[0].Steps) / r.elapsed()
+}
+
+// mean is the mean over ranks of f, per step in ms.
+func (r run) mean(f func(outcome) float64) float64 {
+	var s float64
+	for _, o := range r {
+		s += o.perStep(f(o))
+	}
+	return s / float64(len(r))
+}
+
+// cpuPct is the mean over ranks of the CPU time a rank used as a percentage
+// of the wall time of the timed steps: a compute-bound rank with
+// GOMAXPROCS=1 shows about 100; less means it waited (for a peer, or for a
+// CPU another process held).
+func (r run) cpuPct() float64 {
+	var s float64
+	for _, o := range r {
+		s += 100 * o.CPU / o.Elapsed
+	}
+	return s / float64(len(r))
+}
+
+func (r run) stepMs() float64 { return 1e3 * r.elapsed() / float64(r[0].Steps) }
+
+// median returns the run with the median throughput.
+func median(runs []run, batch int) run {
+	s := slices.Clone(runs)
+	slices.SortFunc(s, func(a, b run) int {
+		ta, tb := a.throughput(batch), b.throughput(batch)
+		switch {
+		case ta < tb:
+			return -1
+		case ta > tb:
+			return 1
+		}
+		return 0
+	})
+	return s[len(s)/2]
+}
+
+// scaling is part (a): the MNIST MLP at world sizes 1 and 2.
+func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	base := job{Sizes: []int{784, 256, 128, 10}, Batch: o.batch, Steps: o.steps, Warmup: o.warmup,
+		Compress: o.compress, BucketCap: o.bucket}
+	type cfg struct {
+		label string
+		world int
+		j     job
+	}
+	plain, ddp1, ddp2 := base, base, base
+	plain.Name, plain.Plain, plain.Compress, plain.BucketCap = "plain-w1", true, "", 0
+	ddp1.Name = "ddp-w1"
+	ddp2.Name, ddp2.Raw = "ddp-w2", true
+	cfgs := []cfg{{"plain Gorgonia (no DDP)", 1, plain}, {"DDP", 1, ddp1}, {"DDP", 2, ddp2}}
+	runs := make([][]run, len(cfgs))
+	for rep := range o.reps {
+		for i, c := range cfgs {
+			fmt.Fprintf(stderr, "scaling: %s, %d rank(s), run %d/%d\n", c.label, c.world, rep+1, o.reps)
+			j := c.j
+			if o.profile != "" {
+				j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-rep%d", j.Name, rep))
+			}
+			r, err := launch(ctx, c.world, o.procs, j, stderr)
+			if err != nil {
+				return fmt.Errorf("%s on %d rank(s): %w", c.label, c.world, err)
+			}
+			runs[i] = append(runs[i], r)
+		}
+	}
+
+	comp := o.compress
+	if comp == "" {
+		comp = "float32"
+	}
+	fmt.Fprintf(stdout, "\n(a) Scaling: MNIST MLP 784-256-128-10 (%d parameters), batch %d per rank, synthetic data, gradients all-reduced as %s;\n",
+		runs[0][0][0].Params, o.batch, comp)
+	fmt.Fprintf(stdout, "    %d timed steps after %d warm-up, median of %d interleaved runs; per-step times are means over ranks\n\n", o.steps, o.warmup, o.reps)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configuration\tranks\tbuckets\tsamples/s\tstep ms\tcompute ms\tcomm ms\texposed ms\tcpu %\truns (samples/s)\t")
+	med := make([]run, len(cfgs))
+	for i, c := range cfgs {
+		med[i] = median(runs[i], o.batch)
+		m := med[i]
+		var all []string
+		for _, r := range runs[i] {
+			all = append(all, strconv.FormatFloat(r.throughput(o.batch), 'f', 0, 64))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%s\t\n", c.label, c.world, m[0].Buckets, m.throughput(o.batch), m.stepMs(),
+			m.mean(func(o outcome) float64 { return o.Compute }), m.mean(func(o outcome) float64 { return o.Comm }),
+			m.mean(func(o outcome) float64 { return o.Exposed }), m.cpuPct(), strings.Join(all, " "))
+	}
+	tw.Flush()
+	t1p, t1d, t2 := med[0].throughput(o.batch), med[1].throughput(o.batch), med[2].throughput(o.batch)
+	fmt.Fprintf(stdout, "\nscaling efficiency thr(2)/(2*thr(1)): %.3f against plain Gorgonia, %.3f against DDP on 1 rank (target >= 0.90; PyTorch DDP/gloo ~0.81)\n",
+		t2/(2*t1p), t2/(2*t1d))
+	fmt.Fprintf(stdout, "note: %d CPUs; 2 ranks x GOMAXPROCS=%d use %d of them\n", runtime.NumCPU(), o.procs, 2*o.procs)
+	if rw := med[2][0].Raw; rw != nil {
+		comm := med[2].mean(func(o outcome) float64 { return o.Comm })
+		fmt.Fprintf(stdout, "raw sockets between the same 2 processes: latency %.1f us (half RTT, 8 B), stream %.2f GB/s, ring exchange of %d B (2 rounds of %d B each way) %.3f ms\n",
+			rw.LatencyUs, rw.StreamGBps, rw.Bytes, rw.Bytes/2, rw.ExchangeMs)
+		fmt.Fprintf(stdout, "DDP all-reduce per step %.3f ms = %.2fx the raw exchange\n", comm, comm/rw.ExchangeMs)
+	}
+	return nil
+}
+
+// overlap is part (b): a deep model on a slow link, overlap on and off.
+func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	sizes := make([]int, o.layers+1)
+	for i := range sizes {
+		sizes[i] = o.width
+	}
+	bucket := o.oBucket
+	if bucket == 0 {
+		bucket = 4 * (o.width*o.width + o.width) // one layer (weights and bias) per bucket
+	}
+	base := job{Sizes: sizes, Batch: o.oBatch, Steps: o.oSteps, Warmup: o.oWarmup, BucketCap: bucket, FirstBucketCap: bucket,
+		LinkMBps: o.link}
+	on, off, upfront := base, base, base
+	on.Name = "overlap-on"
+	off.Name, off.NoOverlap = "overlap-off", true
+	upfront.Name, upfront.Upfront = "hooks-upfront", true
+	type cfg struct {
+		label string
+		j     job
+	}
+	cfgs := []cfg{
+		{"on (hooks at point of use)", on},
+		{"off (WithOverlap(false))", off},
+		{"on, hooks created up front", upfront},
+	}
+	runs := make([][]run, len(cfgs))
+	for rep := range o.oReps {
+		for i, c := range cfgs {
+			fmt.Fprintf(stderr, "overlap: %s, run %d/%d\n", c.label, rep+1, o.oReps)
+			j := c.j
+			if o.profile != "" {
+				j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-rep%d", j.Name, rep))
+			}
+			r, err := launch(ctx, 2, o.oProcs, j, stderr)
+			if err != nil {
+				return fmt.Errorf("overlap %s: %w", c.label, err)
+			}
+			runs[i] = append(runs[i], r)
+		}
+	}
+	first := runs[0][0][0]
+	link := "unlimited"
+	if o.link > 0 {
+		link = fmt.Sprintf("%g MB/s", o.link)
+	}
+	fmt.Fprintf(stdout, "\n(b) Overlap: %d layers of %dx%d float32 (%d parameters, %.1f MB of gradients per step) in %d buckets of <= %d B,\n",
+		o.layers, o.width, o.width, first.Params, float64(first.Bytes)/1e6, first.Buckets, bucket)
+	fmt.Fprintf(stdout, "    batch %d per rank, 2 ranks with GOMAXPROCS=%d, each rank's outgoing link limited to %s; %d timed steps after %d warm-up, median of %d\n",
+		o.oBatch, o.oProcs, link, o.oSteps, o.oWarmup, o.oReps)
+	if o.link > 0 {
+		fmt.Fprintf(stdout, "    link time of a 2-rank ring all-reduce of the gradients: %.1f ms per step\n", float64(first.Bytes)/(o.link*1e6)*1e3)
+	}
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "overlap\tstep ms\tcompute ms\tcomm ms\texposed ms\texposed/comm\tsamples/s\tcpu %\t")
+	med := make([]run, len(cfgs))
+	for i, c := range cfgs {
+		med[i] = median(runs[i], o.oBatch)
+		m := med[i]
+		comm := m.mean(func(o outcome) float64 { return o.Comm })
+		exp := m.mean(func(o outcome) float64 { return o.Exposed })
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.0f\t%.0f\t\n", c.label, m.stepMs(),
+			m.mean(func(o outcome) float64 { return o.Compute }), comm, exp, exp/comm, m.throughput(o.oBatch), m.cpuPct())
+	}
+	tw.Flush()
+	eOn := med[0].mean(func(o outcome) float64 { return o.Exposed })
+	eOff := med[1].mean(func(o outcome) float64 { return o.Exposed })
+	fmt.Fprintf(stdout, "\nexposed comm, overlap on / off: %.2f (target <= 0.5); step time on / off: %.2f\n",
+		eOn/eOff, med[0].stepMs()/med[1].stepMs())
+	return nil
+}
+
+// launch runs j on world rank processes (this program, re-executed) and
+// returns their outcomes in rank order. If a rank fails the others are
+// killed.
+func launch(ctx context.Context, world, procs int, j job, stderr io.Writer) (run, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	tok := make([]byte, 32)
+	if _, err := rand.Read(tok); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var errMu sync.Mutex
+	outs := make([]bytes.Buffer, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		jr := j
+		if jr.CPUProfile != "" {
+			jr.CPUProfile = fmt.Sprintf("%s-rank%d.pprof", j.CPUProfile, r)
+		}
+		spec, err := json.Marshal(jr)
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.CommandContext(ctx, exe)
+		cmd.Env = append(os.Environ(),
+			envJob+"="+string(spec),
+			"RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r),
+			"WORLD_SIZE="+strconv.Itoa(world), "LOCAL_WORLD_SIZE="+strconv.Itoa(world),
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
+			"GDIST_TOKEN="+hex.EncodeToString(tok),
+			"GOMAXPROCS="+strconv.Itoa(procs),
+		)
+		cmd.Stdout = &outs[r]
+		cmd.Stderr = &prefixWriter{mu: &errMu, w: stderr, prefix: fmt.Sprintf("[rank %d] ", r)}
+		cmd.WaitDelay = 5 * time.Second
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := cmd.Wait(); err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				cancel() // a failed rank stops the job
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	res := make(run, world)
+	for r := range world {
+		found := false
+		sc := bufio.NewScanner(&outs[r])
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			if line, ok := strings.CutPrefix(sc.Text(), resultPrefix); ok {
+				if err := json.Unmarshal([]byte(line), &res[r]); err != nil {
+					return nil, fmt.Errorf("rank %d: result: %w", r, err)
+				}
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("rank %d printed no result", r)
+		}
+	}
+	return res, nil
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// prefixWriter prefixes every line written to w (a rank's stderr). The
+// ranks' writers share mu, which guards w.
+type prefixWriter struct {
+	mu     *sync.Mutex
+	w      io.Writer
+	prefix string
+	mid    bool // inside a line
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []byte
+	for _, c := range b {
+		if !p.mid {
+			out = append(out, p.prefix...)
+			p.mid = true
+		}
+		out = append(out, c)
+		if c == '\n' {
+			p.mid = false
+		}
+	}
+	if _, err := p.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// rankMain is a rank: it joins the job described by the environment, runs
+// the job in spec and prints its outcome.
+func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
+	var j job
+	if err := json.Unmarshal([]byte(spec), &j); err != nil {
+		return fmt.Errorf("%s: %w", envJob, err)
+	}
+	rank, err1 := strconv.Atoi(os.Getenv("RANK"))
+	world, err2 := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("RANK and WORLD_SIZE: %w", err)
+	}
+	var t transport.Transport
+	if world == 1 {
+		t = transport.NewLocal(1)[0]
+	} else {
+		jctx, cancel := context.WithTimeout(ctx, time.Minute)
+		tt, err := tcp.Rendezvous(jctx, rank, world, net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")),
+			tcp.WithToken([]byte(os.Getenv("GDIST_TOKEN"))))
+		cancel()
+		if err != nil {
+			return err
+		}
+		t = tt
+	}
+	if j.LinkMBps > 0 {
+		lt, err := limit(t, j.LinkMBps*1e6)
+		if err != nil {
+			t.Close()
+			return err
+		}
+		t = lt
+	}
+	pg, err := dist.New(t)
+	if err != nil {
+		t.Close()
+		return err
+	}
+	defer pg.Close()
+	o, err := runJob(ctx, pg, j)
+	if err != nil {
+		return err
+	}
+	o.Procs = runtime.GOMAXPROCS(0)
+	line, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	// A last barrier so that no rank closes its links while a peer still
+	// measures.
+	if err := pg.Barrier(ctx); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s%s\n", resultPrefix, line)
+	return err
+}

@@ -1,0 +1,716 @@
+// Command pipeline measures pipeline-parallel throughput: samples per second
+// against the number of micro-batches m for 1, 2 and 4 stages, each stage a
+// separate OS process with GOMAXPROCS=1, and the bubble fraction each stage
+// measures (idle time / wall time, from the pipeline's own timestamps) next
+// to GPipe's (p-1)/(m+p-1).
+//
+// The model is an MLP of equal square layers (tanh) with an MSE loss, so
+// every stage does the same work. The ideal throughput of p stages at m
+// micro-batches is p x T1(m) x (1 - (p-1)/(m+p-1)), where T1(m) is the
+// one-stage throughput at the same micro-batch size; the report prints the
+// measured throughput as a ratio to it.
+//
+// # Usage
+//
+//	go run ./bench/pipeline                        # the sweep: p = 1, 2, 4; m = 1..16
+//	go run ./bench/pipeline -stages 2 -micro 8,16 -modes gpipe,1f1b,recompute,infer
+//
+// The command starts its own ranks (itself, with -worker) over TCP on
+// loopback. Under gdistrun, run the workers directly:
+//
+//	gdistrun -n 2 -- go run ./bench/pipeline -worker
+//
+// Each worker also measures a raw-socket baseline between ranks 0 and 1 —
+// one activation message each way over a plain TCP connection between the
+// same processes — and the same over dist point-to-point messages, so the
+// cost of moving a micro-batch between stages can be compared with its
+// compute time.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/pipeline"
+)
+
+type options struct {
+	worker bool
+	stages []int
+	micro  []int
+	modes  []string
+	layers int
+	width  int
+	batch  int
+	steps  int
+	warmup int
+	repeat int
+	dtype  string
+}
+
+// result is what a worker reports for one (mode, m), one line per rank.
+type result struct {
+	Mode  string  `json:"mode"`
+	P     int     `json:"p"`
+	M     int     `json:"m"`
+	Rank  int     `json:"rank"`
+	Wall  float64 `json:"wall"`  // seconds for the timed steps
+	Calls float64 `json:"calls"` // sum of the calls' wall time
+	Busy  float64 `json:"busy"`  // sum of the calls' busy time
+	CPU   float64 `json:"cpu"`   // CPU seconds the process used during the timed steps
+	Held  float64 `json:"held"`  // first stage, training: live heap (MB) when the last forward starts, above the heap after the step
+	Steps int     `json:"steps"`
+	Batch int     `json:"batch"`
+}
+
+// commResult is the baseline measured between ranks 0 and 1.
+type commResult struct {
+	Bytes   int     `json:"bytes"`
+	RawUS   float64 `json:"raw_us"`  // one-way time of one activation over a plain TCP socket
+	DistUS  float64 `json:"dist_us"` // the same over dist point-to-point messages
+	Samples int     `json:"samples"`
+}
+
+func main() {
+	var o options
+	var stages, micro, modes string
+	flag.BoolVar(&o.worker, "worker", false, "run as one rank (RANK, WORLD_SIZE, ... from the environment)")
+	flag.StringVar(&stages, "stages", "1,2,4", "numbers of stages to measure")
+	flag.StringVar(&micro, "micro", "1,2,4,8,16", "numbers of micro-batches to measure")
+	flag.StringVar(&modes, "modes", "gpipe,infer", "schedules: gpipe, 1f1b, recompute (GPipe with re-materialisation), infer")
+	flag.IntVar(&o.layers, "layers", 8, "MLP layers (divisible by every number of stages)")
+	flag.IntVar(&o.width, "width", 256, "MLP width")
+	flag.IntVar(&o.batch, "batch", 128, "samples per step (divisible by every number of micro-batches)")
+	flag.IntVar(&o.steps, "steps", 6, "timed steps per configuration")
+	flag.IntVar(&o.warmup, "warmup", 2, "untimed steps per configuration")
+	flag.IntVar(&o.repeat, "repeat", 3, "timed windows of -steps steps per configuration; the fastest is reported (the machine may be shared)")
+	flag.StringVar(&o.dtype, "dtype", "float32", "float32 or float64")
+	flag.Parse()
+	var err error
+	if o.stages, err = ints(stages); err == nil {
+		o.micro, err = ints(micro)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	o.modes = strings.Split(modes, ",")
+	for _, m := range o.micro {
+		if o.batch%m != 0 {
+			fmt.Fprintf(os.Stderr, "batch %d is not divisible by %d micro-batches\n", o.batch, m)
+			os.Exit(2)
+		}
+	}
+	if o.worker {
+		if err := worker(o); err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := sweep(o); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad number %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// ---- orchestrator ----
+
+func sweep(o options) error {
+	fmt.Printf("# pipeline bench: MLP %d x %d %s (tanh, MSE), batch %d, %d timed steps (+%d warm-up), GOMAXPROCS=1 per rank, %d CPUs\n",
+		o.layers, o.width, o.dtype, o.batch, o.steps, o.warmup, runtime.NumCPU())
+	all := map[string][]result{} // mode -> results of every rank
+	var comm []commResult
+	for _, p := range o.stages {
+		if o.layers%p != 0 {
+			return fmt.Errorf("%d layers do not split into %d equal stages", o.layers, p)
+		}
+		rs, cs, err := launch(o, p)
+		if err != nil {
+			return fmt.Errorf("%d stages: %w", p, err)
+		}
+		for _, r := range rs {
+			all[r.Mode] = append(all[r.Mode], r)
+		}
+		comm = append(comm, cs...)
+	}
+	for _, c := range comm {
+		fmt.Printf("# one activation (%d B) between ranks 0 and 1, one way: raw TCP %.1f us, dist p2p %.1f us (%.2fx raw), median of %d round trips\n",
+			c.Bytes, c.RawUS, c.DistUS, c.DistUS/c.RawUS, c.Samples)
+	}
+	if plain := all["plain"]; len(plain) > 0 {
+		r := plain[0]
+		fmt.Printf("# plain Gorgonia, whole model and batch in one graph, one process: %.1f samples/s\n",
+			float64(r.Steps*r.Batch)/r.Wall)
+	}
+	for _, mode := range o.modes {
+		report(mode, all[mode], o)
+	}
+	return nil
+}
+
+// report prints one mode's table.
+func report(mode string, rs []result, o options) {
+	type key struct{ p, m int }
+	wall := map[key]float64{}
+	held := map[key]float64{}
+	busy := map[key][]float64{} // per-rank busy fraction
+	cpu := map[key][]float64{}  // per-rank CPU time / wall time
+	for _, r := range rs {
+		k := key{r.P, r.M}
+		wall[k] = math.Max(wall[k], r.Wall)
+		if len(busy[k]) < r.P {
+			busy[k] = make([]float64, r.P)
+			cpu[k] = make([]float64, r.P)
+		}
+		busy[k][r.Rank] = r.Busy / r.Calls
+		if r.Rank == 0 {
+			held[k] = r.Held
+		}
+		cpu[k][r.Rank] = r.CPU / r.Wall
+	}
+	tput := func(k key) float64 { return float64(o.steps*o.batch) / wall[k] }
+	fmt.Printf("\n## %s\n", mode)
+	fmt.Printf("%3s %3s %12s %12s %12s %7s %9s %9s %8s  %-24s %s\n",
+		"p", "m", "samples/s", "T1(m)", "ideal", "ratio", "bubble", "GPipe", "held MB", "idle fraction per stage", "cpu/wall per stage")
+	for _, p := range o.stages {
+		for _, m := range o.micro {
+			k := key{p, m}
+			if wall[k] == 0 {
+				continue
+			}
+			theory := float64(p-1) / float64(m+p-1)
+			idle := make([]string, p)
+			cpus := make([]string, p)
+			mean := 0.0
+			for i, b := range busy[k] {
+				idle[i] = fmt.Sprintf("%.3f", 1-b)
+				cpus[i] = fmt.Sprintf("%.2f", cpu[k][i])
+				mean += (1 - b) / float64(p)
+			}
+			t1, ideal, ratio := "-", "-", "-"
+			if w1 := wall[key{1, m}]; w1 > 0 {
+				base := tput(key{1, m})
+				id := float64(p) * base * (1 - theory)
+				t1, ideal, ratio = fmt.Sprintf("%.1f", base), fmt.Sprintf("%.1f", id), fmt.Sprintf("%.2f", tput(k)/id)
+			}
+			fmt.Printf("%3d %3d %12.1f %12s %12s %7s %9.3f %9.3f %8.2f  %-24s %s\n",
+				p, m, tput(k), t1, ideal, ratio, mean, theory, held[k], strings.Join(idle, " "), strings.Join(cpus, " "))
+		}
+	}
+}
+
+// launch runs p workers and collects their result lines.
+func launch(o options, p int) ([]result, []commResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, nil, err
+	}
+	args := []string{"-worker",
+		"-micro", join(o.micro), "-modes", strings.Join(o.modes, ","),
+		"-layers", strconv.Itoa(o.layers), "-width", strconv.Itoa(o.width), "-batch", strconv.Itoa(o.batch),
+		"-steps", strconv.Itoa(o.steps), "-warmup", strconv.Itoa(o.warmup), "-repeat", strconv.Itoa(o.repeat),
+		"-dtype", o.dtype}
+	var (
+		mu   sync.Mutex
+		rs   []result
+		cs   []commResult
+		wg   sync.WaitGroup
+		cmds []*exec.Cmd
+	)
+	for r := range p {
+		cmd := exec.Command(exe, args...)
+		cmd.Env = append(os.Environ(), "GOMAXPROCS=1",
+			dist.EnvRank+"="+strconv.Itoa(r), dist.EnvWorldSize+"="+strconv.Itoa(p),
+			dist.EnvLocalRank+"="+strconv.Itoa(r),
+			dist.EnvMasterAddr+"=127.0.0.1", dist.EnvMasterPort+"="+strconv.Itoa(port),
+			dist.EnvToken+"=pipeline-bench")
+		if p == 1 {
+			cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+		}
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, nil, err
+		}
+		cmds = append(cmds, cmd)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				line := sc.Text()
+				switch {
+				case strings.HasPrefix(line, "RESULT "):
+					var x result
+					if json.Unmarshal([]byte(line[7:]), &x) == nil {
+						mu.Lock()
+						rs = append(rs, x)
+						mu.Unlock()
+					}
+				case strings.HasPrefix(line, "COMM "):
+					var x commResult
+					if json.Unmarshal([]byte(line[5:]), &x) == nil {
+						mu.Lock()
+						cs = append(cs, x)
+						mu.Unlock()
+					}
+				default:
+					fmt.Fprintf(os.Stderr, "[p=%d rank %d] %s\n", p, r, line)
+				}
+			}
+		}()
+	}
+	wg.Wait() // every output read (Wait closes the pipes)
+	var firstErr error
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return rs, cs, firstErr
+}
+
+func join(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ---- worker ----
+
+func worker(o options) error {
+	ctx := context.Background()
+	g, err := dist.InitFromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	p := g.WorldSize()
+	if o.layers%p != 0 {
+		return fmt.Errorf("%d layers do not split into %d equal stages", o.layers, p)
+	}
+	dt := tensor.Float32
+	if o.dtype == "float64" {
+		dt = tensor.Float64
+	}
+	if p > 1 {
+		// The activation of the largest micro-batch measured.
+		bytes := o.batch / slices.Min(o.micro) * o.width * int(dt.Size())
+		if err := commBaseline(ctx, g, bytes); err != nil {
+			return fmt.Errorf("comm baseline: %w", err)
+		}
+	}
+	if p == 1 {
+		if err := plain(ctx, o, dt); err != nil {
+			return fmt.Errorf("plain: %w", err)
+		}
+	}
+	base := uint32(0x10000000)
+	for _, mode := range o.modes {
+		for _, m := range o.micro {
+			r, err := measure(ctx, g, o, dt, mode, m, base)
+			if err != nil {
+				return fmt.Errorf("%s m=%d: %w", mode, m, err)
+			}
+			base += pipeline.TagSpan
+			emit("RESULT", r)
+		}
+	}
+	return nil
+}
+
+func emit(prefix string, v any) {
+	b, _ := json.Marshal(v)
+	fmt.Printf("%s %s\n", prefix, b)
+}
+
+// measure runs one configuration and returns this rank's timings.
+func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dtype, mode string, m int, tagBase uint32) (result, error) {
+	p, rank := g.WorldSize(), g.Rank()
+	rows := o.batch / m
+	per := o.layers / p
+	build := func(gr *gorgonia.ExprGraph) (pipeline.Stage, error) {
+		return newStage(gr, rank*per, (rank+1)*per, o.layers, o.width, rows, dt), nil
+	}
+	opts := []pipeline.Option{pipeline.WithMicroBatches(m), pipeline.WithLoss(mse), pipeline.WithTagBase(tagBase)}
+	switch mode {
+	case "gpipe":
+	case "1f1b":
+		opts = append(opts, pipeline.WithSchedule(pipeline.OneFOneB))
+	case "recompute":
+		opts = append(opts, pipeline.WithRecompute(true))
+	case "infer":
+		opts = append(opts, pipeline.WithTraining(false))
+	default:
+		return result{}, fmt.Errorf("unknown mode %q", mode)
+	}
+	if mode != "infer" {
+		opts = append(opts, pipeline.WithInference(false))
+	}
+	pl, err := pipeline.New(ctx, g, build, opts...)
+	if err != nil {
+		return result{}, err
+	}
+	defer pl.Close()
+	x, y := batchData(o.batch, o.width, dt)
+	data := pipeline.Data{
+		Input:  func(mb int, in *tensor.Dense) error { return copyRows(in, x, mb) },
+		Target: func(mb int, t *tensor.Dense) error { return copyRows(t, y, mb) },
+	}
+	solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(1e-3))
+	step := func() error {
+		if mode == "infer" {
+			return pl.Infer(ctx, data)
+		}
+		if _, err := pl.TrainStep(ctx, data); err != nil {
+			return err
+		}
+		return solver.Step(gorgonia.NodesToValueGrads(pl.Learnables()))
+	}
+	for range o.warmup {
+		if err := step(); err != nil {
+			return result{}, err
+		}
+	}
+	// Timed windows; all ranks keep the window whose slowest rank was the
+	// fastest (the machine may be shared with other work).
+	var best result
+	bestWall := math.Inf(1)
+	for range max(o.repeat, 1) {
+		runtime.GC()
+		if err := g.Barrier(ctx); err != nil {
+			return result{}, err
+		}
+		r := result{Mode: mode, P: p, M: m, Rank: rank, Steps: o.steps, Batch: o.batch}
+		cpu0 := cpuTime()
+		start := time.Now()
+		for range o.steps {
+			if err := step(); err != nil {
+				return result{}, err
+			}
+			st := pl.Stats()
+			r.Calls += st.Wall().Seconds()
+			r.Busy += st.Busy.Seconds()
+		}
+		r.Wall = time.Since(start).Seconds()
+		r.CPU = (cpuTime() - cpu0).Seconds()
+		slowest := []float64{r.Wall}
+		if err := g.AllReduceF64(ctx, slowest, dist.Max); err != nil {
+			return result{}, err
+		}
+		if slowest[0] < bestWall {
+			best, bestWall = r, slowest[0]
+		}
+	}
+	if mode != "infer" && pl.IsFirst() {
+		// One more step, to see how much memory the activations in flight
+		// hold when the first stage starts its last forward.
+		var held uint64
+		in := data.Input
+		data.Input = func(mb int, t *tensor.Dense) error {
+			if mb == m-1 {
+				held = liveHeap()
+			}
+			return in(mb, t)
+		}
+		if err := step(); err != nil {
+			return result{}, err
+		}
+		best.Held = (float64(held) - float64(liveHeap())) / (1 << 20)
+	} else if mode != "infer" {
+		if err := step(); err != nil {
+			return result{}, err
+		}
+	}
+	return best, g.Barrier(ctx)
+}
+
+// liveHeap returns the bytes of live heap objects after a collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// plain trains the whole model on the whole batch in one graph, without
+// the pipeline, and reports it as mode "plain".
+func plain(ctx context.Context, o options, dt tensor.Dtype) error {
+	gr := gorgonia.NewGraph()
+	st := newStage(gr, 0, o.layers, o.layers, o.width, o.batch, dt)
+	x, y := batchData(o.batch, o.width, dt)
+	xn := gorgonia.NewMatrix(gr, dt, gorgonia.WithShape(o.batch, o.width), gorgonia.WithName("x"), gorgonia.WithValue(x))
+	yn := gorgonia.NewMatrix(gr, dt, gorgonia.WithShape(o.batch, o.width), gorgonia.WithName("y"), gorgonia.WithValue(y))
+	out, err := st.Forward(xn)
+	if err != nil {
+		return err
+	}
+	loss, err := mse(out, yn)
+	if err != nil {
+		return err
+	}
+	if _, err := gorgonia.Grad(loss, st.params...); err != nil {
+		return err
+	}
+	vm := gorgonia.NewTapeMachine(gr, gorgonia.BindDualValues(st.params...))
+	defer vm.Close()
+	solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(1e-3))
+	step := func() error {
+		if err := vm.RunAll(); err != nil {
+			return err
+		}
+		vm.Reset()
+		return solver.Step(gorgonia.NodesToValueGrads(st.params))
+	}
+	for range o.warmup {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	runtime.GC()
+	start := time.Now()
+	for range o.steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	w := time.Since(start).Seconds()
+	emit("RESULT", result{Mode: "plain", P: 1, M: 1, Wall: w, Calls: w, Busy: w, Steps: o.steps, Batch: o.batch})
+	return ctx.Err()
+}
+
+// commBaseline measures, between ranks 0 and 1, the one-way time of one
+// message of `bytes` bytes over a plain TCP connection and over dist
+// point-to-point messages (half the median round trip).
+func commBaseline(ctx context.Context, g *dist.ProcessGroup, bytes int) error {
+	const rounds = 200
+	const tagAddr, tagPing = 1, 2
+	rank := g.Rank()
+	if rank > 1 {
+		return g.Barrier(ctx)
+	}
+	peer := 1 - rank
+	buf := make([]byte, bytes)
+	// Raw TCP: rank 0 listens, tells rank 1 where, and echoes.
+	var conn net.Conn
+	if rank == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		if err := g.Send(ctx, peer, tagAddr, []byte(l.Addr().String())); err != nil {
+			return err
+		}
+		if conn, err = l.Accept(); err != nil {
+			return err
+		}
+	} else {
+		addr, err := g.Recv(ctx, peer, tagAddr)
+		if err != nil {
+			return err
+		}
+		if conn, err = net.Dial("tcp", string(addr)); err != nil {
+			return err
+		}
+	}
+	defer conn.Close()
+	raw := make([]time.Duration, 0, rounds)
+	for range rounds {
+		start := time.Now()
+		if rank == 1 {
+			if _, err := conn.Write(buf); err != nil {
+				return err
+			}
+		}
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			return err
+		}
+		if rank == 0 {
+			if _, err := conn.Write(buf); err != nil {
+				return err
+			}
+		}
+		raw = append(raw, time.Since(start))
+	}
+	dp := make([]time.Duration, 0, rounds)
+	for range rounds {
+		start := time.Now()
+		if rank == 1 {
+			if err := g.Send(ctx, peer, tagPing, buf); err != nil {
+				return err
+			}
+		}
+		b, err := g.Recv(ctx, peer, tagPing)
+		if err != nil {
+			return err
+		}
+		if len(b) != bytes {
+			return errors.New("short message")
+		}
+		if rank == 0 {
+			if err := g.Send(ctx, peer, tagPing, buf); err != nil {
+				return err
+			}
+		}
+		dp = append(dp, time.Since(start))
+	}
+	if rank == 1 {
+		emit("COMM", commResult{Bytes: bytes, RawUS: median(raw) / 2, DistUS: median(dp) / 2, Samples: rounds})
+	}
+	return g.Barrier(ctx)
+}
+
+func median(ds []time.Duration) float64 {
+	slices.Sort(ds)
+	return float64(ds[len(ds)/2].Nanoseconds()) / 1e3
+}
+
+// ---- model ----
+
+// stage is layers [from, to) of an MLP of `layers` square tanh layers of
+// width `width` (the last one linear), for micro-batches of rows rows.
+type stage struct {
+	from, to, layers, width, rows int
+	dt                            tensor.Dtype
+	params                        gorgonia.Nodes
+}
+
+func newStage(g *gorgonia.ExprGraph, from, to, layers, width, rows int, dt tensor.Dtype) *stage {
+	s := &stage{from: from, to: to, layers: layers, width: width, rows: rows, dt: dt}
+	for l := from; l < to; l++ {
+		w := make([]float64, width*width)
+		for i := range w {
+			w[i] = math.Sin(1.3*float64(l)+0.37*float64(i)) / math.Sqrt(float64(width))
+		}
+		s.params = append(s.params,
+			gorgonia.NewMatrix(g, dt, gorgonia.WithShape(width, width), gorgonia.WithName(fmt.Sprintf("w%d", l)),
+				gorgonia.WithValue(dense(dt, []int{width, width}, w))),
+			gorgonia.NewVector(g, dt, gorgonia.WithShape(width), gorgonia.WithName(fmt.Sprintf("b%d", l)),
+				gorgonia.WithValue(dense(dt, []int{width}, make([]float64, width)))))
+	}
+	return s
+}
+
+func (s *stage) InputShape() tensor.Shape   { return tensor.Shape{s.rows, s.width} }
+func (s *stage) OutputShape() tensor.Shape  { return tensor.Shape{s.rows, s.width} }
+func (s *stage) Learnables() gorgonia.Nodes { return slices.Clone(s.params) }
+func (s *stage) Dtype() tensor.Dtype        { return s.dt }
+
+func (s *stage) Forward(x *gorgonia.Node) (*gorgonia.Node, error) {
+	h := x
+	for l := s.from; l < s.to; l++ {
+		k := 2 * (l - s.from)
+		z, err := gorgonia.Mul(h, s.params[k])
+		if err != nil {
+			return nil, err
+		}
+		if z, err = gorgonia.BroadcastAdd(z, s.params[k+1], nil, []byte{0}); err != nil {
+			return nil, err
+		}
+		if l < s.layers-1 {
+			if z, err = gorgonia.Tanh(z); err != nil {
+				return nil, err
+			}
+		}
+		h = z
+	}
+	return h, nil
+}
+
+func mse(out, target *gorgonia.Node) (*gorgonia.Node, error) {
+	d, err := gorgonia.Sub(out, target)
+	if err != nil {
+		return nil, err
+	}
+	sq, err := gorgonia.Square(d)
+	if err != nil {
+		return nil, err
+	}
+	return gorgonia.Mean(sq)
+}
+
+func dense(dt tensor.Dtype, shape []int, vals []float64) *tensor.Dense {
+	if dt == tensor.Float32 {
+		f := make([]float32, len(vals))
+		for i, v := range vals {
+			f[i] = float32(v)
+		}
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
+	}
+	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(slices.Clone(vals)))
+}
+
+// batchData returns a fixed batch of inputs and targets.
+func batchData(batch, width int, dt tensor.Dtype) (x, y *tensor.Dense) {
+	xs := make([]float64, batch*width)
+	ys := make([]float64, batch*width)
+	for i := range xs {
+		xs[i] = math.Sin(0.11 * float64(i))
+		ys[i] = math.Cos(0.07 * float64(i))
+	}
+	return dense(dt, []int{batch, width}, xs), dense(dt, []int{batch, width}, ys)
+}
+
+// copyRows copies micro-batch mb's rows of src into dst.
+func copyRows(dst, src *tensor.Dense, mb int) error {
+	switch d := dst.Data().(type) {
+	case []float32:
+		copy(d, src.Data().([]float32)[mb*len(d):])
+	case []float64:
+		copy(d, src.Data().([]float64)[mb*len(d):])
+	default:
+		return fmt.Errorf("data of type %T", d)
+	}
+	return nil
+}

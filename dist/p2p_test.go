@@ -1,0 +1,85 @@
+package dist
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPointToPoint(t *testing.T) {
+	c := newCluster(t, 3)
+	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
+		ctx := bg
+		next, prev := (r+1)%3, (r+2)%3
+		if err := g.Send(ctx, next, 5, []byte{byte(r)}); err != nil {
+			return err
+		}
+		if err := g.SendF32(ctx, next, 6, []float32{float32(r), 0.5}); err != nil {
+			return err
+		}
+		if err := g.SendF64(ctx, next, 7, []float64{float64(r), 0.25, -1}); err != nil {
+			return err
+		}
+		if err := g.SendF32(ctx, next, 8, []float32{1, 2, 3}); err != nil {
+			return err
+		}
+		if err := g.SendF64(ctx, next, 9, []float64{4, 5}); err != nil {
+			return err
+		}
+		if err := g.SendF32(ctx, next, 10, []float32{1, 2}); err != nil {
+			return err
+		}
+		if err := g.Send(ctx, next, 11, []byte{1, 2, 3}); err != nil {
+			return err
+		}
+
+		p, err := g.Recv(ctx, prev, 5)
+		require.NoError(t, err)
+		assert.Equal(t, []byte{byte(prev)}, p)
+		f, err := g.RecvF32(ctx, prev, 6)
+		require.NoError(t, err)
+		assert.Equal(t, []float32{float32(prev), 0.5}, f)
+		d, err := g.RecvF64(ctx, prev, 7)
+		require.NoError(t, err)
+		assert.Equal(t, []float64{float64(prev), 0.25, -1}, d)
+		into := make([]float32, 3)
+		require.NoError(t, g.RecvF32Into(ctx, prev, 8, into))
+		assert.Equal(t, []float32{1, 2, 3}, into)
+		into64 := make([]float64, 2)
+		require.NoError(t, g.RecvF64Into(ctx, prev, 9, into64))
+		assert.Equal(t, []float64{4, 5}, into64)
+		var lm *LengthMismatchError
+		require.ErrorAs(t, g.RecvF32Into(ctx, prev, 10, make([]float32, 3)), &lm)
+		assert.Equal(t, &LengthMismatchError{Op: "recv", Want: 3, Got: 2}, lm)
+		_, err = g.RecvF32(ctx, prev, 11)
+		require.ErrorIs(t, err, ErrProtocol)
+
+		// Self-sends loop back.
+		require.NoError(t, g.Send(ctx, r, 12, []byte("me")))
+		p, err = g.Recv(ctx, r, 12)
+		require.NoError(t, err)
+		assert.Equal(t, "me", string(p))
+		return nil
+	}))
+}
+
+// TestPointToPointAfterAbort checks that an aborted group still passes
+// point-to-point messages.
+func TestPointToPointAfterAbort(t *testing.T) {
+	c := newCluster(t, 2)
+	errs := c.run(func(r int, g *ProcessGroup) error {
+		return g.AllReduce(bg, make([]float32, 1+r), Sum) // desync
+	})
+	for _, err := range errs {
+		require.ErrorAs(t, err, new(*DesyncError))
+	}
+	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
+		if r == 0 {
+			return g.SendF32(bg, 1, 1, []float32{42})
+		}
+		f, err := g.RecvF32(bg, 0, 1)
+		assert.Equal(t, []float32{42}, f)
+		return err
+	}))
+}

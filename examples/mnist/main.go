@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/mnist"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "mnist: error:", err)
+		os.Exit(1)
+	}
+}
+
+// Limits that tests set to keep a run short (0: none); see config.
+var testMaxSteps, testTestLimit int
+
+// errUsage reports bad command-line arguments (already printed).
+var errUsage = errors.New("mnist: usage")
+
+// run is the whole program: args are the command-line arguments without
+// the program name.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg config
+	fs.IntVar(&cfg.Epochs, "epochs", 3, "training epochs")
+	fs.IntVar(&cfg.Batch, "batch", 64, "batch size per rank")
+	fs.Float64Var(&cfg.LR, "lr", 1e-3, "Adam learning rate")
+	fs.Int64Var(&cfg.Seed, "seed", 1, "seed of the initial weights and of the data order (the same on every rank)")
+	data := fs.String("data", "", "directory holding the MNIST IDX files (default: the GoMNIST module's data/ directory)")
+	plotPath := fs.String("plot", "", "write a loss and accuracy plot to this PNG file (rank 0)")
+	fs.StringVar(&cfg.Compress, "compress", "", "all-reduce gradients as f16 or bf16 (default: float32)")
+	fs.IntVar(&cfg.BucketCap, "bucket-cap", 0, "DDP bucket size cap in bytes (default: 25 MiB; the first bucket is capped at min(this, 1 MiB))")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: [gdistrun -n N --] mnist [flags]\n\nData-parallel MLP training on MNIST.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "mnist: unexpected arguments %q\n", fs.Args())
+		fs.Usage()
+		return errUsage
+	}
+	if _, err := ddpOptions(cfg); err != nil {
+		fmt.Fprintln(stderr, err)
+		return errUsage
+	}
+	cfg.MaxSteps, cfg.TestLimit = testMaxSteps, testTestLimit
+	setProcs()
+
+	// Load the data before joining the job, so that a missing data set
+	// fails every rank at once.
+	dir, err := mnist.Locate(*data)
+	if err != nil {
+		return err // a *mnist.NotFoundError names where it looked and the -data flag
+	}
+	trainSet, testSet, err := mnist.Load(dir)
+	if err != nil {
+		return err
+	}
+
+	pg, err := dist.InitFromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+
+	leader := pg.IsLeader()
+	out := io.Discard
+	if leader {
+		out = stdout
+	}
+	tty := isTerminal(stderr)
+	var bar progress
+	start := time.Now()
+	h := hooks{
+		ready: func(params, buckets int) {
+			comp := cfg.Compress
+			if comp == "" {
+				comp = "none"
+			}
+			fmt.Fprintf(out, "mnist: %d rank(s), GOMAXPROCS %d each; %d train and %d test images from %s\n",
+				pg.WorldSize(), runtime.GOMAXPROCS(0), trainSet.N, testSet.N, dir)
+			fmt.Fprintf(out, "mnist: MLP %v float32, %d parameters in %d DDP bucket(s), compression %s; batch %d per rank (%d global); Adam lr %g; %d epoch(s)\n",
+				sizes, params, buckets, comp, cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, cfg.Epochs)
+		},
+		start: func(epoch, steps int) {
+			bar = newProgress(stderr, tty, epoch, cfg.Epochs, steps, cfg.Batch*pg.WorldSize())
+		},
+		step: func(step int, loss float64) { bar.step(step, loss) },
+		end: func(e epochStats) {
+			bar.finish()
+			fmt.Fprintf(out, "epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.0f samples/s  (%d steps in %.1fs)  comm %s/step, exposed %s/step\n",
+				e.Epoch, cfg.Epochs, e.Loss, 100*e.Acc, e.Throughput, e.Steps, e.Train.Seconds(), ms(e.Comm), ms(e.Exposed))
+		},
+	}
+	res, err := train(ctx, pg, trainSet, testSet, cfg, h)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "parameters identical on all %d ranks (sum %.9g, sum of squares %.9g, fnv64a %016x)\n",
+		pg.WorldSize(), res.Check.Sum, res.Check.SumSq, res.Check.Hash)
+	if leader {
+		last := res.Epochs[len(res.Epochs)-1]
+		fmt.Fprintf(out, "mnist: final test accuracy %.2f%% after %d epoch(s); total %.1fs\n", 100*last.Acc, len(res.Epochs), time.Since(start).Seconds())
+		if *plotPath != "" {
+			if err := writePlot(*plotPath, res); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "mnist: wrote %s\n", *plotPath)
+		}
+	}
+	return nil
+}
+
+// setProcs gives each of the ranks on this machine an equal share of the
+// CPUs, like torchrun's OMP_NUM_THREADS, unless GOMAXPROCS is set.
+func setProcs() {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
+	local, err := strconv.Atoi(os.Getenv("LOCAL_WORLD_SIZE"))
+	if err != nil || local < 2 {
+		return
+	}
+	runtime.GOMAXPROCS(max(1, runtime.NumCPU()/local))
+}
+
+// ms formats d in milliseconds.
+func ms(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) + "ms"
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

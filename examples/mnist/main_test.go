@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/mnist"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	dataOnce           sync.Once
+	trainData, testSet *mnist.Set
+	dataErr            error
+)
+
+// data loads MNIST once, skipping the test when it is not installed.
+func data(t *testing.T) (train, test *mnist.Set) {
+	t.Helper()
+	dataOnce.Do(func() {
+		var dir string
+		if dir, dataErr = mnist.Locate(""); dataErr == nil {
+			trainData, testSet, dataErr = mnist.Load(dir)
+		}
+	})
+	if errors.Is(dataErr, mnist.ErrNotFound) {
+		t.Skipf("MNIST data not found: %v", dataErr)
+	}
+	require.NoError(t, dataErr)
+	return trainData, testSet
+}
+
+// subset returns the first n images of s (sharing its storage).
+func subset(s *mnist.Set, n int) *mnist.Set {
+	p := s.Pixels()
+	return &mnist.Set{Images: s.Images[:n*p], Labels: s.Labels[:n], N: n, Rows: s.Rows, Cols: s.Cols}
+}
+
+// trainRanks runs train on n in-process ranks and returns their results.
+func trainRanks(t *testing.T, n int, trainSet, test *mnist.Set, cfg config) []*result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ts := transport.NewLocal(n)
+	res := make([]*result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		pg, err := dist.New(ts[r])
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer pg.Close() // a failing rank makes its peers fail, not hang
+			res[r], errs[r] = train(ctx, pg, trainSet, test, cfg, hooks{})
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	return res
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+// TestTrainTwoRanks trains on two in-process ranks for a few steps and
+// checks that the ranks end with identical parameters and that they learn.
+func TestTrainTwoRanks(t *testing.T) {
+	train, test := data(t)
+	for _, compress := range []string{"", "bf16"} {
+		t.Run("compress="+compress, func(t *testing.T) {
+			cfg := config{Epochs: 2, Batch: 32, LR: 1e-3, Seed: 3, Compress: compress, BucketCap: 256 << 10,
+				MaxSteps: 25, TestLimit: 1500}
+			res := trainRanks(t, 2, subset(train, 4096), test, cfg)
+			for r, rr := range res {
+				assert.True(t, rr.Identical, "rank %d", r)
+				require.Len(t, rr.Epochs, 2)
+				require.Len(t, rr.Losses, 50)
+				first, last := mean(rr.Losses[:5]), mean(rr.Losses[45:])
+				t.Logf("rank %d: loss %.3f -> %.3f; epochs %.3f, %.3f", r, first, last, rr.Epochs[0].Loss, rr.Epochs[1].Loss)
+				assert.Less(t, last, first*0.6, "rank %d learns", r)
+				assert.Less(t, rr.Epochs[1].Loss, rr.Epochs[0].Loss)
+			}
+			assert.Equal(t, res[0].Check, res[1].Check, "bitwise identical parameters")
+			assert.Equal(t, res[0].Epochs[1].Loss, res[1].Epochs[1].Loss, "the epoch loss is averaged over the ranks")
+			assert.Greater(t, res[0].Epochs[1].Acc, 0.75, "rank 0 evaluates")
+			assert.True(t, math.IsNaN(res[1].Epochs[1].Acc), "only rank 0 evaluates")
+			// Each rank saw its own data: the per-step losses differ.
+			assert.NotEqual(t, res[0].Losses, res[1].Losses)
+		})
+	}
+}
+
+// TestRunWorldOne runs the program end to end without a launcher (a world
+// of one), with a plot.
+func TestRunWorldOne(t *testing.T) {
+	data(t)
+	for _, v := range []string{"RANK", "WORLD_SIZE", "MASTER_ADDR", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"} {
+		if _, ok := os.LookupEnv(v); ok {
+			t.Skipf("%s is set: the test needs a world of one", v)
+		}
+	}
+	testMaxSteps, testTestLimit = 20, 1000
+	t.Cleanup(func() { testMaxSteps, testTestLimit = 0, 0 })
+	png := filepath.Join(t.TempDir(), "loss.png")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"-epochs", "2", "-plot", png}, &stdout, &stderr)
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	out := stdout.String()
+	t.Log(out)
+	assert.Contains(t, out, "epoch 2/2")
+	assert.Contains(t, out, "parameters identical on all 1 ranks")
+	assert.Contains(t, stderr.String(), "epoch 1/2  75%", "sparse progress lines when stderr is not a terminal")
+	assert.NotContains(t, stderr.String(), "\r")
+	fi, err := os.Stat(png)
+	require.NoError(t, err)
+	assert.Positive(t, fi.Size())
+}
+
+func TestRunMissingData(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	dir := filepath.Join(t.TempDir(), "nothing-here")
+	err := run(context.Background(), []string{"-data", dir}, &stdout, &stderr)
+	require.ErrorIs(t, err, mnist.ErrNotFound)
+	assert.Contains(t, err.Error(), dir, "names where it looked")
+	assert.Contains(t, err.Error(), "-data", "names the flag")
+}
+
+func TestRunBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"-compress", "int8"}, {"-bucket-cap", "-1"}, {"-nope"}, {"extra"}} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), args, &stdout, &stderr)
+		assert.ErrorIs(t, err, errUsage, "%q", args)
+	}
+}
+
+// TestSameOnAllRanks checks the divergence check itself: a rank with a
+// different checksum makes every rank report a difference.
+func TestSameOnAllRanks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c1   checksum
+		want bool
+	}{
+		{"equal", checksum{Sum: 1.5, SumSq: 2, Hash: 0xdeadbeefcafef00d}, true},
+		{"sum", checksum{Sum: math.Nextafter(1.5, 2), SumSq: 2, Hash: 0xdeadbeefcafef00d}, false},
+		{"hash low bit", checksum{Sum: 1.5, SumSq: 2, Hash: 0xdeadbeefcafef00c}, false},
+		{"hash high bit", checksum{Sum: 1.5, SumSq: 2, Hash: 0x5eadbeefcafef00d}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := transport.NewLocal(2)
+			got := make([]bool, 2)
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			for r := range 2 {
+				pg, err := dist.New(ts[r])
+				require.NoError(t, err)
+				c := checksum{Sum: 1.5, SumSq: 2, Hash: 0xdeadbeefcafef00d}
+				if r == 1 {
+					c = tc.c1
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer pg.Close()
+					got[r], errs[r] = sameOnAllRanks(context.Background(), pg, c)
+				}()
+			}
+			wg.Wait()
+			for r := range 2 {
+				require.NoError(t, errs[r])
+				assert.Equal(t, tc.want, got[r], "rank %d", r)
+			}
+		})
+	}
+}
+
+func TestPlainProgress(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgress(&buf, false, 2, 3, 10, 64)
+	for i := 1; i <= 10; i++ {
+		p.step(i, 1/float64(i))
+	}
+	p.finish()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 3, "%q", buf.String())
+	assert.True(t, strings.HasPrefix(lines[0], "epoch 2/3  30% (3/10 steps)"), lines[0])
+	assert.True(t, strings.HasPrefix(lines[2], "epoch 2/3  80% (8/10 steps)"), lines[2])
+	assert.Contains(t, lines[1], "samples/s")
+}

@@ -1,0 +1,432 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"sync"
+	"time"
+
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ddp"
+	"github.com/gdist/gdist/internal/mnist"
+	"github.com/gdist/gdist/models/mlp"
+)
+
+// sizes are the layer widths of the model: 784-256-128-10.
+var sizes = []int{784, 256, 128, mnist.Classes}
+
+// evalBatch is the batch size of the evaluation graph.
+const evalBatch = 1000
+
+// errDiverged reports ranks whose parameters differ at the end of training.
+var errDiverged = errors.New("mnist: parameters differ between ranks")
+
+// graphMu serialises Gorgonia graph construction, which touches package
+// globals: the test runs several ranks in one process.
+var graphMu sync.Mutex
+
+// config is what train needs besides the group and the data.
+type config struct {
+	Epochs    int
+	Batch     int // per rank
+	LR        float64
+	Seed      int64
+	Compress  string // "", "f16" or "bf16"
+	BucketCap int    // bytes; 0 means ddp's default
+
+	// For tests: cap the steps per epoch (0: a full epoch) and the number of
+	// test images evaluated (0: all).
+	MaxSteps  int
+	TestLimit int
+}
+
+// epochStats is one epoch as rank 0 reports it.
+type epochStats struct {
+	Epoch      int           // from 1
+	Steps      int           // optimiser steps in the epoch
+	Loss       float64       // mean training loss over the epoch and all ranks
+	Acc        float64       // test accuracy, rank 0 only (NaN elsewhere)
+	Throughput float64       // training samples/s, all ranks together
+	Train      time.Duration // wall time of the epoch's training steps
+	Comm       time.Duration // mean all-reduce time per step
+	Exposed    time.Duration // mean time per step spent waiting for all-reduces
+}
+
+// checksum summarises a model's parameters: exact sums and a hash of the
+// bits, so equal checksums mean (all but certainly) identical parameters.
+type checksum struct {
+	Sum, SumSq float64
+	Hash       uint64 // FNV-1a of the float32 bits of every parameter, in order
+}
+
+// result is what train returns.
+type result struct {
+	Epochs    []epochStats
+	Losses    []float64 // this rank's loss at every step, in order
+	Check     checksum
+	Identical bool // every rank has the same checksum (verified by collectives)
+}
+
+// hooks are optional callbacks train calls on rank 0 (nil ones are skipped).
+type hooks struct {
+	// ready is called once the model is built and wrapped, with the number
+	// of parameters and of DDP buckets.
+	ready func(params, buckets int)
+	// start is called before each epoch with its number (from 1) and steps.
+	start func(epoch, steps int)
+	// step is called after each step with the step number (from 1) and this
+	// rank's loss.
+	step func(step int, loss float64)
+	// end is called after each epoch, after the evaluation.
+	end func(e epochStats)
+}
+
+// trainer holds one rank's model, DDP and machines.
+type trainer struct {
+	pg     *dist.ProcessGroup
+	cfg    config
+	m      *mlp.Model
+	params gorgonia.Nodes
+	d      *ddp.DDP
+	vm     gorgonia.VM
+	solver gorgonia.Solver
+	x, y   *gorgonia.Node
+	xs, ys []float32 // back x and y
+	loss   gorgonia.Value
+
+	// Evaluation (rank 0).
+	em       *mlp.Model
+	evm      gorgonia.VM
+	ex       *gorgonia.Node
+	exs      []float32
+	elogits  gorgonia.Value
+	eLabels  []uint8
+	eIndices []int
+}
+
+// ddpOptions turns the config's DDP settings into options.
+func ddpOptions(cfg config) ([]ddp.Option, error) {
+	var opts []ddp.Option
+	switch cfg.Compress {
+	case "", "none":
+	case "f16":
+		opts = append(opts, ddp.WithCompression(dist.F16))
+	case "bf16":
+		opts = append(opts, ddp.WithCompression(dist.BF16))
+	default:
+		return nil, fmt.Errorf("mnist: -compress %q: want f16 or bf16", cfg.Compress)
+	}
+	if cfg.BucketCap < 0 {
+		return nil, fmt.Errorf("mnist: -bucket-cap %d: must not be negative", cfg.BucketCap)
+	}
+	if cfg.BucketCap > 0 {
+		opts = append(opts, ddp.WithBucketCap(cfg.BucketCap), ddp.WithFirstBucketCap(min(cfg.BucketCap, ddp.DefaultFirstBucketCap)))
+	}
+	return opts, nil
+}
+
+// newTrainer builds rank pg.Rank()'s training graph (and, on rank 0, the
+// evaluation graph) and wraps the parameters in a DDP, which broadcasts them
+// from rank 0.
+func newTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg config, test *mnist.Set) (*trainer, error) {
+	if cfg.Epochs < 1 || cfg.Batch < 1 || !(cfg.LR > 0) {
+		return nil, fmt.Errorf("mnist: need -epochs >= 1, -batch >= 1 and -lr > 0 (got %d, %d, %g)", cfg.Epochs, cfg.Batch, cfg.LR)
+	}
+	opts, err := ddpOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	t := &trainer{pg: pg, cfg: cfg}
+
+	graphMu.Lock()
+	g := gorgonia.NewGraph()
+	t.m, err = mlp.New(g, mlp.Config{Sizes: sizes, Batch: cfg.Batch, Seed: cfg.Seed})
+	graphMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	t.params = t.m.Learnables()
+	// Wrap is a collective (it broadcasts rank 0's parameters): not under
+	// graphMu, which another in-process rank may need to reach it.
+	if t.d, err = ddp.Wrap(ctx, pg, t.params, opts...); err != nil {
+		return nil, err
+	}
+
+	graphMu.Lock()
+	defer graphMu.Unlock()
+	t.x, t.y = t.m.NewInputs()
+	t.xs = make([]float32, cfg.Batch*sizes[0])
+	t.ys = make([]float32, cfg.Batch*mnist.Classes)
+	if err := bind(t.x, t.xs); err != nil {
+		return nil, err
+	}
+	if err := bind(t.y, t.ys); err != nil {
+		return nil, err
+	}
+	// Hooks at the point of use, so that bucket all-reduces start during
+	// backprop.
+	logits, err := t.m.ForwardHooked(t.x, t.d.Hook)
+	if err != nil {
+		return nil, err
+	}
+	loss, err := mlp.Loss(logits, t.y)
+	if err != nil {
+		return nil, err
+	}
+	gorgonia.Read(loss, &t.loss)
+	if _, err := gorgonia.Grad(loss, t.params...); err != nil {
+		return nil, fmt.Errorf("mnist: gradients: %w", err)
+	}
+	t.vm = gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(t.params...))
+	t.solver = t.d.Solver(gorgonia.NewAdamSolver(gorgonia.WithLearnRate(cfg.LR)))
+
+	if pg.IsLeader() {
+		if err := t.buildEval(cfg, test); err != nil {
+			t.vm.Close()
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// buildEval builds the evaluation graph: the same model with a big batch
+// and no gradients. Called with graphMu held.
+func (t *trainer) buildEval(cfg config, test *mnist.Set) error {
+	n := test.N
+	if cfg.TestLimit > 0 {
+		n = min(n, cfg.TestLimit)
+	}
+	b := min(evalBatch, max(n, 1))
+	eg := gorgonia.NewGraph()
+	em, err := mlp.New(eg, mlp.Config{Sizes: sizes, Batch: b, Seed: cfg.Seed})
+	if err != nil {
+		return err
+	}
+	t.em = em
+	// Only an input: NewInputs would add a target node the graph never binds.
+	t.ex = gorgonia.NewMatrix(eg, tensor.Float32, gorgonia.WithShape(b, sizes[0]), gorgonia.WithName("x"))
+	t.exs = make([]float32, b*sizes[0])
+	if err := bind(t.ex, t.exs); err != nil {
+		return err
+	}
+	logits, err := em.Forward(t.ex)
+	if err != nil {
+		return err
+	}
+	gorgonia.Read(logits, &t.elogits)
+	t.evm = gorgonia.NewTapeMachine(eg)
+	t.eIndices = make([]int, n)
+	for i := range t.eIndices {
+		t.eIndices[i] = i
+	}
+	return nil
+}
+
+// bind makes backing the value of the matrix node n.
+func bind(n *gorgonia.Node, backing []float32) error {
+	return gorgonia.Let(n, tensor.New(tensor.WithShape(n.Shape()...), tensor.WithBacking(backing)))
+}
+
+func (t *trainer) close() {
+	t.vm.Close()
+	if t.evm != nil {
+		t.evm.Close()
+	}
+}
+
+// evaluate copies the training parameters into the evaluation model and
+// returns the accuracy on the test set (rank 0 only).
+func (t *trainer) evaluate(test *mnist.Set) (float64, error) {
+	for k, p := range t.em.Learnables() {
+		dst, src := p.Value().Data().([]float32), t.params[k].Value().Data().([]float32)
+		copy(dst, src)
+	}
+	b := t.ex.Shape()[0]
+	ys := make([]float32, b*mnist.Classes) // Batch wants it; the labels come from test.Labels
+	correct := 0
+	for lo := 0; lo < len(t.eIndices); lo += b {
+		idx := t.eIndices[lo:min(lo+b, len(t.eIndices))]
+		n := len(idx)
+		// A short last batch fills the first n rows; the rest are stale and ignored.
+		if err := mnist.Batch(test, idx, t.exs[:n*sizes[0]], ys[:n*mnist.Classes]); err != nil {
+			return 0, err
+		}
+		if err := t.evm.RunAll(); err != nil {
+			return 0, fmt.Errorf("mnist: evaluation: %w", err)
+		}
+		logits := t.elogits.Data().([]float32)
+		labels := make([]uint8, n)
+		for j, i := range idx {
+			labels[j] = test.Labels[i]
+		}
+		correct += mlp.Correct(logits[:n*mnist.Classes], mnist.Classes, labels)
+		t.evm.Reset()
+	}
+	return float64(correct) / float64(max(len(t.eIndices), 1)), nil
+}
+
+// step runs one forward and backward pass on the batch train[idx], averages
+// the gradients over the ranks and updates the parameters. It returns this
+// rank's loss.
+func (t *trainer) step(set *mnist.Set, idx []int) (float64, error) {
+	if err := mnist.Batch(set, idx, t.xs, t.ys); err != nil {
+		return 0, err
+	}
+	defer t.vm.Reset()
+	if err := t.vm.RunAll(); err != nil {
+		if derr := t.d.Err(); derr != nil {
+			return 0, derr // matchable; Gorgonia's wrapping is not
+		}
+		return 0, fmt.Errorf("mnist: forward/backward: %w", err)
+	}
+	loss := float64(t.loss.Data().(float32))
+	if err := t.solver.Step(gorgonia.NodesToValueGrads(t.params)); err != nil {
+		return 0, fmt.Errorf("mnist: optimiser step: %w", err)
+	}
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return 0, fmt.Errorf("mnist: loss is %v", loss)
+	}
+	return loss, nil
+}
+
+// train runs data-parallel training on pg: every rank must call it with the
+// same cfg. Each epoch each rank trains on its shard of a fresh permutation
+// of trainSet; after it rank 0 evaluates on testSet. At the end every rank
+// checks, through collectives, that all ranks hold identical parameters; a
+// difference is an error matching errDiverged. h's callbacks run on rank 0.
+func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.Set, cfg config, h hooks) (*result, error) {
+	sampler, err := mnist.NewSampler(trainSet.N, pg.Rank(), pg.WorldSize(), cfg.Seed, true)
+	if err != nil {
+		return nil, err
+	}
+	t, err := newTrainer(ctx, pg, cfg, testSet)
+	if err != nil {
+		return nil, err
+	}
+	defer t.close()
+
+	leader := pg.IsLeader()
+	if leader && h.ready != nil {
+		n := 0
+		for _, p := range t.params {
+			n += p.Shape().TotalSize()
+		}
+		h.ready(n, len(t.d.Buckets()))
+	}
+	res := &result{}
+	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
+		idx := sampler.Indices(epoch - 1)
+		steps := len(idx) / cfg.Batch
+		if cfg.MaxSteps > 0 {
+			steps = min(steps, cfg.MaxSteps)
+		}
+		if steps == 0 {
+			return nil, fmt.Errorf("mnist: %d training images per rank is less than one batch of %d", len(idx), cfg.Batch)
+		}
+		if leader && h.start != nil {
+			h.start(epoch, steps)
+		}
+		var lossSum float64
+		var comm, exposed time.Duration
+		begin := time.Now()
+		for s := range steps {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			loss, err := t.step(trainSet, idx[s*cfg.Batch:(s+1)*cfg.Batch])
+			if err != nil {
+				return nil, fmt.Errorf("epoch %d step %d: %w", epoch, s+1, err)
+			}
+			st := t.d.Stats()
+			comm += st.Comm
+			exposed += st.Exposed
+			lossSum += loss
+			res.Losses = append(res.Losses, loss)
+			if leader && h.step != nil {
+				h.step(s+1, loss)
+			}
+		}
+		elapsed := time.Since(begin)
+
+		// The epoch's mean loss over all ranks (a collective: every rank).
+		mean := []float64{lossSum / float64(steps)}
+		if err := pg.AllReduceF64(ctx, mean, dist.Mean); err != nil {
+			return nil, fmt.Errorf("epoch %d: averaging the loss: %w", epoch, err)
+		}
+		es := epochStats{
+			Epoch:      epoch,
+			Steps:      steps,
+			Loss:       mean[0],
+			Acc:        math.NaN(),
+			Throughput: float64(steps*cfg.Batch*pg.WorldSize()) / elapsed.Seconds(),
+			Train:      elapsed,
+			Comm:       comm / time.Duration(steps),
+			Exposed:    exposed / time.Duration(steps),
+		}
+		if leader {
+			if es.Acc, err = t.evaluate(testSet); err != nil {
+				return nil, err
+			}
+			if h.end != nil {
+				h.end(es)
+			}
+		}
+		res.Epochs = append(res.Epochs, es)
+	}
+
+	res.Check = checksumOf(t.params)
+	res.Identical, err = sameOnAllRanks(ctx, pg, res.Check)
+	if err != nil {
+		return nil, err
+	}
+	if !res.Identical {
+		return res, fmt.Errorf("%w: rank %d has sum %v, sum of squares %v, hash %016x", errDiverged, pg.Rank(), res.Check.Sum, res.Check.SumSq, res.Check.Hash)
+	}
+	return res, nil
+}
+
+// checksumOf sums the parameters (in float64) and hashes their bits.
+func checksumOf(params gorgonia.Nodes) checksum {
+	var c checksum
+	h := fnv.New64a()
+	var buf [4]byte
+	for _, p := range params {
+		for _, v := range p.Value().Data().([]float32) {
+			c.Sum += float64(v)
+			c.SumSq += float64(v) * float64(v)
+			binary.LittleEndian.PutUint32(buf[:], math.Float32bits(v))
+			h.Write(buf[:])
+		}
+	}
+	c.Hash = h.Sum64()
+	return c
+}
+
+// sameOnAllRanks reports whether every rank has checksum c: it all-reduces
+// the checksum with Max and with Min and compares the two bit for bit. Every
+// rank gets the same answer.
+func sameOnAllRanks(ctx context.Context, pg *dist.ProcessGroup, c checksum) (bool, error) {
+	// The hash travels as two exact 32-bit halves.
+	vals := []float64{c.Sum, c.SumSq, float64(c.Hash >> 32), float64(c.Hash & 0xffffffff)}
+	hi := append([]float64(nil), vals...)
+	lo := append([]float64(nil), vals...)
+	if err := pg.AllReduceF64(ctx, hi, dist.Max); err != nil {
+		return false, fmt.Errorf("mnist: comparing parameters: %w", err)
+	}
+	if err := pg.AllReduceF64(ctx, lo, dist.Min); err != nil {
+		return false, fmt.Errorf("mnist: comparing parameters: %w", err)
+	}
+	for i := range vals {
+		if math.Float64bits(hi[i]) != math.Float64bits(lo[i]) {
+			return false, nil
+		}
+	}
+	return true, nil
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/gdist/gdist/dist"
+)
+
+// runGenerate is the generate command.
+func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg genConfig
+	fs.StringVar(&cfg.Ckpt, "ckpt", defaultCkpt, "checkpoint written by train")
+	fs.StringVar(&cfg.Prompt, "prompt", "Light is", "text to continue (characters of the training text only)")
+	fs.IntVar(&cfg.N, "n", 200, "tokens (characters) to generate")
+	fs.Float64Var(&cfg.Temperature, "temperature", 0.8, "sampling temperature (0: greedy)")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the sampler")
+	split := fs.String("split", "", "pipeline: first layer of stages 1..N-1, comma-separated (layers are 0 = embedding, 1..L = blocks, L+1 = head; default: even split)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: [gdistrun -n N --] transformer generate [flags]
+
+Continues a prompt with a trained model. Under gdistrun -n N the model runs
+as an N-stage pipeline: rank r loads and runs only its stage's layers, and
+the text is the same as on one process. Rank 0 prints it to stdout.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Split, err = parseSplit(*split); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	if cfg.N < 0 || cfg.Temperature < 0 {
+		return usageError(fs, stderr, "-n and -temperature must not be negative")
+	}
+	setProcs()
+
+	pg, err := dist.InitFromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	res, err := generate(ctx, pg, cfg)
+	if err != nil {
+		return err
+	}
+	if !pg.IsLeader() {
+		fmt.Fprintf(stderr, "generate: stage %d of %d ran layers %d..%d\n", pg.Rank(), pg.WorldSize(), res.Layers[0], res.Layers[1])
+		return nil
+	}
+	fmt.Fprintln(stdout, res.Text)
+	mode := "1 process"
+	if pg.WorldSize() > 1 {
+		var parts []string
+		for _, s := range res.Stages {
+			parts = append(parts, fmt.Sprintf("%d..%d", s[0], s[1]))
+		}
+		mode = fmt.Sprintf("%d-stage pipeline, layers %s", pg.WorldSize(), strings.Join(parts, " | "))
+	}
+	fmt.Fprintf(stderr, "generate: %d tokens in %.2fs, %.1f tokens/s (%s; checkpoint step %d, temperature %g, seed %d)\n",
+		res.Tokens, res.Elapsed.Seconds(), float64(res.Tokens)/res.Elapsed.Seconds(), mode, res.Step, cfg.Temperature, cfg.Seed)
+	return nil
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/models/transformer"
+)
+
+// defaultCkpt is where train saves and generate loads by default (out/ is
+// gitignored).
+var defaultCkpt = filepath.Join("out", "opticks.gdc")
+
+// runTrain is the train command.
+func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("train", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := transformer.DefaultConfig(0)
+	var cfg trainConfig
+	textPath := fs.String("text", "", "training text, UTF-8 (default: $(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt)")
+	out := fs.String("out", defaultCkpt, "write the checkpoint here (rank 0)")
+	plotPath := fs.String("plot", "", "write a PNG of the loss curves here (rank 0)")
+	fs.IntVar(&cfg.Steps, "steps", 0, "stop after this many steps (0: no limit)")
+	fs.DurationVar(&cfg.Duration, "duration", 3*time.Minute, "stop after this much time (0: no limit; default 0 when only -steps is given)")
+	fs.Float64Var(&cfg.LR, "lr", 3e-3, "Adam learning rate")
+	fs.IntVar(&cfg.Batch, "batch", 16, "sequences per step and rank")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the initial weights and of the batches (rank r samples with stream r)")
+	fs.IntVar(&cfg.EvalEvery, "eval-every", 100, "validate every this many steps")
+	fs.IntVar(&cfg.EvalWindows, "eval-windows", 64, "validation windows (of ctx+1 characters) spread over the held-out tail")
+	valFrac := fs.Float64("val-frac", 0.1, "fraction of the text, at its end, held out for validation")
+	fs.IntVar(&def.Ctx, "ctx", def.Ctx, "model: context length (characters)")
+	fs.IntVar(&def.Dim, "dim", def.Dim, "model: embedding width")
+	fs.IntVar(&def.Heads, "heads", def.Heads, "model: attention heads")
+	fs.IntVar(&def.Layers, "layers", def.Layers, "model: transformer blocks")
+	fs.IntVar(&def.MLPHidden, "mlp", def.MLPHidden, "model: MLP hidden width")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: [gdistrun -n N --] transformer train [flags]
+
+Trains the model on the text; under gdistrun each rank trains on its own
+batches and DDP averages the gradients. Rank 0 saves the checkpoint.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["steps"] && !set["duration"] {
+		cfg.Duration = 0
+	}
+	if cfg.Steps == 0 && cfg.Duration == 0 {
+		return usageError(fs, stderr, "-steps and -duration are both 0: training would never stop")
+	}
+	if *out == "" {
+		return usageError(fs, stderr, "-out is empty")
+	}
+	setProcs()
+
+	// Read the text before joining the job, so that a missing file fails
+	// every rank at once.
+	text, path, err := loadText(*textPath)
+	if err != nil {
+		return err
+	}
+	c, err := newCorpus(text, *valFrac, def.Ctx)
+	if err != nil {
+		return err
+	}
+	model := def
+	model.Vocab = c.Vocab.Size()
+	model.Seed = cfg.Seed
+	cfg.Model = model
+	if err := cfg.validate(); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+
+	pg, err := dist.InitFromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	leader := pg.IsLeader()
+	w := io.Discard
+	if leader {
+		w = stdout
+	}
+
+	bar := newProgress(w, stderr, isTerminal(stderr))
+	h := trainHooks{
+		ready: func(params, buckets int) {
+			fmt.Fprintf(w, "train: %d rank(s), GOMAXPROCS %d each; %s: %d characters, vocabulary %d, %d training and %d validation tokens\n",
+				pg.WorldSize(), runtime.GOMAXPROCS(0), path, len([]rune(text)), model.Vocab, len(c.Train), len(c.Val))
+			ddpNote := ""
+			if buckets > 0 {
+				ddpNote = fmt.Sprintf(", DDP in %d bucket(s)", buckets)
+			}
+			fmt.Fprintf(w, "train: model ctx %d, dim %d, %d heads, %d layers, mlp %d, %v: %d parameters%s; batch %d per rank (%d global); Adam lr %g; %s\n",
+				model.Ctx, model.Dim, model.Heads, model.Layers, model.MLPHidden, model.Dtype, params, ddpNote,
+				cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, stopRule(cfg))
+		},
+		step: bar.step,
+		eval: bar.eval,
+	}
+	res, err := train(ctx, pg, c, cfg, h)
+	bar.finish()
+	if err != nil {
+		return err
+	}
+	if !leader {
+		return nil
+	}
+	if res.Interrupted {
+		fmt.Fprintf(w, "train: interrupted at step %d\n", res.Steps)
+	}
+	fmt.Fprintf(w, "train: %d steps in %.1fs, %.0f tokens/s (%.2f steps/s)\n", res.Steps,
+		res.TrainTime.Seconds(), res.TokensPerSec, float64(res.Steps)/res.TrainTime.Seconds())
+	fmt.Fprint(w, curveTable(res.Curve, 12))
+	if pg.WorldSize() > 1 {
+		fmt.Fprintf(w, "train: parameters identical on all %d ranks (fnv64a %016x)\n", pg.WorldSize(), res.Check.Hash)
+	}
+	if dir := filepath.Dir(*out); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("transformer: %w", err)
+		}
+	}
+	ck := &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(res.Steps), Tensors: res.Weights}
+	if err := transformer.Save(*out, ck); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "train: saved %s\n", *out)
+	if *plotPath != "" {
+		if err := writePlot(*plotPath, res); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "train: wrote %s\n", *plotPath)
+	}
+	return nil
+}
+
+// stopRule describes when training stops.
+func stopRule(cfg trainConfig) string {
+	switch {
+	case cfg.Steps > 0 && cfg.Duration > 0:
+		return fmt.Sprintf("stop after %d steps or %s", cfg.Steps, cfg.Duration)
+	case cfg.Steps > 0:
+		return fmt.Sprintf("stop after %d steps", cfg.Steps)
+	}
+	return fmt.Sprintf("stop after %s", cfg.Duration)
+}
+
+// curveTable formats at most max points of the loss curve (always the
+// first and the last, the others evenly spread).
+func curveTable(curve []point, maxPoints int) string {
+	var b strings.Builder
+	b.WriteString("loss curve (cross-entropy in nats/char; train: mean over the steps since the previous validation):\n")
+	b.WriteString("   step     time   train     val\n")
+	for _, i := range spread(len(curve), maxPoints) {
+		p := curve[i]
+		train := "      -"
+		if !math.IsNaN(p.Train) {
+			train = fmt.Sprintf("%7.3f", p.Train)
+		}
+		fmt.Fprintf(&b, "  %5d  %7s %s %7.3f\n", p.Step, p.Elapsed.Round(time.Second), train, p.Val)
+	}
+	return b.String()
+}
+
+// spread returns at most k indices of 0..n-1, evenly spread, including the
+// first and the last.
+func spread(n, k int) []int {
+	if n <= k {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = i
+		}
+		return out
+	}
+	out := make([]int, 0, k)
+	for i := range k {
+		out = append(out, i*(n-1)/(k-1))
+	}
+	return out
+}

@@ -1,0 +1,55 @@
+// Command transformer trains a small character-level transformer
+// (models/transformer) on Newton's Opticks, which ships with every Go
+// toolchain ($(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt), and
+// generates text with it — data-parallel training and pipeline-parallel
+// generation when run under gdistrun.
+//
+// # Usage
+//
+// From the repository root:
+//
+//	go run ./examples/transformer train -duration 3m -out out/opticks.gdc -plot out/loss.png
+//	go run ./examples/transformer generate -ckpt out/opticks.gdc -prompt "Light is" -n 200
+//
+//	go run ./cmd/gdistrun -n 2 -- go run ./examples/transformer train -duration 3m -out out/opticks.gdc
+//	go run ./cmd/gdistrun -n 2 -- go run ./examples/transformer generate -ckpt out/opticks.gdc -prompt "Light is" -n 200
+//
+// # train
+//
+// train holds out the last -val-frac (10%) of the text, trains the model
+// (by default transformer.DefaultConfig: context 64, width 64, 4 heads, 2
+// blocks) with Adam (-lr 3e-3, gradients clipped at 1) on batches of -batch
+// (16) random windows, validates every -eval-every (100) steps on
+// -eval-windows (64) fixed windows of the held-out tail, and stops after
+// -steps steps or -duration (3m) — or at the next step after Ctrl-C, still
+// saving. Progress goes to stderr (a bar on a terminal, a line every tenth
+// of the run otherwise), validation lines and, at the end, the loss curve
+// to stdout. Rank 0 writes the checkpoint (-out, default out/opticks.gdc;
+// out/ is gitignored) and, with -plot, a PNG of the curves.
+//
+// Under gdistrun -n N each rank samples its own batches (seeded by -seed
+// and its rank), and package ddp averages the gradients before every Adam
+// step, so the ranks stay identical (checked at the end) and a step trains
+// on N·batch windows. transformer.Trainer builds the forward pass itself, so
+// the DDP hooks sit in a small relay graph rather than at the parameters'
+// points of use (see ddpRelay): the all-reduces run after the backward pass
+// instead of overlapping it. The ranks agree every step, through the
+// all-reduce that averages the logged loss, on whether to stop.
+//
+// # generate
+//
+// generate continues -prompt by -n characters, sampling at -temperature
+// (0: greedy) with a generator seeded by -seed, and prints the text to
+// stdout and the speed to stderr. On one process it runs
+// transformer.Predictor with transformer.Generate. Under gdistrun -n N it is
+// an N-stage pipeline (package pipeline): the model's layers (0 embedding,
+// 1..L blocks, L+1 head) are split into N contiguous stages (-split sets the
+// first layer of stages 1..N-1; the default splits evenly), rank r loads
+// only its stage's tensors (transformer.LoadLayers) and runs them, hidden
+// states flow rank 0 -> 1 -> ... -> N-1, and the last rank samples each
+// token and sends it back to rank 0 for the next step. The text is
+// identical to the one-process text for the same checkpoint, prompt and
+// seed (the tests check it for 2 and 3 stages in one process and for 2 OS
+// processes over TCP). A model with a tied head (embedding and head sharing
+// a matrix) cannot be split that way and generates on one process only.
+package main

@@ -1,0 +1,386 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/models/transformer"
+)
+
+// errDiverged reports ranks whose parameters differ at the end of training.
+var errDiverged = errors.New("transformer: parameters differ between ranks")
+
+// trainConfig is what train needs besides the group and the data.
+type trainConfig struct {
+	Model       transformer.Config
+	Batch       int // sequences per rank and step
+	LR          float64
+	Seed        uint64        // data order; rank r samples with PCG(Seed, r)
+	Steps       int           // stop after this many steps (0: no limit)
+	Duration    time.Duration // stop after this much time (0: no limit)
+	EvalEvery   int           // validate every this many steps (and at the start and the end)
+	EvalWindows int           // validation windows of Ctx+1 tokens, spread over the held-out tail
+
+	// SameData makes every rank sample the batches rank 0 samples (tests:
+	// DDP on N ranks then equals one process bit for bit).
+	SameData bool
+}
+
+func (c trainConfig) validate() error {
+	switch {
+	case c.Batch < 1:
+		return fmt.Errorf("transformer: batch %d < 1", c.Batch)
+	case !(c.LR > 0):
+		return fmt.Errorf("transformer: learning rate %g must be positive", c.LR)
+	case c.Steps < 0 || c.Duration < 0:
+		return fmt.Errorf("transformer: negative -steps or -duration")
+	case c.Steps == 0 && c.Duration == 0:
+		return fmt.Errorf("transformer: set -steps or -duration")
+	case c.EvalEvery < 1:
+		return fmt.Errorf("transformer: eval interval %d < 1", c.EvalEvery)
+	case c.EvalWindows < 1:
+		return fmt.Errorf("transformer: %d validation windows < 1", c.EvalWindows)
+	}
+	return c.Model.Validate()
+}
+
+// point is one point of the loss curve.
+type point struct {
+	Step    int
+	Elapsed time.Duration // since training started
+	Train   float64       // mean training loss (all ranks) of the steps since the previous point; NaN at step 0
+	Val     float64       // validation loss (all ranks' windows)
+}
+
+// trainResult is what train returns (the same on every rank).
+type trainResult struct {
+	Curve        []point
+	Losses       []float64 // mean loss over the ranks at every step
+	Steps        int
+	TrainTime    time.Duration // time in training steps (validation excluded)
+	TokensPerSec float64       // tokens trained on per second, all ranks together
+	Interrupted  bool          // stopped early because ctx ended (on some rank)
+	Weights      []checkpoint.Named
+	Check        checksum
+}
+
+// trainHooks are optional callbacks train calls on rank 0.
+type trainHooks struct {
+	// ready is called once the model is built (and wrapped in a DDP) with
+	// its number of parameters and of DDP buckets (0 on one rank).
+	ready func(params, buckets int)
+	// step is called after every step with the step number, the loss (the
+	// mean over ranks), the fraction of the run done and the throughput so
+	// far in tokens/s.
+	step func(step int, loss, frac, tokPerSec float64)
+	// eval is called after every validation.
+	eval func(p point)
+}
+
+// train trains cfg.Model on c, data-parallel over pg's ranks (DDP) when
+// there are several: every rank calls it with the same cfg. Every rank
+// samples its own batches (seeded by rank) and DDP averages the gradients,
+// so the ranks stay identical; at the end they check that through
+// collectives (errDiverged otherwise).
+//
+// Training stops after cfg.Steps steps or cfg.Duration, or when ctx ends on
+// any rank: the ranks agree on the last step through an all-reduce, so that
+// they stop together, and train returns the result with Interrupted set
+// rather than an error.
+func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfig, h trainHooks) (*trainResult, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	rank, world := pg.Rank(), pg.WorldSize()
+	// Collectives and steps run to completion when ctx ends: the ranks
+	// first agree to stop. A lost peer still fails them promptly.
+	cctx := context.WithoutCancel(ctx)
+
+	inner := gorgonia.NewAdamSolver(gorgonia.WithLearnRate(cfg.LR), gorgonia.WithClip(1))
+	late := &lateSolver{s: inner}
+	graphMu.Lock()
+	tr, err := transformer.NewTrainer(cfg.Model, cfg.Batch, transformer.WithSolver(late))
+	graphMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer tr.Close()
+	buckets := 0
+	if world > 1 {
+		relay, err := newDDPRelay(cctx, pg, tr.Stage.Learnables(), inner)
+		if err != nil {
+			return nil, err
+		}
+		defer relay.Close()
+		late.s = relay
+		buckets = len(relay.DDP().Buckets())
+	}
+	ev, err := newEvaluator(cfg.Model, c.Val, cfg.EvalWindows, rank, world)
+	if err != nil {
+		return nil, err
+	}
+	defer ev.close()
+	if rank == 0 && h.ready != nil {
+		h.ready(cfg.Model.NumParams(), buckets)
+	}
+
+	res := &trainResult{}
+	begin := time.Now()
+	validate := func(step int, trainLoss float64) error {
+		val, err := ev.loss(cctx, pg, tr.Stage)
+		if err != nil {
+			return err
+		}
+		p := point{Step: step, Elapsed: time.Since(begin), Train: trainLoss, Val: val}
+		res.Curve = append(res.Curve, p)
+		if rank == 0 && h.eval != nil {
+			h.eval(p)
+		}
+		return nil
+	}
+	if err := validate(0, math.NaN()); err != nil {
+		return nil, err
+	}
+
+	stream := uint64(rank)
+	if cfg.SameData {
+		stream = 0
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, stream))
+	tokensPerStep := float64(cfg.Batch * cfg.Model.Ctx * world)
+	var sinceEval float64
+	for step := 1; ; step++ {
+		in, tgt, err := transformer.SampleBatch(rng, c.Train, cfg.Batch, cfg.Model.Ctx)
+		if err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		loss, err := tr.Step(cctx, in, tgt)
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %w", step, err)
+		}
+		stop := (cfg.Steps > 0 && step >= cfg.Steps) ||
+			(cfg.Duration > 0 && time.Since(begin) >= cfg.Duration) ||
+			ctx.Err() != nil
+		// One all-reduce per step: the loss for the log and whether any
+		// rank wants to stop.
+		agree := []float64{loss, 0}
+		if stop {
+			agree[1] = 1
+		}
+		if err := pg.AllReduceF64(cctx, agree, dist.Sum); err != nil {
+			return nil, fmt.Errorf("step %d: %w", step, err)
+		}
+		res.TrainTime += time.Since(t0)
+		mean := agree[0] / float64(world)
+		if math.IsNaN(mean) || math.IsInf(mean, 0) {
+			return nil, fmt.Errorf("transformer: step %d: loss is %v", step, mean)
+		}
+		res.Losses = append(res.Losses, mean)
+		res.Steps = step
+		sinceEval += mean
+		stop = agree[1] > 0
+		if rank == 0 && h.step != nil {
+			frac := 0.0
+			if cfg.Steps > 0 {
+				frac = float64(step) / float64(cfg.Steps)
+			}
+			if cfg.Duration > 0 {
+				frac = max(frac, float64(time.Since(begin))/float64(cfg.Duration))
+			}
+			h.step(step, mean, min(frac, 1), float64(step)*tokensPerStep/res.TrainTime.Seconds())
+		}
+		if stop || step%cfg.EvalEvery == 0 {
+			n := step - res.Curve[len(res.Curve)-1].Step
+			if err := validate(step, sinceEval/float64(n)); err != nil {
+				return nil, err
+			}
+			sinceEval = 0
+		}
+		if stop {
+			break
+		}
+	}
+	res.Interrupted = ctx.Err() != nil
+	res.TokensPerSec = float64(res.Steps) * tokensPerStep / res.TrainTime.Seconds()
+	res.Weights = tr.Weights()
+	res.Check = checksumOf(res.Weights)
+	same, err := sameOnAllRanks(cctx, pg, res.Check)
+	if err != nil {
+		return nil, err
+	}
+	if !same {
+		return res, fmt.Errorf("%w: rank %d has sum %v, sum of squares %v, hash %016x", errDiverged, rank, res.Check.Sum, res.Check.SumSq, res.Check.Hash)
+	}
+	return res, nil
+}
+
+// evaluator computes the validation loss: the mean next-token
+// cross-entropy over fixed windows of the held-out text, shared among the
+// ranks.
+type evaluator struct {
+	cfg     transformer.Config
+	val     []int
+	offsets []int // this rank's windows
+	st      *transformer.Stage
+	in      *gorgonia.Node
+	logits  *gorgonia.Node
+	vm      gorgonia.VM
+	ids     []int
+}
+
+// evalBatch is the largest batch of the validation graph.
+const evalBatch = 16
+
+// newEvaluator spreads windows windows of Ctx+1 tokens evenly over val and
+// builds a forward graph for rank's share (windows rank, rank+world, ...).
+func newEvaluator(cfg transformer.Config, val []int, windows, rank, world int) (*evaluator, error) {
+	T := cfg.Ctx
+	if len(val) <= T {
+		return nil, fmt.Errorf("transformer: %d validation tokens for windows of %d", len(val), T+1)
+	}
+	e := &evaluator{cfg: cfg, val: val}
+	span := len(val) - T - 1 // last valid offset
+	for i := rank; i < windows; i += world {
+		off := 0
+		if windows > 1 {
+			off = i * span / (windows - 1)
+		}
+		e.offsets = append(e.offsets, off)
+	}
+	if len(e.offsets) == 0 {
+		return e, nil // this rank only takes part in the all-reduce
+	}
+	batch := min(evalBatch, len(e.offsets))
+	graphMu.Lock()
+	defer graphMu.Unlock()
+	g := gorgonia.NewGraph()
+	st, err := transformer.NewStage(g, cfg, 0, cfg.HeadLayer(), batch)
+	if err != nil {
+		return nil, err
+	}
+	e.st = st
+	e.in = st.NewInput("input")
+	if e.logits, err = st.Forward(e.in); err != nil {
+		return nil, err
+	}
+	e.vm = gorgonia.NewTapeMachine(g)
+	e.ids = make([]int, batch*T)
+	return e, nil
+}
+
+// loss returns the validation loss of the model in from, a collective:
+// every rank calls it at the same point.
+func (e *evaluator) loss(ctx context.Context, pg *dist.ProcessGroup, from *transformer.Stage) (float64, error) {
+	sums := []float64{0, 0} // cross-entropy summed over positions; positions
+	if e.st != nil {
+		if err := e.st.SetWeights(from.Weights()); err != nil {
+			return 0, err
+		}
+		T, V, B := e.cfg.Ctx, e.cfg.Vocab, e.st.Batch()
+		for lo := 0; lo < len(e.offsets); lo += B {
+			offs := e.offsets[lo:min(lo+B, len(e.offsets))]
+			for b := range B {
+				off := offs[min(b, len(offs)-1)] // a short last batch repeats its last window
+				copy(e.ids[b*T:(b+1)*T], e.val[off:off+T])
+			}
+			if err := transformer.FillOneHot(e.in.Value().(*tensor.Dense), e.ids); err != nil {
+				return 0, err
+			}
+			if err := e.vm.RunAll(); err != nil {
+				e.vm.Reset()
+				return 0, fmt.Errorf("transformer: validation: %w", err)
+			}
+			logits, err := transformer.Float64s(e.logits)
+			e.vm.Reset()
+			if err != nil {
+				return 0, err
+			}
+			for b, off := range offs {
+				ce, err := transformer.MeanCrossEntropy(logits[b*T*V:(b+1)*T*V], V, e.val[off+1:off+T+1])
+				if err != nil {
+					return 0, err
+				}
+				sums[0] += ce * float64(T)
+				sums[1] += float64(T)
+			}
+		}
+	}
+	if err := pg.AllReduceF64(ctx, sums, dist.Sum); err != nil {
+		return 0, fmt.Errorf("transformer: validation: %w", err)
+	}
+	return sums[0] / sums[1], nil
+}
+
+func (e *evaluator) close() {
+	if e.vm != nil {
+		e.vm.Close()
+	}
+}
+
+// checksum summarises a model's parameters: exact sums and a hash of the
+// bits, so equal checksums mean (all but certainly) identical parameters.
+type checksum struct {
+	Sum, SumSq float64
+	Hash       uint64 // FNV-1a of the float64 bits of every element, in order
+}
+
+// checksumOf sums the parameters (in float64) and hashes their bits.
+func checksumOf(ts []checkpoint.Named) checksum {
+	var c checksum
+	h := fnv.New64a()
+	var buf [8]byte
+	add := func(v float64) {
+		c.Sum += v
+		c.SumSq += v * v
+		binary.LittleEndian.PutUint64(buf[:], math.Float64bits(v))
+		h.Write(buf[:])
+	}
+	for _, t := range ts {
+		switch d := t.Tensor.Data().(type) {
+		case []float32:
+			for _, v := range d {
+				add(float64(v))
+			}
+		case []float64:
+			for _, v := range d {
+				add(v)
+			}
+		}
+	}
+	c.Hash = h.Sum64()
+	return c
+}
+
+// sameOnAllRanks reports whether every rank has checksum c: it all-reduces
+// the checksum with Max and with Min and compares the two bit for bit. Every
+// rank gets the same answer.
+func sameOnAllRanks(ctx context.Context, pg *dist.ProcessGroup, c checksum) (bool, error) {
+	// The hash travels as two exact 32-bit halves.
+	vals := []float64{c.Sum, c.SumSq, float64(c.Hash >> 32), float64(c.Hash & 0xffffffff)}
+	hi := append([]float64(nil), vals...)
+	lo := append([]float64(nil), vals...)
+	if err := pg.AllReduceF64(ctx, hi, dist.Max); err != nil {
+		return false, fmt.Errorf("transformer: comparing parameters: %w", err)
+	}
+	if err := pg.AllReduceF64(ctx, lo, dist.Min); err != nil {
+		return false, fmt.Errorf("transformer: comparing parameters: %w", err)
+	}
+	for i := range vals {
+		if math.Float64bits(hi[i]) != math.Float64bits(lo[i]) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
