@@ -60,7 +60,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr, haveAddr := os.LookupEnv(EnvMasterAddr)
+	addr, haveAddr := lookupEnv(EnvMasterAddr)
 	var t transport.Transport
 	if world == 1 && !haveAddr {
 		t = transport.NewLocal(1)[0]
@@ -81,7 +81,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 }
 
 func dialFromEnv(ctx context.Context, rank, world int, addr string, haveAddr bool, cfg *config) (*tcp.Transport, error) {
-	if !haveAddr || addr == "" {
+	if !haveAddr {
 		return nil, fmt.Errorf("%w: %s is not set (needed for a world of %d ranks)", ErrEnv, EnvMasterAddr, world)
 	}
 	port := os.Getenv(EnvMasterPort)
@@ -119,14 +119,14 @@ func dialFromEnv(ctx context.Context, rank, world int, addr string, haveAddr boo
 // whose rank variable is set.
 func rankFromEnv() (rank, world, local int, err error) {
 	for _, vars := range rankVars {
-		rs, ok := os.LookupEnv(vars[0])
+		rs, ok := lookupEnv(vars[0])
 		if !ok {
 			continue
 		}
 		if rank, err = envInt(vars[0], rs); err != nil {
 			return 0, 0, 0, err
 		}
-		ws, ok := os.LookupEnv(vars[1])
+		ws, ok := lookupEnv(vars[1])
 		if !ok {
 			return 0, 0, 0, fmt.Errorf("%w: %s is set but %s is not", ErrEnv, vars[0], vars[1])
 		}
@@ -140,7 +140,7 @@ func rankFromEnv() (rank, world, local int, err error) {
 			return 0, 0, 0, fmt.Errorf("%w: %s=%d not in [0, %s=%d)", ErrEnv, vars[0], rank, vars[1], world)
 		}
 		local = rank
-		if ls, ok := os.LookupEnv(vars[2]); ok {
+		if ls, ok := lookupEnv(vars[2]); ok {
 			if local, err = envInt(vars[2], ls); err != nil {
 				return 0, 0, 0, err
 			}
@@ -151,6 +151,12 @@ func rankFromEnv() (rank, world, local int, err error) {
 		return rank, world, local, nil
 	}
 	return 0, 1, 0, nil
+}
+
+// lookupEnv is os.LookupEnv treating an empty value as unset.
+func lookupEnv(name string) (string, bool) {
+	v := os.Getenv(name)
+	return v, v != ""
 }
 
 func envInt(name, v string) (int, error) {

@@ -1,0 +1,122 @@
+package dist
+
+import (
+	"net"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/tcp"
+)
+
+// clearEnv unsets every variable InitFromEnv reads, for the test's duration.
+func clearEnv(t *testing.T) {
+	for _, vars := range rankVars {
+		for _, v := range vars {
+			t.Setenv(v, "")
+			os.Unsetenv(v)
+		}
+	}
+	for _, v := range []string{EnvMasterAddr, EnvMasterPort, EnvToken, EnvInsecure, EnvListenAddr} {
+		t.Setenv(v, "")
+		os.Unsetenv(v)
+	}
+}
+
+func TestInitFromEnvSingleProcess(t *testing.T) {
+	for _, env := range []map[string]string{
+		{},
+		{"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"},
+		{"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"},
+		{"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"},
+	} {
+		clearEnv(t)
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		g, err := InitFromEnv(bg)
+		require.NoError(t, err, "%v", env)
+		assert.Equal(t, 0, g.Rank())
+		assert.Equal(t, 1, g.WorldSize())
+		assert.IsType(t, &transport.Local{}, g.Transport())
+		d := []float32{1, 2}
+		require.NoError(t, g.AllReduce(bg, d, Mean))
+		assert.Equal(t, []float32{1, 2}, d)
+		require.NoError(t, g.Close())
+	}
+}
+
+// TestInitFromEnvTCPWorldOne: with MASTER_ADDR a world of one still goes
+// through the TCP rendezvous.
+func TestInitFromEnvTCPWorldOne(t *testing.T) {
+	clearEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	t.Setenv(EnvRank, "0")
+	t.Setenv(EnvWorldSize, "1")
+	t.Setenv(EnvMasterAddr, "127.0.0.1")
+	t.Setenv(EnvMasterPort, strconv.Itoa(port))
+	t.Setenv(EnvInsecure, "1")
+	g, err := InitFromEnv(bg)
+	require.NoError(t, err)
+	assert.IsType(t, &tcp.Transport{}, g.Transport())
+	require.NoError(t, g.Barrier(bg))
+	require.NoError(t, g.Close())
+}
+
+func TestInitFromEnvErrors(t *testing.T) {
+	cases := []struct {
+		env  map[string]string
+		name string // the variable the error must name
+	}{
+		{map[string]string{"RANK": "0"}, "WORLD_SIZE"},
+		{map[string]string{"RANK": "x", "WORLD_SIZE": "2"}, "RANK"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE"},
+		{map[string]string{"RANK": "2", "WORLD_SIZE": "2"}, "RANK"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http"}, "MASTER_PORT"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "GDIST_TOKEN"},
+		{map[string]string{"OMPI_COMM_WORLD_RANK": "1"}, "OMPI_COMM_WORLD_SIZE"},
+		{map[string]string{"SLURM_PROCID": "3", "SLURM_NTASKS": "2"}, "SLURM_PROCID"},
+	}
+	for _, c := range cases {
+		clearEnv(t)
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		_, err := InitFromEnv(bg)
+		require.ErrorIs(t, err, ErrEnv, "%v", c.env)
+		assert.Contains(t, err.Error(), c.name, "%v", c.env)
+	}
+	clearEnv(t)
+	_, err := InitFromEnv(bg, WithTimeout(-1))
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+func TestInitFromEnvPrecedence(t *testing.T) {
+	clearEnv(t)
+	// torchrun's variables win over Slurm's (srun may wrap torchrun).
+	t.Setenv("RANK", "0")
+	t.Setenv("WORLD_SIZE", "1")
+	t.Setenv("SLURM_PROCID", "5")
+	t.Setenv("SLURM_NTASKS", "8")
+	rank, world, local, err := rankFromEnv()
+	require.NoError(t, err)
+	assert.Equal(t, [3]int{0, 1, 0}, [3]int{rank, world, local})
+	clearEnv(t)
+	t.Setenv("SLURM_PROCID", "5")
+	t.Setenv("SLURM_NTASKS", "8")
+	t.Setenv("SLURM_LOCALID", "1")
+	rank, world, local, err = rankFromEnv()
+	require.NoError(t, err)
+	assert.Equal(t, [3]int{5, 8, 1}, [3]int{rank, world, local})
+}

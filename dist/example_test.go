@@ -1,0 +1,135 @@
+package dist_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/transport"
+)
+
+// world starts n in-process ranks, runs f on each concurrently and closes
+// them. Real jobs run one rank per process and use dist.InitFromEnv.
+func world(n int, f func(g *dist.ProcessGroup)) {
+	ts := transport.NewLocal(n)
+	var wg sync.WaitGroup
+	for _, t := range ts {
+		g, err := dist.New(t)
+		if err != nil {
+			panic(err)
+		}
+		wg.Go(func() {
+			defer g.Close()
+			f(g)
+		})
+	}
+	wg.Wait()
+}
+
+func ExampleProcessGroup_AllReduce() {
+	world(4, func(g *dist.ProcessGroup) {
+		grad := []float32{float32(g.Rank()), 1}
+		if err := g.AllReduce(context.Background(), grad, dist.Sum); err != nil {
+			panic(err)
+		}
+		if g.IsLeader() {
+			fmt.Println(grad)
+		}
+	})
+	// Output: [6 4]
+}
+
+func ExampleProcessGroup_AllReduceAsync() {
+	world(2, func(g *dist.ProcessGroup) {
+		bucket := []float32{float32(g.Rank() + 1)}
+		w := g.AllReduceAsync(bucket, dist.Mean)
+		// ... compute the next bucket while this one travels ...
+		if err := w.Wait(context.Background()); err != nil {
+			panic(err)
+		}
+		if g.IsLeader() {
+			fmt.Println(bucket)
+		}
+	})
+	// Output: [1.5]
+}
+
+func ExampleProcessGroup_AllReduceTyped() {
+	world(2, func(g *dist.ProcessGroup) {
+		vals := []float32{0.1, float32(g.Rank())}
+		buf := make([]byte, len(vals)*dist.BF16.Size())
+		if err := dist.EncodeFloat32(buf, vals, dist.BF16); err != nil {
+			panic(err)
+		}
+		if err := g.AllReduceTyped(context.Background(), buf, dist.BF16, dist.Sum); err != nil {
+			panic(err)
+		}
+		if err := dist.DecodeFloat32(vals, buf, dist.BF16); err != nil {
+			panic(err)
+		}
+		if g.IsLeader() {
+			fmt.Println(vals) // 0.1 is 0.10009765625 in bfloat16
+		}
+	})
+	// Output: [0.20019531 1]
+}
+
+func ExampleProcessGroup_AllGather() {
+	world(3, func(g *dist.ProcessGroup) {
+		mine := []float32{float32(10 * g.Rank()), float32(10*g.Rank() + 1)}
+		all := make([]float32, g.WorldSize()*len(mine))
+		if err := g.AllGather(context.Background(), all, mine); err != nil {
+			panic(err)
+		}
+		if g.Rank() == 2 {
+			fmt.Println(all)
+		}
+	})
+	// Output: [0 1 10 11 20 21]
+}
+
+func ExampleProcessGroup_Broadcast() {
+	world(3, func(g *dist.ProcessGroup) {
+		params := make([]float32, 2)
+		if g.Rank() == 1 {
+			params[0], params[1] = 0.5, -2
+		}
+		if err := g.Broadcast(context.Background(), params, 1); err != nil {
+			panic(err)
+		}
+		if g.Rank() == 2 {
+			fmt.Println(params)
+		}
+	})
+	// Output: [0.5 -2]
+}
+
+func ExampleProcessGroup_FederatedAverage() {
+	world(3, func(g *dist.ProcessGroup) {
+		model := []float32{float32(g.Rank() * 3)}
+		n, err := g.FederatedAverage(context.Background(), model, time.Now().Add(10*time.Second))
+		if err != nil {
+			panic(err)
+		}
+		if g.IsLeader() {
+			fmt.Println(n, "ranks averaged:", model)
+		}
+	})
+	// Output: 3 ranks averaged: [3]
+}
+
+func ExampleDesyncError() {
+	world(2, func(g *dist.ProcessGroup) {
+		// Rank 1 passes a shorter vector: both ranks get a *DesyncError,
+		// which unwraps to a *LengthMismatchError.
+		err := g.AllReduce(context.Background(), make([]float32, 4-g.Rank()), dist.Sum)
+		var lm *dist.LengthMismatchError
+		if g.IsLeader() && errors.As(err, &lm) {
+			fmt.Printf("%s: want %d elements, rank 1 has %d\n", lm.Op, lm.Want, lm.Got)
+		}
+	})
+	// Output: all_reduce: want 4 elements, rank 1 has 3
+}
