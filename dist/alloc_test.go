@@ -1,6 +1,7 @@
 package dist
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -58,8 +59,11 @@ func TestAllReduceZeroAllocs(t *testing.T) {
 			for r := range bufs {
 				bufs[r] = make([]float32, tc.length)
 			}
+			// A cancellable context is watched once, not per call.
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
 			step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
-				return g.AllReduce(bg, bufs[r], Sum)
+				return g.AllReduce(ctx, bufs[r], Sum)
 			})
 			defer stop()
 			for range 10 {

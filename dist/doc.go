@@ -38,7 +38,13 @@
 // carries the collective's sequence number and a fingerprint of its
 // parameters, so ranks that disagree get a *DesyncError (which unwraps to a
 // *LengthMismatchError when only the lengths differ) instead of a hang or
-// wrong numbers. Results are bitwise identical on every rank.
+// wrong numbers: every algorithm starts by exchanging a message with its ring
+// neighbours, so some rank sees the disagreement before anyone can wait
+// forever. Every rank's call fails, except that of a rank whose part needs
+// nothing from the disagreeing ones (a broadcast root, say): its next
+// collective fails instead. FederatedAverage, which waits for nobody, is the
+// exception (see there). Results are bitwise identical on every rank (NaN
+// payloads aside).
 //
 // A collective that fails — desync, lost peer, timeout, cancelled context —
 // aborts the group, like an NCCL communicator: the rank tells every peer, so
@@ -51,14 +57,18 @@
 // Buffers passed to collectives stay the caller's: the group reads and writes
 // them only until the call returns (or, for async calls, until the Work is
 // done) and keeps no reference. Steady-state collectives allocate nothing on
-// the in-process and TCP transports when the context cannot be cancelled
-// (context.Background, or a context from WithValue of it); a cancellable
-// context costs a few small allocations per call to watch it.
+// the in-process and TCP transports. Watching a cancellable context costs two
+// small allocations, once per context: a loop of collectives under one
+// context allocates nothing after the first call.
 //
 // # Choosing algorithms
 //
-// All-reduce uses recursive doubling below the small-message threshold and a
-// ring (reduce-scatter, then all-gather) above it; broadcast and reduce use a
-// binomial tree below it and a pipelined chain above it. See
-// DefaultSmallThreshold for the measurements behind the threshold.
+// All-reduce uses recursive doubling below DefaultSmallThreshold (128 KiB,
+// measured: see its documentation) and a ring — reduce-scatter, then
+// all-gather, each rank moving 2(n-1)/n of the vector — above it. Broadcast
+// and reduce use a binomial tree below the threshold and a pipelined chain
+// above it; all-gather and reduce-scatter always use the ring. Large messages
+// travel in 1 MiB segments. Every algorithm fixes its reduction order, so all
+// ranks get the same bits; it may differ from a sequential sum in the last
+// place (F16 and BF16 round at every combination).
 package dist

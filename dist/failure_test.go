@@ -233,6 +233,21 @@ func TestCancelledContext(t *testing.T) {
 			require.ErrorIs(t, errs[r], ErrAborted)
 		}
 	})
+	t.Run("reused context", func(t *testing.T) {
+		c := newCluster(t, 2)
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		for range 3 { // the context is watched once, across collectives
+			requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error { return g.Barrier(ctx) }))
+		}
+		time.AfterFunc(20*time.Millisecond, cancel)
+		start := time.Now()
+		err := c.gs[0].AllReduce(ctx, make([]float32, 4), Sum) // rank 1 never joins
+		require.ErrorIs(t, err, context.Canceled)
+		require.Less(t, time.Since(start), 2*time.Second)
+		// A call with the cancelled context returns at once.
+		require.ErrorIs(t, c.gs[0].Barrier(ctx), context.Canceled)
+	})
 	t.Run("default timeout", func(t *testing.T) {
 		c := newCluster(t, 2, WithTimeout(50*time.Millisecond))
 		start := time.Now()

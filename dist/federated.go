@@ -29,7 +29,10 @@ type fedState struct {
 // length gets every rank a *DesyncError. data stays the caller's.
 //
 // FederatedAverage takes its turn among the group's collectives like any
-// other collective, and a failure aborts the group like theirs.
+// other collective, and a failure aborts the group like theirs. Because it
+// waits for no one but the leader, it cannot tell a slow rank from one that
+// called another collective instead: such a mismatch is caught by the
+// timeouts (ctx or WithTimeout), not by desync detection.
 func (g *ProcessGroup) FederatedAverage(ctx context.Context, data []float32, deadline time.Time) (int, error) {
 	c := call{kind: kFederated, dt: F32, op: Mean, count: len(data), data: f32Bytes(data), f32: data, deadline: deadline}
 	if err := c.check(g); err != nil {

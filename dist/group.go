@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -61,6 +62,8 @@ type ProcessGroup struct {
 	running   bool
 	cur       opState
 	runCtx    context.Context
+	watched   context.Context // the context onCancel is registered on
+	unwatch   func() bool     // unregisters it
 
 	// Owned by the running collective.
 	octx       opCtx
@@ -196,6 +199,10 @@ func (g *ProcessGroup) Close() error {
 	if g.cause == nil {
 		g.setCauseLocked(fmt.Errorf("dist: group closed: %w", ErrClosed))
 	}
+	if g.unwatch != nil {
+		g.unwatch()
+		g.watched, g.unwatch = nil, nil
+	}
 	g.mu.Unlock()
 	g.gcancel()
 	err := g.t.Close()
@@ -247,15 +254,14 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call) error {
 	g.mu.Unlock()
 
 	g.timer.Reset(time.Until(deadline))
-	var stop func() bool
 	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, g.onCancelFn)
+		g.watchCtx(ctx)
+		if ctx.Err() != nil { // ended before the watch could see it running
+			g.onCancel()
+		}
 	}
 	err := g.dispatch(&g.octx, c)
 	g.timer.Stop()
-	if stop != nil {
-		stop()
-	}
 	if err != nil {
 		err = g.opFailed(seq, c.kind, err)
 	}
@@ -340,6 +346,23 @@ func (g *ProcessGroup) onTimer() {
 	g.setCauseLocked(cause)
 	g.mu.Unlock()
 	g.aborted(cause, g.otherAbort(cause))
+}
+
+// watchCtx arranges for onCancel to run when ctx ends. The registration
+// (context.AfterFunc, which allocates) is kept for the next collective, so a
+// loop of collectives under one context allocates nothing after the first.
+func (g *ProcessGroup) watchCtx(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	// Only pointers are compared: comparing other dynamic types could panic,
+	// and every cancellable context of package context is a pointer.
+	if g.watched != nil && reflect.TypeOf(ctx).Kind() == reflect.Pointer && ctx == g.watched {
+		return
+	}
+	if g.unwatch != nil {
+		g.unwatch()
+	}
+	g.watched, g.unwatch = ctx, context.AfterFunc(ctx, g.onCancelFn)
 }
 
 // onCancel runs when the running collective's context ends.

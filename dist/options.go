@@ -11,22 +11,36 @@ import (
 const DefaultTimeout = 30 * time.Minute
 
 // DefaultSmallThreshold is the message size, in bytes, below which AllReduce
-// uses recursive doubling (latency-optimal: ceil(log2 n) rounds of full-vector
-// exchanges) instead of the ring (bandwidth-optimal: 2(n-1) rounds moving
-// 2(n-1)/n of the vector). Broadcast and Reduce switch from a binomial tree to
-// a pipelined chain at the same size.
+// uses recursive doubling (latency-optimal: about log2(n) rounds, each moving
+// the whole vector) instead of the ring (bandwidth-optimal: 2(n-1) rounds
+// moving 2(n-1)/n of the vector in all). Broadcast and Reduce switch from a
+// binomial tree to a pipelined chain at the same size.
 //
-// Measured on this project's 2-core development machine (go test -bench
-// 'AllReduceAlgo' in package dist, median time per all-reduce; Local = the
-// in-process transport, TCP = the loopback TCP transport, ranks as goroutines;
-// the OS-process sweep of bench/collectives agrees):
+// It was measured on the project's 2-core development machine with
+// bench/collectives: ranks as OS processes (GOMAXPROCS=1 each) over the TCP
+// transport on loopback, all_reduce of float32, median of 3 runs of 60
+// iterations, -small 1G forcing recursive doubling (rd) and -small 0 the
+// ring. Time per all-reduce in microseconds, rd / ring:
 //
-//	bytes     n=2 local rd/ring   n=4 local rd/ring   n=2 tcp rd/ring   n=4 tcp rd/ring
-//	(filled in from the measurements; see thresholdTable below)
+//	size      n=2          n=3          n=4
+//	1 KiB     22 / 53     105 / 154    186 / 264
+//	16 KiB    29 / 58      99 / 184    162 / 284
+//	32 KiB    37 / 67     123 / 186    218 / 330
+//	64 KiB    58 / 78     271 / 234    325 / 362
+//	128 KiB   89 / 122    217 / 267    448 / 405
+//	256 KiB  137 / 185    332 / 400    706 / 639
+//	512 KiB  222 / 282    597 / 624   1264 / 858
+//	1 MiB    783 / 750   1291 / 1009  2805 / 1907
 //
-// See the package documentation's "Choosing algorithms" section for the
-// numbers and the reasoning.
-const DefaultSmallThreshold = 64 << 10
+// With 4 ranks the ring wins from 128 KiB on. With 2 ranks both algorithms
+// move the same bytes (the ring in twice as many steps), and with 3 recursive
+// doubling moves barely more, so it stays ahead until about 1 MiB; 128 KiB
+// costs them up to a quarter between 128 KiB and 1 MiB, and is right for the
+// larger worlds that matter more. (In-process, go test -bench AllReduceAlgo
+// puts the crossover at 16 KiB on the in-process transport and between 64
+// and 128 KiB on TCP with the ranks as goroutines.) Use WithSmallThreshold to
+// tune it for another network.
+const DefaultSmallThreshold = 128 << 10
 
 // defaultSegment is the largest message the pipelined algorithms (ring,
 // chain) send: big chunks are cut into segments so that reduction overlaps

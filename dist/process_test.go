@@ -37,7 +37,7 @@ type procJob struct {
 }
 
 // startJob starts n ranks of this test binary in role.
-func startJob(t *testing.T, n int, role string) *procJob {
+func startJob(t *testing.T, n int, role string, env ...string) *procJob {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -59,6 +59,7 @@ func startJob(t *testing.T, n int, role string) *procJob {
 			EnvMasterPort+"="+strconv.Itoa(port),
 			EnvToken+"="+hex.EncodeToString(tok),
 		)
+		cmd.Env = append(cmd.Env, env...)
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		cmd.Stderr = &prefixWriter{prefix: fmt.Sprintf("rank %d: ", r), t: t}
@@ -111,12 +112,20 @@ func (w *prefixWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// lightEnv tells a child to skip the large vectors (under -short and the
+// race detector, which makes them slow).
+const lightEnv = "GDIST_DIST_TEST_LIGHT"
+
 // TestProcessCollectives runs every collective, against the reference, in
 // jobs of 2, 3 and 4 OS processes connected over TCP.
 func TestProcessCollectives(t *testing.T) {
+	var env []string
+	if testing.Short() || raceEnabled {
+		env = append(env, lightEnv+"=1")
+	}
 	for _, n := range []int{2, 3, 4} {
 		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
-			j := startJob(t, n, "collectives")
+			j := startJob(t, n, "collectives", env...)
 			for r, err := range j.wait() {
 				assert.NoError(t, err, "rank %d", r)
 			}
@@ -207,7 +216,11 @@ func childCollectives(g *ProcessGroup) int {
 		fmt.Fprintf(os.Stderr, "LocalRank %d, want %d\n", g.LocalRank(), r)
 		return 1
 	}
-	for _, length := range []int{0, 1, n - 1, 7, 333, 100003} {
+	lengths := []int{0, 1, n - 1, 7, 333, 100003}
+	if os.Getenv(lightEnv) != "" {
+		lengths = lengths[:4]
+	}
+	for _, length := range lengths {
 		if err := checkRank(rec, g, n, r, length); err != nil {
 			fmt.Fprintln(os.Stderr, "collective failed:", err)
 			return 1

@@ -66,22 +66,31 @@ type options struct {
 var validOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
 
 func main() {
-	opts, err := parseFlags(flag.CommandLine, os.Args[1:])
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the program: the launcher, or one rank when childEnv is set. It
+// returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("collectives", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	opts, err := parseFlags(fs, args)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "collectives:", err)
-		os.Exit(2)
+		fmt.Fprintln(stderr, "collectives:", err)
+		return 2
 	}
 	if os.Getenv(childEnv) != "" {
-		if err := runRank(context.Background(), opts, os.Stdout); err != nil {
-			fmt.Fprintf(os.Stderr, "collectives: rank %s: %v\n", os.Getenv(dist.EnvRank), err)
-			os.Exit(1)
+		if err := runRank(context.Background(), opts, stdout); err != nil {
+			fmt.Fprintf(stderr, "collectives: rank %s: %v\n", os.Getenv(dist.EnvRank), err)
+			return 1
 		}
-		return
+		return 0
 	}
-	if err := launchAll(opts, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "collectives:", err)
-		os.Exit(1)
+	if err := launchAll(opts, args, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "collectives:", err)
+		return 1
 	}
+	return 0
 }
 
 func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
@@ -179,6 +188,9 @@ func launch(np int, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	base := os.Environ()
+	if _, ok := stderr.(*os.File); !ok {
+		stderr = &syncWriter{w: stderr} // the ranks write to it concurrently
+	}
 	cmds := make([]*exec.Cmd, np)
 	var wg sync.WaitGroup
 	for r := range np {
@@ -234,6 +246,18 @@ func launch(np int, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// syncWriter serialises writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
 
 func copyLines(w io.Writer, r io.Reader) {

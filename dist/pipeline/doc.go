@@ -20,6 +20,8 @@
 //		pipeline.WithLoss(transformer.CrossEntropy)) // used by the last stage
 //	if err != nil { ... } // *pipeline.StageMismatchError if neighbours disagree
 //	defer p.Close()
+//	ck, _ := transformer.LoadLayers("model.ckpt", from, to) // only this stage's tensors
+//	_ = p.Stage().(*transformer.Stage).SetWeights(ck.Tensors)   // every graph shares them
 //	solver := gorgonia.NewAdamSolver()
 //	for step := range steps {
 //		loss, err := p.TrainStep(ctx, pipeline.Data{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -395,7 +396,11 @@ func TestContextCancel(t *testing.T) {
 			_, err := pl.TrainStep(ctx, mlpData(0, 2, nil))
 			return err
 		}
-		time.Sleep(500 * time.Millisecond) // let the abort notice arrive
+		time.Sleep(300 * time.Millisecond) // the notice may arrive before or during the call
+		_, err = pl.TrainStep(context.Background(), mlpData(0, 2, nil))
+		if !errors.Is(err, ErrStageFailed) {
+			return fmt.Errorf("first call: %w", err)
+		}
 		_, err = pl.TrainStep(context.Background(), mlpData(0, 2, nil))
 		return err
 	})
@@ -458,4 +463,60 @@ func TestStatsAndBubble(t *testing.T) {
 		}
 		t.Logf("stage %d: wall %v busy %v idle %.2f", r, st.Wall(), st.Busy, st.IdleFraction())
 	}
+}
+
+// TestSlotsShareParameters checks that every graph of a stage uses the
+// primary stage's parameter tensors, and that a solver that replaces the
+// tensors instead of updating them in place is still seen by all graphs.
+func TestSlotsShareParameters(t *testing.T) {
+	const batch, m, steps, lr = 8, 4, 3, 0.1
+	tm := mlpModel(testSizes, tensor.Float64)
+	ref, err := reference(tm, batch, steps, lr)
+	require.NoError(t, err)
+	res := make([]refResult, 2)
+	errs := runRanks(t, 2, func(pg *dist.ProcessGroup) error {
+		ctx := context.Background()
+		pl, err := New(ctx, pg, tm.stageBuilder(2, pg.Rank(), batch/m), WithMicroBatches(m), WithLoss(tm.Loss))
+		if err != nil {
+			return err
+		}
+		defer pl.Close()
+		for _, s := range append(slices.Clone(pl.train), pl.infer) {
+			for j, n := range s.params {
+				if n.Value() != pl.params[j].Value() {
+					return fmt.Errorf("parameter %s of a graph is not the primary's tensor", n.Name())
+				}
+			}
+		}
+		solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(lr))
+		for step := range steps {
+			res[pg.Rank()].out = res[pg.Rank()].out[:0]
+			loss, err := pl.TrainStep(ctx, tm.Data(step, batch/m, func(mb int, o *tensor.Dense) error {
+				res[pg.Rank()].out = append(res[pg.Rank()].out, o.Data().([]float64)...)
+				return nil
+			}))
+			if err != nil {
+				return err
+			}
+			res[pg.Rank()].loss = loss
+			if step == steps-1 {
+				break
+			}
+			if err := solver.Step(gorgonia.NodesToValueGrads(pl.Learnables())); err != nil {
+				return err
+			}
+			for _, n := range pl.Learnables() { // replace every tensor by a copy
+				if err := gorgonia.Let(n, n.Value().(*tensor.Dense).Clone()); err != nil {
+					return err
+				}
+			}
+		}
+		res[pg.Rank()].grads, err = gradsOf(pl.Learnables())
+		return err
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	_, err = compareTraining(append(res[0].grads, res[1].grads...), res[1], ref, 1e-12)
+	require.NoError(t, err)
 }

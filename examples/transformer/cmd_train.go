@@ -36,6 +36,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the initial weights and of the batches (rank r samples with stream r)")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", 100, "validate every this many steps")
 	fs.IntVar(&cfg.EvalWindows, "eval-windows", 64, "validation windows (of ctx+1 characters) spread over the held-out tail")
+	bucketKB := fs.Int("bucket-kb", 64, "DDP: gradient bucket size cap in KiB (0: package ddp's defaults, one bucket for this model)")
 	valFrac := fs.Float64("val-frac", 0.1, "fraction of the text, at its end, held out for validation")
 	fs.IntVar(&def.Ctx, "ctx", def.Ctx, "model: context length (characters)")
 	fs.IntVar(&def.Dim, "dim", def.Dim, "model: embedding width")
@@ -66,6 +67,10 @@ Flags:
 	if *out == "" {
 		return usageError(fs, stderr, "-out is empty")
 	}
+	if *bucketKB < 0 {
+		return usageError(fs, stderr, "-bucket-kb %d is negative", *bucketKB)
+	}
+	cfg.BucketCap = *bucketKB << 10
 	setProcs()
 
 	// Read the text before joining the job, so that a missing file fails
@@ -128,6 +133,7 @@ Flags:
 		res.TrainTime.Seconds(), res.TokensPerSec, float64(res.Steps)/res.TrainTime.Seconds())
 	fmt.Fprint(w, curveTable(res.Curve, 12))
 	if pg.WorldSize() > 1 {
+		fmt.Fprintln(w, ddpSummary(res))
 		fmt.Fprintf(w, "train: parameters identical on all %d ranks (fnv64a %016x)\n", pg.WorldSize(), res.Check.Hash)
 	}
 	if dir := filepath.Dir(*out); dir != "" {
@@ -147,6 +153,19 @@ Flags:
 		fmt.Fprintf(w, "train: wrote %s\n", *plotPath)
 	}
 	return nil
+}
+
+// ddpSummary describes rank 0's gradient all-reduces: per step, the time
+// they ran and how much of it backprop did not hide.
+func ddpSummary(res *trainResult) string {
+	st, n := res.DDP, float64(max(res.Steps, 1))
+	ms := func(d time.Duration) float64 { return d.Seconds() * 1e3 / n }
+	hidden := 0.0
+	if st.Comm > 0 {
+		hidden = 100 * float64(st.Comm-st.Exposed) / float64(st.Comm)
+	}
+	return fmt.Sprintf("train: DDP per step: forward+backward %.2f ms, %.1f all-reduce(s) of %.0f KB in all taking %.2f ms, %.2f ms of it exposed (%.0f%% overlapped with backprop)",
+		ms(st.Compute), float64(st.Buckets)/n, float64(st.Bytes)/n/1e3, ms(st.Comm), ms(st.Exposed), max(hidden, 0))
 }
 
 // stopRule describes when training stops.

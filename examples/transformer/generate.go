@@ -15,7 +15,6 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/pipeline"
-	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
 )
 
@@ -80,35 +79,6 @@ func encodePrompt(ck *transformer.Checkpoint, prompt string) ([]int, error) {
 		return nil, fmt.Errorf("prompt: %w", err)
 	}
 	return ids, nil
-}
-
-// ckptMeta is the JSON config of a transformer checkpoint (the header
-// transformer.Save writes).
-type ckptMeta struct {
-	Format string             `json:"format"`
-	Model  transformer.Config `json:"model"`
-	Vocab  *transformer.Vocab `json:"vocab"`
-	Step   int64              `json:"step"`
-}
-
-// loadMeta reads a transformer checkpoint's configuration, vocabulary and
-// step, and no tensor.
-func loadMeta(path string) (*transformer.Checkpoint, error) {
-	f, err := checkpoint.LoadSubset(path, func(string) bool { return false })
-	if err != nil {
-		return nil, err
-	}
-	var m ckptMeta
-	if err := f.Config(&m); err != nil {
-		return nil, fmt.Errorf("%w: %w", transformer.ErrFormat, err)
-	}
-	if m.Format != transformer.FormatName {
-		return nil, fmt.Errorf("%w: format %q", transformer.ErrFormat, m.Format)
-	}
-	if err := m.Model.Validate(); err != nil {
-		return nil, err
-	}
-	return &transformer.Checkpoint{Config: m.Model, Vocab: m.Vocab, Step: m.Step}, nil
 }
 
 // generateLocal runs the full model in this process.
@@ -220,11 +190,11 @@ func generatePipeline(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig)
 	// Every rank reads the config and vocabulary, then its own layers
 	// only, and checks the split and the prompt before any message moves,
 	// so that a bad argument fails every rank the same way.
-	meta, err := loadMeta(cfg.Ckpt)
+	mc, vocab, step, err := transformer.LoadConfig(cfg.Ckpt)
 	if err != nil {
 		return nil, err
 	}
-	mc := meta.Config
+	meta := &transformer.Checkpoint{Config: mc, Vocab: vocab, Step: step}
 	if mc.TiedHead {
 		return nil, fmt.Errorf("%w: the model ties its output head to its embedding, so layer 0 and layer %d must be in one stage; generate on one process",
 			errSplit, mc.HeadLayer())

@@ -14,6 +14,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
 )
@@ -32,9 +33,20 @@ type trainConfig struct {
 	EvalEvery   int           // validate every this many steps (and at the start and the end)
 	EvalWindows int           // validation windows of Ctx+1 tokens, spread over the held-out tail
 
+	// BucketCap is the size cap of a DDP gradient bucket in bytes, the
+	// first bucket's included (0: package ddp's defaults, 1 MiB then 25
+	// MiB, which put this small model in one bucket and so leave nothing
+	// to overlap).
+	BucketCap int
+
 	// SameData makes every rank sample the batches rank 0 samples (tests:
 	// DDP on N ranks then equals one process bit for bit).
 	SameData bool
+	// Shards > 1 (in a world of one) makes each step's batch the
+	// concatenation of what Shards ranks with Batch/Shards sequences each
+	// would sample (tests: one process then trains on exactly the global
+	// batch of a Shards-rank job).
+	Shards int
 }
 
 func (c trainConfig) validate() error {
@@ -51,6 +63,10 @@ func (c trainConfig) validate() error {
 		return fmt.Errorf("transformer: eval interval %d < 1", c.EvalEvery)
 	case c.EvalWindows < 1:
 		return fmt.Errorf("transformer: %d validation windows < 1", c.EvalWindows)
+	case c.BucketCap < 0:
+		return fmt.Errorf("transformer: bucket cap %d bytes < 0", c.BucketCap)
+	case c.Shards > 1 && c.Batch%c.Shards != 0:
+		return fmt.Errorf("transformer: batch %d not divisible into %d shards", c.Batch, c.Shards)
 	}
 	return c.Model.Validate()
 }
@@ -73,6 +89,9 @@ type trainResult struct {
 	Interrupted  bool          // stopped early because ctx ended (on some rank)
 	Weights      []checkpoint.Named
 	Check        checksum
+	// DDP sums package ddp's statistics over the steps (zero on one rank):
+	// Comm - Exposed is the all-reduce time hidden behind backprop.
+	DDP ddp.Stats
 }
 
 // trainHooks are optional callbacks train calls on rank 0.
@@ -107,25 +126,43 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	// first agree to stop. A lost peer still fails them promptly.
 	cctx := context.WithoutCancel(ctx)
 
-	inner := gorgonia.NewAdamSolver(gorgonia.WithLearnRate(cfg.LR), gorgonia.WithClip(1))
-	late := &lateSolver{s: inner}
+	if cfg.Shards > 1 && world > 1 {
+		return nil, fmt.Errorf("transformer: %d data shards need a world of one, not %d", cfg.Shards, world)
+	}
 	graphMu.Lock()
-	tr, err := transformer.NewTrainer(cfg.Model, cfg.Batch, transformer.WithSolver(late))
+	st, err := transformer.NewStage(gorgonia.NewGraph(), cfg.Model, 0, cfg.Model.HeadLayer(), cfg.Batch)
+	graphMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	topts := []transformer.TrainerOption{transformer.WithLearnRate(cfg.LR), transformer.WithClip(1)}
+	var d *ddp.DDP
+	buckets := 0
+	if world > 1 {
+		// DDP wraps the parameters before the forward pass exists, so that
+		// the trainer can put d.Hook at every use of a parameter: each
+		// bucket's all-reduce then starts as soon as backprop has produced
+		// its gradients. Wrap is a collective (it broadcasts rank 0's
+		// parameters): not under graphMu, which another in-process rank
+		// may need to reach it.
+		var dopts []ddp.Option
+		if cfg.BucketCap > 0 {
+			dopts = append(dopts, ddp.WithFirstBucketCap(cfg.BucketCap), ddp.WithBucketCap(cfg.BucketCap))
+		}
+		if d, err = ddp.Wrap(cctx, pg, st.Learnables(), dopts...); err != nil {
+			return nil, err
+		}
+		inner := gorgonia.NewAdamSolver(gorgonia.WithLearnRate(cfg.LR), gorgonia.WithClip(1))
+		topts = append(topts, transformer.WithHook(d.Hook), transformer.WithSolver(d.Solver(inner)))
+		buckets = len(d.Buckets())
+	}
+	graphMu.Lock()
+	tr, err := transformer.NewTrainerFor(st, topts...)
 	graphMu.Unlock()
 	if err != nil {
 		return nil, err
 	}
 	defer tr.Close()
-	buckets := 0
-	if world > 1 {
-		relay, err := newDDPRelay(cctx, pg, tr.Stage.Learnables(), inner)
-		if err != nil {
-			return nil, err
-		}
-		defer relay.Close()
-		late.s = relay
-		buckets = len(relay.DDP().Buckets())
-	}
 	ev, err := newEvaluator(cfg.Model, c.Val, cfg.EvalWindows, rank, world)
 	if err != nil {
 		return nil, err
@@ -153,22 +190,30 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		return nil, err
 	}
 
-	stream := uint64(rank)
-	if cfg.SameData {
-		stream = 0
-	}
-	rng := rand.New(rand.NewPCG(cfg.Seed, stream))
+	sample := newSampler(cfg, rank)
 	tokensPerStep := float64(cfg.Batch * cfg.Model.Ctx * world)
 	var sinceEval float64
 	for step := 1; ; step++ {
-		in, tgt, err := transformer.SampleBatch(rng, c.Train, cfg.Batch, cfg.Model.Ctx)
+		in, tgt, err := sample(c.Train)
 		if err != nil {
 			return nil, err
 		}
 		t0 := time.Now()
 		loss, err := tr.Step(cctx, in, tgt)
 		if err != nil {
+			if d != nil && d.Err() != nil {
+				err = d.Err() // matchable; Gorgonia's wrapping of errors raised in the machine is not
+			}
 			return nil, fmt.Errorf("step %d: %w", step, err)
+		}
+		if d != nil {
+			ds := d.Stats()
+			res.DDP.Passes += ds.Passes
+			res.DDP.Buckets += ds.Buckets
+			res.DDP.Bytes += ds.Bytes
+			res.DDP.Compute += ds.Compute
+			res.DDP.Comm += ds.Comm
+			res.DDP.Exposed += ds.Exposed
 		}
 		stop := (cfg.Steps > 0 && step >= cfg.Steps) ||
 			(cfg.Duration > 0 && time.Since(begin) >= cfg.Duration) ||
@@ -224,6 +269,38 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		return res, fmt.Errorf("%w: rank %d has sum %v, sum of squares %v, hash %016x", errDiverged, rank, res.Check.Sum, res.Check.SumSq, res.Check.Hash)
 	}
 	return res, nil
+}
+
+// newSampler returns the function that draws each step's batch on rank:
+// Batch windows from the generator PCG(Seed, rank) (PCG(Seed, 0) with
+// SameData), or with Shards > 1 the concatenation of Batch/Shards windows
+// from each of PCG(Seed, 0..Shards-1). The caller owns the returned slices.
+func newSampler(cfg trainConfig, rank int) func(data []int) (in, tgt []int, err error) {
+	streams := []uint64{uint64(rank)}
+	switch {
+	case cfg.Shards > 1:
+		streams = streams[:0]
+		for k := range cfg.Shards {
+			streams = append(streams, uint64(k))
+		}
+	case cfg.SameData:
+		streams[0] = 0
+	}
+	rngs := make([]*rand.Rand, len(streams))
+	for i, s := range streams {
+		rngs[i] = rand.New(rand.NewPCG(cfg.Seed, s))
+	}
+	per := cfg.Batch / len(rngs)
+	return func(data []int) (in, tgt []int, err error) {
+		for _, rng := range rngs {
+			i, t, err := transformer.SampleBatch(rng, data, per, cfg.Model.Ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			in, tgt = append(in, i...), append(tgt, t...)
+		}
+		return in, tgt, nil
+	}
 }
 
 // evaluator computes the validation loss: the mean next-token

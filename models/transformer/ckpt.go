@@ -85,6 +85,24 @@ func LoadLayers(path string, from, to int) (*Checkpoint, error) {
 	return fromFile(f, from, to)
 }
 
+// LoadConfig reads only the header of a model checkpoint — configuration,
+// vocabulary (nil if the model was saved without one) and training step —
+// and no tensor data, for instance so that a pipeline rank can learn the
+// model's layers before choosing and loading its own (LoadLayers). A file
+// that is not a transformer checkpoint is an error matching ErrFormat; a
+// corrupt header matches checkpoint.ErrCorrupt.
+func LoadConfig(path string) (cfg Config, vocab *Vocab, step int64, err error) {
+	f, err := checkpoint.LoadSubset(path, func(string) bool { return false })
+	if err != nil {
+		return Config{}, nil, 0, err
+	}
+	h, err := decodeHeader(f)
+	if err != nil {
+		return Config{}, nil, 0, err
+	}
+	return h.Model, h.Vocab, h.Step, nil
+}
+
 func decodeHeader(f *checkpoint.File) (ckptHeader, error) {
 	var h ckptHeader
 	if err := f.Config(&h); err != nil {
@@ -95,6 +113,9 @@ func decodeHeader(f *checkpoint.File) (ckptHeader, error) {
 	}
 	if err := h.Model.Validate(); err != nil {
 		return h, err
+	}
+	if h.Vocab != nil && h.Vocab.Size() != h.Model.Vocab {
+		return h, fmt.Errorf("%w: vocabulary of %d runes for config vocab %d", ErrConfig, h.Vocab.Size(), h.Model.Vocab)
 	}
 	return h, nil
 }

@@ -24,6 +24,9 @@ var (
 	ErrToken = errors.New("transformer: token id out of range")
 	// ErrEmptyPrompt means Generate was called without a prompt.
 	ErrEmptyPrompt = errors.New("transformer: empty prompt")
+	// ErrHook means a Hook returned a node that cannot stand for its
+	// parameter (nil, another graph, another shape or dtype).
+	ErrHook = errors.New("transformer: invalid hook result")
 	// ErrFormat means a checkpoint does not hold a transformer model.
 	ErrFormat = errors.New("transformer: not a transformer checkpoint")
 )

@@ -57,14 +57,30 @@
 //	out, _ := transformer.Generate(ctx, p, prompt, 200, 0.8, 42)
 //	fmt.Println(vocab.Decode(out))
 //
-// Build one pipeline stage (layers from..to) in its own graph:
+// Train data-parallel with dist/ddp (every rank runs this on its own
+// batches): the DDP wraps the parameters before the forward pass is built,
+// and the forward pass uses DDP.Hook at every use of a parameter, so each
+// gradient bucket's all-reduce starts during the backward pass:
 //
+//	g := gorgonia.NewGraph()
+//	st, _ := transformer.NewStage(g, cfg, 0, cfg.HeadLayer(), 16)
+//	d, _ := ddp.Wrap(ctx, pg, st.Learnables()) // a collective: rank 0's values
+//	tr, _ := transformer.NewTrainerFor(st,
+//		transformer.WithHook(d.Hook),
+//		transformer.WithSolver(d.Solver(gorgonia.NewAdamSolver())))
+//	loss, err := tr.Step(ctx, in, tgt) // this rank's loss; gradients are averaged
+//
+// Build one pipeline stage (layers from..to) in its own graph, after
+// learning the model's shape from the checkpoint header alone:
+//
+//	cfg, vocab, _, _ := transformer.LoadConfig("model.ckpt") // no tensor data read
+//	from, to := ... // this rank's layers out of cfg.NumLayers()
 //	ck, _ := transformer.LoadLayers("model.ckpt", from, to) // or seeded init
 //	g := gorgonia.NewGraph()
 //	st, _ := transformer.NewStage(g, ck.Config, from, to, microBatch)
 //	_ = st.SetWeights(ck.Tensors)
 //	in := st.NewInput("in")              // one-hot tokens or hidden states
-//	out, _ := st.Forward(in)             // hidden states or logits
+//	out, _ := st.Forward(in)             // hidden states or logits (ForwardHooked for DDP)
 //	var loss *gorgonia.Node
 //	if st.IsLast() {
 //		loss, _ = transformer.CrossEntropy(out, st.NewTargets("targets"))
@@ -93,8 +109,9 @@
 // # Concurrency
 //
 // Stage, Trainer and Predictor are not safe for concurrent use. Gorgonia's
-// graph construction and Grad touch package-level state: NewTrainer and
-// NewPredictor serialise among themselves, but code that builds graphs
-// (NewStage, Forward, Grad) in several goroutines at once must hold its own
-// mutex around construction. Running separate graphs concurrently is fine.
+// graph construction and Grad touch package-level state: NewTrainer,
+// NewTrainerFor and NewPredictor serialise among themselves, but code that
+// builds graphs (NewStage, Forward, Grad) in several goroutines at once must
+// hold its own mutex around construction — and release it around
+// collectives such as ddp.Wrap, which wait for the other ranks. Running separate graphs concurrently is fine.
 package transformer

@@ -40,6 +40,8 @@ type Stage struct {
 	byName map[string]*gorgonia.Node
 
 	mask, pos *gorgonia.Node // constants, created on first use
+
+	hook Hook // while ForwardHooked builds: applied to every parameter use
 }
 
 // NewStage adds the learnables of layers from..to (inclusive) of cfg to g,
@@ -238,14 +240,55 @@ func copyInto(dst *tensor.Dense, src tensor.Tensor) error {
 // returns its output node (see OutputShape). in must have InputShape and the
 // model dtype. Forward may be called more than once (for instance on
 // different inputs); the calls share the learnables.
-func (s *Stage) Forward(in *gorgonia.Node) (out *gorgonia.Node, err error) {
+func (s *Stage) Forward(in *gorgonia.Node) (*gorgonia.Node, error) {
+	return s.ForwardHooked(in, nil)
+}
+
+// Hook maps a parameter node to the node a forward pass uses in its place,
+// for instance dist/ddp's DDP.Hook, which is the identity on values and
+// whose gradient op hands the parameter's gradient to the data-parallel
+// wrapper. The returned node must be in the stage's graph with the
+// parameter's shape and dtype.
+type Hook func(param *gorgonia.Node) (*gorgonia.Node, error)
+
+// ForwardHooked is Forward with every use of a parameter p replaced by
+// hook(p). hook is called immediately before each operation that consumes a
+// parameter, in the order of the forward pass, so that the node it returns
+// is created right before its consumer. gorgonia.Backpropagate visits the
+// graph in reverse creation order and creates the gradient op of hook(p)
+// once it has reached the hook node, right after the gradient of its
+// consumer: a hook whose gradient op does something with p's gradient (such
+// as DDP starting an all-reduce) therefore acts as soon as that gradient is
+// ready, during the backward pass rather than after it. Untied parameters
+// are each used once, in canonical order (ParamNames), so their gradients
+// reach the hooks in exactly the reverse order.
+//
+// A parameter used twice — the token embedding of a TiedHead model, in the
+// embedding and (transposed) in the output head — is passed to hook once per
+// use. A hook may return a new node per call (the parameter's gradient is
+// then the sum over its uses, as without hooks) or memoise and return the
+// same node for the same parameter, as DDP.Hook does (the node then
+// receives the summed gradient of both uses, and its gradient op is created
+// after the gradient of its first use, at the end of the backward pass).
+//
+// With a nil hook, or one that returns its argument, ForwardHooked is
+// Forward; with a hook that is the identity on values and gradients it
+// computes bitwise the same outputs and parameter gradients. An error from
+// hook is returned wrapped; a hook result of the wrong shape, dtype or graph
+// is an error matching ErrHook.
+func (s *Stage) ForwardHooked(in *gorgonia.Node, hook Hook) (out *gorgonia.Node, err error) {
+	if in == nil {
+		return nil, fmt.Errorf("%w: nil input", ErrShape)
+	}
 	if !in.Shape().Eq(s.InputShape()) {
 		return nil, fmt.Errorf("%w: stage [%d, %d] input is %v, want %v", ErrShape, s.from, s.to, in.Shape(), s.InputShape())
 	}
 	if in.Dtype() != s.dt {
 		return nil, fmt.Errorf("%w: input dtype %v, want %v", ErrShape, in.Dtype(), s.dt)
 	}
+	s.hook = hook
 	defer func() {
+		s.hook = nil
 		if r := recover(); r != nil {
 			be, ok := r.(buildError)
 			if !ok {
@@ -278,12 +321,30 @@ func must(n *gorgonia.Node, err error) *gorgonia.Node {
 	return n
 }
 
-func (s *Stage) p(l int, suffix string) *gorgonia.Node {
-	n := s.byName[LayerName(l)+"."+suffix]
-	if n == nil {
-		panic(buildError{fmt.Errorf("%w: no parameter %s.%s", ErrLayerRange, LayerName(l), suffix)})
+// use returns the node that stands for parameter LayerName(l)+"."+suffix at
+// this point of the forward pass: the parameter, or hook(parameter). Call it
+// immediately before the op that consumes the result.
+func (s *Stage) use(l int, suffix string) *gorgonia.Node {
+	name := LayerName(l) + "." + suffix
+	p := s.byName[name]
+	if p == nil {
+		panic(buildError{fmt.Errorf("%w: no parameter %s", ErrLayerRange, name)})
 	}
-	return n
+	if s.hook == nil {
+		return p
+	}
+	h, err := s.hook(p)
+	switch {
+	case err != nil:
+		panic(buildError{fmt.Errorf("hook of %s: %w", name, err)})
+	case h == nil:
+		panic(buildError{fmt.Errorf("%w: hook of %s returned nil", ErrHook, name)})
+	case h.Graph() != s.g:
+		panic(buildError{fmt.Errorf("%w: hook of %s returned a node of another graph", ErrHook, name)})
+	case !h.Shape().Eq(p.Shape()) || h.Dtype() != p.Dtype():
+		panic(buildError{fmt.Errorf("%w: hook of %s returned %v %v, want %v %v", ErrHook, name, h.Shape(), h.Dtype(), p.Shape(), p.Dtype())})
+	}
+	return h
 }
 
 func (s *Stage) scalar(v float64) *gorgonia.Node {
@@ -343,30 +404,37 @@ func (s *Stage) causalMask() *gorgonia.Node {
 
 // embed: one-hot [Rows, Vocab] -> [Rows, Dim].
 func (s *Stage) embed(x *gorgonia.Node) *gorgonia.Node {
-	tok := must(gorgonia.Mul(x, s.p(0, "tok_emb")))
-	pos := must(gorgonia.Mul(s.positions(), s.p(0, "pos_emb")))
+	tok := must(gorgonia.Mul(x, s.use(0, "tok_emb")))
+	pos := s.positions()
+	pos = must(gorgonia.Mul(pos, s.use(0, "pos_emb")))
 	return must(gorgonia.Add(tok, pos))
 }
 
-// layerNorm normalises each row of x [Rows, Dim] and applies gain g and
-// bias b ([Dim]).
-func (s *Stage) layerNorm(x, g, b *gorgonia.Node) *gorgonia.Node {
+// layerNorm normalises each row of x [Rows, Dim] and applies the gain and
+// bias ([Dim]) of layer l named prefix+".g" and prefix+".b".
+func (s *Stage) layerNorm(x *gorgonia.Node, l int, prefix string) *gorgonia.Node {
 	mean := must(gorgonia.Mean(x, 1))
 	xc := must(gorgonia.BroadcastSub(x, mean, nil, []byte{1}))
 	variance := must(gorgonia.Mean(must(gorgonia.Square(xc)), 1))
 	std := must(gorgonia.Sqrt(must(gorgonia.Add(variance, s.scalar(1e-5)))))
 	xn := must(gorgonia.BroadcastHadamardDiv(xc, std, nil, []byte{1}))
-	y := must(gorgonia.BroadcastHadamardProd(xn, g, nil, []byte{0}))
-	return must(gorgonia.BroadcastAdd(y, b, nil, []byte{0}))
+	y := must(gorgonia.BroadcastHadamardProd(xn, s.use(l, prefix+".g"), nil, []byte{0}))
+	return must(gorgonia.BroadcastAdd(y, s.use(l, prefix+".b"), nil, []byte{0}))
 }
 
-// linear returns x·w (+ bias broadcast over rows if b != nil).
-func (s *Stage) linear(x, w, b *gorgonia.Node) *gorgonia.Node {
-	y := must(gorgonia.Mul(x, w))
-	if b == nil {
+// linear returns x·w, w being parameter w of layer l, plus bias b broadcast
+// over rows unless b is "".
+func (s *Stage) linear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
+	return s.addBias(must(gorgonia.Mul(x, s.use(l, w))), l, b)
+}
+
+// addBias returns y plus parameter b of layer l broadcast over rows, or y if
+// b is "".
+func (s *Stage) addBias(y *gorgonia.Node, l int, b string) *gorgonia.Node {
+	if b == "" {
 		return y
 	}
-	return must(gorgonia.BroadcastAdd(y, b, nil, []byte{0}))
+	return must(gorgonia.BroadcastAdd(y, s.use(l, b), nil, []byte{0}))
 }
 
 // gelu is the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
@@ -401,36 +469,34 @@ func (s *Stage) mergeHeads(x *gorgonia.Node) *gorgonia.Node {
 // attention is causal multi-head self-attention of x [Rows, Dim].
 func (s *Stage) attention(l int, x *gorgonia.Node) *gorgonia.Node {
 	scale := 1 / math.Sqrt(float64(s.cfg.HeadDim()))
-	q := must(gorgonia.HadamardProd(s.linear(x, s.p(l, "attn.wq"), nil), s.scalar(scale)))
-	k := s.linear(x, s.p(l, "attn.wk"), nil)
-	v := s.linear(x, s.p(l, "attn.wv"), nil)
+	q := must(gorgonia.HadamardProd(s.linear(x, l, "attn.wq", ""), s.scalar(scale)))
+	k := s.linear(x, l, "attn.wk", "")
+	v := s.linear(x, l, "attn.wv", "")
 	qh, kh, vh := s.splitHeads(q), s.splitHeads(k), s.splitHeads(v)
 	scores := must(gorgonia.BatchedMatMul(qh, kh, false, true)) // [B*H, T, T]
 	scores = must(gorgonia.Add(scores, s.causalMask()))
 	probs := must(rowSoftmax(scores, false))
 	o := must(gorgonia.BatchedMatMul(probs, vh)) // [B*H, T, hd]
-	return s.linear(s.mergeHeads(o), s.p(l, "attn.wo"), s.p(l, "attn.bo"))
+	return s.linear(s.mergeHeads(o), l, "attn.wo", "attn.bo")
 }
 
 // block is one pre-LN transformer block.
 func (s *Stage) block(l int, h *gorgonia.Node) *gorgonia.Node {
-	a := s.attention(l, s.layerNorm(h, s.p(l, "ln1.g"), s.p(l, "ln1.b")))
+	a := s.attention(l, s.layerNorm(h, l, "ln1"))
 	h = must(gorgonia.Add(h, a))
-	m := s.layerNorm(h, s.p(l, "ln2.g"), s.p(l, "ln2.b"))
-	m = s.gelu(s.linear(m, s.p(l, "mlp.w1"), s.p(l, "mlp.b1")))
-	m = s.linear(m, s.p(l, "mlp.w2"), s.p(l, "mlp.b2"))
+	m := s.layerNorm(h, l, "ln2")
+	m = s.gelu(s.linear(m, l, "mlp.w1", "mlp.b1"))
+	m = s.linear(m, l, "mlp.w2", "mlp.b2")
 	return must(gorgonia.Add(h, m))
 }
 
 // head: final layer norm and projection to logits [Rows, Vocab].
 func (s *Stage) head(h *gorgonia.Node) *gorgonia.Node {
 	l := s.cfg.HeadLayer()
-	x := s.layerNorm(h, s.p(l, "ln.g"), s.p(l, "ln.b"))
-	var w *gorgonia.Node
-	if s.cfg.TiedHead {
-		w = must(gorgonia.Transpose(s.p(0, "tok_emb")))
-	} else {
-		w = s.p(l, "head.w")
+	x := s.layerNorm(h, l, "ln")
+	if !s.cfg.TiedHead {
+		return s.linear(x, l, "head.w", "head.b")
 	}
-	return s.linear(x, w, s.p(l, "head.b"))
+	w := must(gorgonia.Transpose(s.use(0, "tok_emb")))
+	return s.addBias(must(gorgonia.Mul(x, w)), l, "head.b")
 }

@@ -23,6 +23,7 @@ type trainerOptions struct {
 	clip    float64
 	solver  gorgonia.Solver
 	weights []checkpoint.Named
+	hook    Hook
 }
 
 // WithLearnRate sets the Adam learning rate (default 3e-3). Ignored with
@@ -41,6 +42,13 @@ func WithSolver(s gorgonia.Solver) TrainerOption { return func(o *trainerOptions
 func WithWeights(ts []checkpoint.Named) TrainerOption {
 	return func(o *trainerOptions) { o.weights = ts }
 }
+
+// WithHook builds the trainer's forward pass with Stage.ForwardHooked(input,
+// h): h is called immediately before every use of a parameter. For
+// data-parallel training pass dist/ddp's DDP.Hook (and the DDP's Solver
+// through WithSolver); since the DDP has to wrap the parameters before the
+// forward pass is built, create the stage first and use NewTrainerFor.
+func WithHook(h Hook) TrainerOption { return func(o *trainerOptions) { o.hook = h } }
 
 // Trainer trains a full model in one process: a graph with the whole model
 // (a Stage over all layers) for a fixed batch size, the cross-entropy loss,
@@ -66,18 +74,53 @@ type Trainer struct {
 	steps  int
 }
 
-// NewTrainer builds a trainer for cfg with batch sequences per step.
+// NewTrainer builds a trainer for cfg with batch sequences per step, in a
+// new graph.
 func NewTrainer(cfg Config, batch int, opts ...TrainerOption) (*Trainer, error) {
-	o := trainerOptions{lr: 3e-3, clip: 1}
-	for _, opt := range opts {
-		opt(&o)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	st, err := NewStage(gorgonia.NewGraph(), cfg, 0, cfg.HeadLayer(), batch)
+	if err != nil {
+		return nil, err
+	}
+	return newTrainer(st, opts)
+}
+
+// NewTrainerFor builds a trainer on st, a stage over all the layers of its
+// model (else an error matching ErrLayerRange) on which Forward has not been
+// called. It adds the input, targets, forward pass, loss and gradients to
+// st's graph and runs the whole graph at every Step. Use it when something
+// must see the parameters before the forward pass is built, as DDP does:
+//
+//	g := gorgonia.NewGraph()
+//	st, _ := transformer.NewStage(g, cfg, 0, cfg.HeadLayer(), batch)
+//	d, _ := ddp.Wrap(ctx, pg, st.Learnables()) // broadcasts rank 0's parameters
+//	tr, _ := transformer.NewTrainerFor(st,
+//		transformer.WithHook(d.Hook),
+//		transformer.WithSolver(d.Solver(gorgonia.NewAdamSolver())))
+//
+// Like NewTrainer it serialises with this package's other constructors; a
+// caller that builds graphs concurrently elsewhere must serialise with those
+// itself.
+func NewTrainerFor(st *Stage, opts ...TrainerOption) (*Trainer, error) {
+	if st == nil {
+		return nil, fmt.Errorf("%w: nil stage", ErrLayerRange)
+	}
+	if !st.IsFirst() || !st.IsLast() {
+		return nil, fmt.Errorf("%w: a trainer needs the whole model, not stage [%d, %d]", ErrLayerRange, st.From(), st.To())
 	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	g := gorgonia.NewGraph()
-	st, err := NewStage(g, cfg, 0, cfg.HeadLayer(), batch)
-	if err != nil {
-		return nil, err
+	return newTrainer(st, opts)
+}
+
+// newTrainer builds a trainer on the full-model stage st; buildMu is held.
+func newTrainer(st *Stage, opts []TrainerOption) (*Trainer, error) {
+	o := trainerOptions{lr: 3e-3, clip: 1}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	if o.weights != nil {
 		if err := st.SetWeights(o.weights); err != nil {
@@ -85,7 +128,8 @@ func NewTrainer(cfg Config, batch int, opts ...TrainerOption) (*Trainer, error) 
 		}
 	}
 	t := &Trainer{Stage: st, Input: st.NewInput("input"), Targets: st.NewTargets("targets")}
-	if t.Logits, err = st.Forward(t.Input); err != nil {
+	var err error
+	if t.Logits, err = st.ForwardHooked(t.Input, o.hook); err != nil {
 		return nil, err
 	}
 	if t.Loss, err = CrossEntropy(t.Logits, t.Targets); err != nil {
@@ -94,7 +138,7 @@ func NewTrainer(cfg Config, batch int, opts ...TrainerOption) (*Trainer, error) 
 	if _, err = gorgonia.Grad(t.Loss, st.Learnables()...); err != nil {
 		return nil, fmt.Errorf("transformer: gradients: %w", err)
 	}
-	t.vm = gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(st.Learnables()...))
+	t.vm = gorgonia.NewTapeMachine(st.Graph(), gorgonia.BindDualValues(st.Learnables()...))
 	t.solver = o.solver
 	if t.solver == nil {
 		sopts := []gorgonia.SolverOpt{gorgonia.WithLearnRate(o.lr)}

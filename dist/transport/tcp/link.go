@@ -29,11 +29,14 @@ const (
 	yieldMin = 16 << 10
 )
 
-// Pending control work that whoever holds a link's write lock performs
-// before releasing it (see peer.unlock).
+// Pending control work of a link (peer.pending). The link's control
+// goroutine performs it, or a data writer that holds the write lock anyway
+// (see peer.post).
 const (
-	pendCredit   = 1 << iota // send a Credit frame for the freed bytes
-	pendShutdown             // send nothing more: shut down the write side
+	pendCredit    = 1 << iota // send a Credit frame for the freed bytes
+	pendBlocked               // send a Blocked frame
+	pendHeartbeat             // send a Heartbeat frame
+	pendShutdown              // send nothing more: shut down the write side
 )
 
 // peer is one established link.
@@ -56,6 +59,7 @@ type peer struct {
 	bufs    net.Buffers
 	tx      atomic.Uint64 // frames written
 	pending atomic.Uint32 // pend* bits
+	ctl     chan struct{} // capacity 1: wakes the control goroutine
 
 	// send credit (this rank -> peer)
 	cmu         sync.Mutex
@@ -89,6 +93,7 @@ func newPeer(t *Transport, rank int, conn *net.TCPConn, br *frameReader, info wi
 		maxFrame: info.MaxFrame,
 		small:    make([]byte, wire.HeaderSize+smallCopy),
 		credit:   make(chan struct{}, wakeCap),
+		ctl:      make(chan struct{}, 1),
 		goneCh:   make(chan struct{}),
 		lastRxAt: time.Now(),
 	}
@@ -136,20 +141,18 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 		p.waiters++
 		p.cmu.Unlock()
 		waited = true
-		var err error
 		if notify {
-			err = p.writeControl(wire.Blocked, 0)
+			p.post(pendBlocked)
 		}
-		if err == nil {
-			select {
-			case <-p.credit:
-			case <-ctx.Done():
-				err = fmt.Errorf("dist: send to rank %d: %w", p.rank, ctx.Err())
-			case <-p.goneCh:
-				err = &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
-			case <-p.t.stop:
-				err = p.t.stateErr("send", errClosed("send"))
-			}
+		var err error
+		select {
+		case <-p.credit:
+		case <-ctx.Done():
+			err = fmt.Errorf("dist: send to rank %d: %w", p.rank, ctx.Err())
+		case <-p.goneCh:
+			err = &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
+		case <-p.t.stop:
+			err = p.t.stateErr("send", errClosed("send"))
 		}
 		p.cmu.Lock()
 		p.waiters--
@@ -182,7 +185,7 @@ func (p *peer) consumed(n int) {
 		return
 	}
 	if f := p.freed.Add(int64(n)); f >= p.t.creditAt || (f > 0 && p.peerBlocked.Load()) {
-		p.kick(pendCredit)
+		p.post(pendCredit)
 	}
 }
 
@@ -190,33 +193,41 @@ func (p *peer) consumed(n int) {
 func (p *peer) onBlocked() {
 	p.peerBlocked.Store(true)
 	if p.freed.Load() > 0 {
-		p.kick(pendCredit)
+		p.post(pendCredit)
 	}
 }
 
-// kick schedules control work. It never waits for the write lock: if another
-// goroutine holds it, that goroutine does the work before releasing it. So
-// the reader goroutine never blocks on a write, which is what keeps two
-// ranks writing large messages at each other from deadlocking.
-func (p *peer) kick(bits uint32) {
+// post schedules control work without ever waiting: the link's control
+// goroutine does it, unless a data writer holding the write lock gets there
+// first. Neither the reader nor the heartbeat monitor may block on a socket
+// write — if two ranks' readers both waited for the other to read, neither
+// would — and a Send waiting for credit must stay free to give up when its
+// context ends.
+func (p *peer) post(bits uint32) {
 	p.pending.Or(bits)
-	if p.wmu.TryLock() {
-		p.unlock()
-	}
+	signal(p.ctl)
 }
 
-// unlock performs pending control work and releases wmu. It re-checks after
-// releasing, as work may have been kicked while it held the lock.
-func (p *peer) unlock() {
+// ctlLoop is the link's control goroutine.
+func (p *peer) ctlLoop() {
+	defer p.t.wg.Done()
 	for {
-		if p.pending.Load() != 0 {
-			p.flushLocked()
-		}
-		p.wmu.Unlock()
-		if p.pending.Load() == 0 || !p.wmu.TryLock() {
+		select {
+		case <-p.ctl:
+			p.wmu.Lock()
+			p.unlock()
+		case <-p.t.stop:
 			return
 		}
 	}
+}
+
+// unlock performs pending control work and releases wmu.
+func (p *peer) unlock() {
+	if p.pending.Load() != 0 {
+		p.flushLocked()
+	}
+	p.wmu.Unlock()
 }
 
 func (p *peer) flushLocked() {
@@ -224,10 +235,23 @@ func (p *peer) flushLocked() {
 	if p.wclosed {
 		return
 	}
+	self := uint32(p.t.rank)
 	if bits&pendCredit != 0 {
 		if x := p.freed.Swap(0); x > 0 {
 			p.peerBlocked.Store(false)
-			p.writeHeaderLocked(wire.Header{Kind: wire.Credit, Src: uint32(p.t.rank), Seq: uint64(x)})
+			if p.writeHeaderLocked(wire.Header{Kind: wire.Credit, Src: self, Seq: uint64(x)}) != nil {
+				return
+			}
+		}
+	}
+	if bits&pendBlocked != 0 {
+		if p.writeHeaderLocked(wire.Header{Kind: wire.Blocked, Src: self}) != nil {
+			return
+		}
+	}
+	if bits&pendHeartbeat != 0 {
+		if p.writeHeaderLocked(wire.Header{Kind: wire.Heartbeat, Src: self}) != nil {
+			return
 		}
 	}
 	if bits&pendShutdown != 0 {
@@ -246,15 +270,6 @@ func (p *peer) writeHeaderLocked(h wire.Header) error {
 		return p.writeFailed(err)
 	}
 	return nil
-}
-
-func (p *peer) writeControl(kind wire.Kind, seq uint64) error {
-	p.wmu.Lock()
-	defer p.unlock()
-	if p.wclosed {
-		return p.closedErr()
-	}
-	return p.writeHeaderLocked(wire.Header{Kind: kind, Src: uint32(p.t.rank), Seq: seq})
 }
 
 // writeData writes one Data frame: header and payload in a single write.
@@ -307,20 +322,6 @@ func (p *peer) writeFailed(err error) error {
 		Err: fmt.Errorf("%w: %w", transport.ErrPeerLost, err)})
 }
 
-// heartbeat writes a Heartbeat unless a write is in progress (which the
-// peer sees anyway).
-func (p *peer) heartbeat(deadline time.Time) {
-	if !p.wmu.TryLock() {
-		return
-	}
-	if !p.wclosed {
-		p.conn.SetWriteDeadline(deadline)
-		p.writeHeaderLocked(wire.Header{Kind: wire.Heartbeat, Src: uint32(p.t.rank)})
-		p.conn.SetWriteDeadline(time.Time{})
-	}
-	p.unlock()
-}
-
 // goodbye sends Goodbye and shuts down the write side, waiting at most until
 // deadline for a write in progress.
 func (p *peer) goodbye(deadline time.Time) {
@@ -344,7 +345,7 @@ func (p *peer) onGoodbye() {
 	p.gone.Store(true)
 	p.goneOnce.Do(func() { close(p.goneCh) })
 	p.t.box.CloseSource(p.rank, &transport.PeerError{Rank: p.rank, Op: "recv", Err: transport.ErrPeerClosed})
-	p.kick(pendShutdown)
+	p.post(pendShutdown)
 }
 
 // readLoop reads frames from the peer until the link ends.

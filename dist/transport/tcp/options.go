@@ -136,7 +136,8 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithSocketBuffer sets the kernel send and receive buffer sizes of every
 // connection, in bytes. The default (n <= 0) leaves the kernel's
-// auto-tuning alone.
+// auto-tuning alone, which is usually best; sizes well below 64 KiB make
+// loopback TCP stall (a kernel effect that raw sockets show too).
 func WithSocketBuffer(n int) Option {
 	return func(c *config) { c.sockBuf = n }
 }

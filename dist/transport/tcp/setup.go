@@ -263,9 +263,10 @@ func (t *Transport) addPeer(l link) error {
 	t.claimed[l.rank] = true
 	t.peers[l.rank].Store(p)
 	t.linked++
-	t.wg.Add(1)
+	t.wg.Add(2)
 	t.mu.Unlock()
 	go p.readLoop()
+	go p.ctlLoop()
 	signal(t.linkCh)
 	return nil
 }

@@ -298,8 +298,7 @@ func (t *Transport) monitor() {
 					return
 				}
 				if tx := p.tx.Load(); tx == p.lastTx {
-					// Not now: the tick may have been delivered late.
-					p.heartbeat(time.Now().Add(t.cfg.hbTimeout))
+					p.post(pendHeartbeat)
 				}
 				p.lastTx = p.tx.Load()
 			}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" { // a rank started by TestSweep
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestSweep runs a small sweep of every collective with 2 and 3 OS
+// processes and checks the table: every size present, nothing wrong.
+func TestSweep(t *testing.T) {
+	args := []string{"-np", "2,3", "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1"}
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	require.Zero(t, code, "stderr:\n%s", errb.String())
+	t.Log("\n" + out.String())
+	rows := map[string]int{}
+	op := ""
+	for _, l := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 2 && f[0] == "#":
+			op = f[1]
+		case len(f) == 11 && !strings.HasPrefix(l, "#"):
+			rows[op]++
+			wrong, err := strconv.Atoi(f[8])
+			require.NoError(t, err, l)
+			assert.Zero(t, wrong, "%s: %s", op, l)
+		}
+	}
+	// Sizes 8, 64, 512, 4096, 32768 for each of 2 world sizes (all_gather
+	// and reduce_scatter skip 8 B with 3 ranks: less than one element each).
+	assert.Equal(t, 10, rows["all_reduce"])
+	assert.Equal(t, 10, rows["broadcast"])
+	assert.Equal(t, 9, rows["all_gather"])
+	assert.Equal(t, 9, rows["reduce_scatter"])
+	assert.Contains(t, out.String(), "raw TCP baseline")
+}
+
+func TestCountWrong(t *testing.T) {
+	const n, me = 3, 1
+	dst := make([]float32, 6)
+	for i := range dst {
+		for r := range n {
+			dst[i] += input(r, i)
+		}
+	}
+	assert.Zero(t, countWrong("all_reduce", n, me, dst))
+	dst[4]++
+	assert.Equal(t, 1, countWrong("all_reduce", n, me, dst))
+	rs := make([]float32, 2)
+	for i := range rs {
+		for r := range n {
+			rs[i] += input(r, me*2+i)
+		}
+	}
+	assert.Zero(t, countWrong("reduce_scatter", n, me, rs))
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags(flag.NewFlagSet("x", flag.ContinueOnError), []string{"-b", "1K", "-e", "2M", "-ops", "broadcast", "-np", "4"})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1024), o.minBytes)
+	assert.Equal(t, int64(2<<20), o.maxBytes)
+	assert.Equal(t, []string{"broadcast"}, o.ops)
+	assert.Equal(t, []int{4}, o.nps)
+	for _, bad := range [][]string{{"-ops", "gather"}, {"-np", "0"}, {"-b", "2K", "-e", "1K"}, {"-f", "1"}, {"-b", "x"}} {
+		_, err := parseFlags(flag.NewFlagSet("x", flag.ContinueOnError), bad)
+		assert.Error(t, err, "%v", bad)
+	}
+}
