@@ -96,7 +96,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.oWarmup, "overlap-warmup", 3, "overlap: untimed steps first")
 	fs.IntVar(&o.oReps, "overlap-reps", 3, "overlap: runs per configuration (interleaved; the fastest is reported)")
 	fs.IntVar(&o.oBatch, "overlap-batch", 32, "overlap: batch per rank")
-	fs.IntVar(&o.oProcs, "overlap-procs", 0, "overlap: GOMAXPROCS of every rank (0: the value of -procs)")
+	fs.IntVar(&o.oProcs, "overlap-procs", 2, "overlap: GOMAXPROCS of every rank (with 1, communication goroutines wait for the P the backward pass holds)")
 	fs.IntVar(&o.layers, "layers", 8, "overlap: layers of the deep model")
 	fs.IntVar(&o.width, "width", 1024, "overlap: width of every layer")
 	fs.Float64Var(&o.link, "link", 400, "overlap: bandwidth of each rank's outgoing link in MB/s (1 MB = 1e6 bytes; 0: unlimited)")
@@ -107,11 +107,8 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.procs < 1 || o.steps < 1 || o.reps < 1 || o.oSteps < 1 || o.oReps < 1 || o.layers < 1 || o.width < 1 || o.link < 0 {
-		return errors.New("-procs, -steps, -reps, -overlap-steps, -overlap-reps, -layers and -width must be positive and -link not negative")
-	}
-	if o.oProcs == 0 {
-		o.oProcs = o.procs
+	if o.procs < 1 || o.oProcs < 1 || o.steps < 1 || o.reps < 1 || o.oSteps < 1 || o.oReps < 1 || o.layers < 1 || o.width < 1 || o.link < 0 {
+		return errors.New("-procs, -overlap-procs, -steps, -reps, -overlap-steps, -overlap-reps, -layers and -width must be positive and -link not negative")
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()

@@ -139,11 +139,13 @@ func (l *Local) Close() error {
 func (l *Local) Kill() {
 	l.once.Do(func() {
 		l.closed.Store(true)
-		l.hub.boxes[l.rank].Fail(ErrClosed)
+		// Fail the survivors first, so that a send racing with the kill sees
+		// ErrPeerLost rather than this rank's own ErrClosed.
 		for i, b := range l.hub.boxes {
 			if i != l.rank {
 				b.Fail(&PeerError{Rank: l.rank, Op: "recv", Err: ErrPeerLost})
 			}
 		}
+		l.hub.boxes[l.rank].Fail(ErrClosed)
 	})
 }

@@ -36,7 +36,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the initial weights and of the batches (rank r samples with stream r)")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", 100, "validate every this many steps")
 	fs.IntVar(&cfg.EvalWindows, "eval-windows", 64, "validation windows (of ctx+1 characters) spread over the held-out tail")
-	bucketKB := fs.Int("bucket-kb", 64, "DDP: gradient bucket size cap in KiB (0: package ddp's defaults, one bucket for this model)")
+	bucketKB := fs.Int("bucket-kb", 256, "DDP: gradient bucket size cap in KiB; buckets all-reduce during backprop (0: package ddp's defaults, one bucket for the default model)")
 	valFrac := fs.Float64("val-frac", 0.1, "fraction of the text, at its end, held out for validation")
 	fs.IntVar(&def.Ctx, "ctx", def.Ctx, "model: context length (characters)")
 	fs.IntVar(&def.Dim, "dim", def.Dim, "model: embedding width")
@@ -155,17 +155,19 @@ Flags:
 	return nil
 }
 
-// ddpSummary describes rank 0's gradient all-reduces: per step, the time
-// they ran and how much of it backprop did not hide.
+// ddpSummary describes rank 0's gradient all-reduces per step: how long
+// they were in flight (from launch, mid-backprop, to completion, which
+// includes waiting for slower ranks to get there) and how long the step
+// waited for them after backprop (exposed).
 func ddpSummary(res *trainResult) string {
 	st, n := res.DDP, float64(max(res.Steps, 1))
 	ms := func(d time.Duration) float64 { return d.Seconds() * 1e3 / n }
 	hidden := 0.0
 	if st.Comm > 0 {
-		hidden = 100 * float64(st.Comm-st.Exposed) / float64(st.Comm)
+		hidden = max(0, 100*float64(st.Comm-st.Exposed)/float64(st.Comm))
 	}
-	return fmt.Sprintf("train: DDP per step: forward+backward %.2f ms, %.1f all-reduce(s) of %.0f KB in all taking %.2f ms, %.2f ms of it exposed (%.0f%% overlapped with backprop)",
-		ms(st.Compute), float64(st.Buckets)/n, float64(st.Bytes)/n/1e3, ms(st.Comm), ms(st.Exposed), max(hidden, 0))
+	return fmt.Sprintf("train: DDP per step: forward+backward %.1f ms; %.0f all-reduce(s) of %.0f KB in all, in flight %.1f ms (%.0f%% during backprop), %.1f ms exposed after it",
+		ms(st.Compute), float64(st.Buckets)/n, float64(st.Bytes)/n/1e3, ms(st.Comm), hidden, ms(st.Exposed))
 }
 
 // stopRule describes when training stops.

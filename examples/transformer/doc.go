@@ -30,11 +30,16 @@
 // Under gdistrun -n N each rank samples its own batches (seeded by -seed
 // and its rank), and package ddp averages the gradients before every Adam
 // step, so the ranks stay identical (checked at the end) and a step trains
-// on N·batch windows. transformer.Trainer builds the forward pass itself, so
-// the DDP hooks sit in a small relay graph rather than at the parameters'
-// points of use (see ddpRelay): the all-reduces run after the backward pass
-// instead of overlapping it. The ranks agree every step, through the
-// all-reduce that averages the logged loss, on whether to stop.
+// on N·batch windows. The DDP wraps the model's parameters before the
+// forward pass is built (transformer.NewStage, ddp.Wrap, then
+// transformer.NewTrainerFor with WithHook(d.Hook)), so every use of a
+// parameter goes through its DDP hook and each gradient bucket (-bucket-kb,
+// 256 KiB: two for the default model) is all-reduced as soon as backprop has
+// produced it, overlapping the rest of the backward pass. At the end rank 0
+// prints how long the all-reduces were in flight per step and how much of
+// that the step still waited for after backprop. The ranks agree every
+// step, through the all-reduce that averages the logged loss, on whether to
+// stop.
 //
 // # generate
 //
@@ -44,10 +49,11 @@
 // transformer.Predictor with transformer.Generate. Under gdistrun -n N it is
 // an N-stage pipeline (package pipeline): the model's layers (0 embedding,
 // 1..L blocks, L+1 head) are split into N contiguous stages (-split sets the
-// first layer of stages 1..N-1; the default splits evenly), rank r loads
-// only its stage's tensors (transformer.LoadLayers) and runs them, hidden
-// states flow rank 0 -> 1 -> ... -> N-1, and the last rank samples each
-// token and sends it back to rank 0 for the next step. The text is
+// first layer of stages 1..N-1; the default splits evenly), rank r reads
+// the checkpoint header (transformer.LoadConfig), then only its stage's
+// tensors (transformer.LoadLayers), and runs them; hidden states flow rank
+// 0 -> 1 -> ... -> N-1, and the last rank samples each token and sends it
+// back to rank 0 for the next step. The text is
 // identical to the one-process text for the same checkpoint, prompt and
 // seed (the tests check it for 2 and 3 stages in one process and for 2 OS
 // processes over TCP). A model with a tied head (embedding and head sharing

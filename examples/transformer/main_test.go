@@ -239,6 +239,56 @@ func TestTrainDDP(t *testing.T) {
 	assert.Less(t, own[0].Curve[len(own[0].Curve)-1].Val, own[0].Curve[0].Val-0.5)
 }
 
+// TestTrainDDPGlobalBatch trains on two in-process ranks, each on its own
+// batches, with DDP hooks at every parameter use and small buckets (so
+// several all-reduces start during backprop): the ranks end bitwise
+// identical, and equal to one process trained on the concatenation of the
+// two ranks' batches up to float32 rounding.
+func TestTrainDDPGlobalBatch(t *testing.T) {
+	c := testCorpus(t)
+	cfg := tinyTrainConfig(c)
+	cfg.Steps = 10
+	cfg.BucketCap = 2 << 10
+	two := onRanks(t, 2, func(ctx context.Context, pg *dist.ProcessGroup) (*trainResult, error) {
+		return train(ctx, pg, c, cfg, trainHooks{})
+	})
+	assert.Equal(t, two[0].Check, two[1].Check, "ranks identical")
+	require.Equal(t, len(two[0].Weights), len(two[1].Weights))
+	for i := range two[0].Weights {
+		require.Equal(t, two[0].Weights[i].Tensor.Data(), two[1].Weights[i].Tensor.Data(), two[0].Weights[i].Name)
+	}
+	buckets := two[0].DDP.Buckets / cfg.Steps
+	assert.Greater(t, buckets, 2, "several buckets")
+	assert.Equal(t, cfg.Steps*buckets, two[0].DDP.Buckets)
+	t.Logf("DDP: %d buckets; per step: compute %v, all-reduces in flight %v, exposed %v", buckets,
+		two[0].DDP.Compute/time.Duration(cfg.Steps), two[0].DDP.Comm/time.Duration(cfg.Steps), two[0].DDP.Exposed/time.Duration(cfg.Steps))
+
+	global := cfg
+	global.Batch *= 2
+	global.Shards = 2
+	one := onRanks(t, 1, func(ctx context.Context, pg *dist.ProcessGroup) (*trainResult, error) {
+		return train(ctx, pg, c, global, trainHooks{})
+	})[0]
+	worst := 0.0
+	for i, w := range one.Weights {
+		got, want := two[0].Weights[i].Tensor.Data().([]float32), w.Tensor.Data().([]float32)
+		require.Equal(t, w.Name, two[0].Weights[i].Name)
+		var diff, norm float64
+		for k := range want {
+			d := float64(got[k]) - float64(want[k])
+			diff += d * d
+			norm += float64(want[k]) * float64(want[k])
+		}
+		rel := math.Sqrt(diff / max(norm, 1e-30))
+		worst = max(worst, rel)
+		assert.LessOrEqual(t, rel, 1e-5, "%s: relative difference to one process on the global batch", w.Name)
+	}
+	for i := range one.Losses {
+		assert.InEpsilon(t, one.Losses[i], two[0].Losses[i], 1e-5, "step %d loss", i+1)
+	}
+	t.Logf("largest relative difference of a parameter tensor to one process on the global batch: %.2g", worst)
+}
+
 // TestTrainStopsTogether cancels one rank's context: both ranks stop at the
 // same step, with the result marked interrupted, instead of hanging.
 func TestTrainStopsTogether(t *testing.T) {
@@ -409,7 +459,7 @@ func TestRunErrors(t *testing.T) {
 
 	for _, args := range [][]string{
 		nil, {"fly"}, {"train", "-nope"}, {"train", "extra"}, {"train", "-steps", "0", "-duration", "0"},
-		{"train", "-out", ""}, {"generate", "-split", "a"}, {"generate", "-n", "-1"}, {"generate", "x"},
+		{"train", "-out", ""}, {"train", "-bucket-kb", "-1"}, {"generate", "-split", "a"}, {"generate", "-n", "-1"}, {"generate", "x"},
 	} {
 		stdout.Reset()
 		stderr.Reset()
