@@ -543,13 +543,17 @@ func (c *call) backward(mb int) error {
 	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb), s.x.grad.Data()); err != nil {
 		return err
 	}
-	if err := p.timed(Backward, mb, func() error { return p.resume(s, true) }); err != nil {
-		return err
-	}
-	if s != p.train[0] {
-		if err := p.mergeGrads(s); err != nil {
+	err = p.timed(Backward, mb, func() error {
+		if err := p.resume(s, true); err != nil {
 			return err
 		}
+		if s != p.train[0] {
+			return p.mergeGrads(s)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if !p.IsFirst() {
 		c.snd.send(p.prev, p.tag(kindBwd, mb), p.pool.clone(data(s.dInVal)))

@@ -30,9 +30,11 @@
 // Flow control is credit based: a sender never has more unacknowledged bytes
 // outstanding than the receiver's queue limit, so a full queue makes Send
 // wait — under its context, without writing anything — instead of stalling
-// the connection. The reader therefore never blocks, and heartbeats and
-// goodbyes always get through. The wire format is in
-// internal/wire/spec.md.
+// the connection. The reader therefore never waits for queue space, and it
+// never writes either (credits and heartbeats go out through a small
+// per-link control goroutine), so it always keeps reading: heartbeats and
+// goodbyes get through, and two ranks streaming at each other cannot
+// deadlock. The wire format is in internal/wire/spec.md.
 //
 // # Failure
 //

@@ -20,7 +20,8 @@ const closeLinger = 5 * time.Second
 
 // Transport is a full-mesh TCP transport: one authenticated connection per
 // pair of ranks, a reader goroutine per peer and credit-based flow control
-// (see the package documentation). Create it with New or Rendezvous.
+// (see the package documentation). Create it with New or Rendezvous. It is
+// safe for concurrent use.
 type Transport struct {
 	rank, world int
 	cfg         config
@@ -98,9 +99,12 @@ func (t *Transport) Addr() net.Addr {
 
 // Send implements transport.Transport. It waits, under ctx, until the
 // receiver has queue space for p (flow control), then writes the frame; it
-// returns once p is written to the socket, so p may be reused. A message
-// longer than the receiver's maximum frame is refused with an error matching
-// transport.ErrFrameTooLarge.
+// returns once p is written to the socket, so p may be reused and is not
+// retained. The write itself is not interrupted by ctx (that would leave
+// half a frame on the wire): the receiver always drains its socket, so it
+// finishes promptly unless the peer is lost, which the heartbeat timeout
+// bounds. A message longer than the receiver's maximum frame is refused with
+// an error matching transport.ErrFrameTooLarge.
 func (t *Transport) Send(ctx context.Context, to int, tag uint32, meta transport.Meta, p []byte) error {
 	if t.closing.Load() {
 		return errClosed("send")
