@@ -106,10 +106,16 @@ func (c *opCtx) Err() error {
 	}
 }
 func (c *opCtx) Value(key any) any {
-	if c.parent == nil {
+	// Contexts derived from this one may ask after the collective ended, from
+	// the context package's goroutine, while exec resets parent: read it under
+	// the group's lock.
+	c.g.mu.Lock()
+	parent := c.parent
+	c.g.mu.Unlock()
+	if parent == nil {
 		return nil
 	}
-	return c.parent.Value(key)
+	return parent.Value(key)
 }
 
 // New returns the ProcessGroup of t's rank. On success the group owns t and

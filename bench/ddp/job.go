@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"sync"
 	"time"
 
@@ -35,6 +36,8 @@ type job struct {
 	LinkMBps       float64 `json:"link_mbps"`        // outgoing bandwidth per rank in MB/s; 0: unlimited
 	Raw            bool    `json:"raw"`              // also measure the raw-socket baseline (TCP, 2 ranks)
 	CPUProfile     string  `json:"cpu_profile"`      // write a CPU profile of the timed steps here
+	SocketBuffer   int     `json:"socket_buffer"`    // tcp.WithSocketBuffer; 0: kernel auto-tuning
+	Trace          string  `json:"trace"`            // write an execution trace of the timed steps here
 }
 
 // outcome is what one rank measured.
@@ -60,6 +63,8 @@ func (o outcome) perStep(sec float64) float64 { return 1e3 * sec / float64(max(o
 
 // graphMu serialises Gorgonia graph construction.
 var graphMu sync.Mutex
+
+var tl *recorder
 
 // runJob builds the job's model on pg, trains it on synthetic data for
 // Warmup+Steps steps and reports the timed steps.
@@ -190,6 +195,24 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 				}
 				stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
 			}
+			if j.Trace != "" {
+				f, err := os.Create(j.Trace)
+				if err != nil {
+					return o, err
+				}
+				if err := trace.Start(f); err != nil {
+					f.Close()
+					return o, err
+				}
+				prev := stopProfile
+				stopProfile = func() {
+					trace.Stop()
+					f.Close()
+					if prev != nil {
+						prev()
+					}
+				}
+			}
 			start, cpu0 = time.Now(), cpuTime()
 		}
 		if err := ctx.Err(); err != nil {
@@ -198,6 +221,10 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 		copy(xs, bx[i%nb])
 		copy(ys, by[i%nb])
 		t0 := time.Now()
+		if tl != nil && i >= j.Warmup {
+			tl.mu.Lock(); tl.on = true; tl.mu.Unlock()
+			tl.mark("step")
+		}
 		if err := vm.RunAll(); err != nil {
 			if d != nil && d.Err() != nil {
 				return o, d.Err()
@@ -205,8 +232,16 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 			return o, err
 		}
 		runAll := time.Since(t0)
+		if tl != nil && i >= j.Warmup {
+			tl.mark("runall")
+		}
 		if err := solver.Step(gorgonia.NodesToValueGrads(params)); err != nil {
 			return o, err
+		}
+		if tl != nil && i >= j.Warmup {
+			tl.mark("stepped")
+			tl.mu.Lock(); tl.on = false; tl.mu.Unlock()
+			tl.dump(t0)
 		}
 		vm.Reset()
 		if i < j.Warmup {

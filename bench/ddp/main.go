@@ -76,6 +76,7 @@ type options struct {
 	layers, width          int
 	link                   float64 // MB/s
 	oBucket                int
+	sockBuf                int
 }
 
 func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -100,6 +101,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.layers, "layers", 8, "overlap: layers of the deep model")
 	fs.IntVar(&o.width, "width", 1024, "overlap: width of every layer")
 	fs.Float64Var(&o.link, "link", 400, "overlap: bandwidth of each rank's outgoing link in MB/s (1 MB = 1e6 bytes; 0: unlimited)")
+	fs.IntVar(&o.sockBuf, "socket-buffer", 0, "kernel socket buffer size of the ranks' TCP connections in bytes (0: the kernel's auto-tuning)")
 	fs.IntVar(&o.oBucket, "overlap-bucket-cap", 0, "overlap: DDP bucket cap in bytes (0: one layer per bucket)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -199,7 +201,7 @@ func bestAndMedian(runs []run, batch int) (best, med run) {
 // scaling is part (a): the MNIST MLP at world sizes 1 and 2.
 func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	base := job{Sizes: []int{784, 256, 128, 10}, Batch: o.batch, Steps: o.steps, Warmup: o.warmup,
-		Compress: o.compress, BucketCap: o.bucket}
+		Compress: o.compress, BucketCap: o.bucket, SocketBuffer: o.sockBuf}
 	type cfg struct {
 		label string
 		world int
@@ -291,7 +293,7 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		bucket = 4 * (o.width*o.width + o.width) // one layer (weights and bias) per bucket
 	}
 	base := job{Sizes: sizes, Batch: o.oBatch, Steps: o.oSteps, Warmup: o.oWarmup, BucketCap: bucket, FirstBucketCap: bucket,
-		LinkMBps: o.link}
+		LinkMBps: o.link, SocketBuffer: o.sockBuf}
 	on, off, upfront := base, base, base
 	on.Name = "overlap-on"
 	off.Name, off.NoOverlap = "overlap-off", true
@@ -379,6 +381,9 @@ func launch(ctx context.Context, world, procs int, j job, stderr io.Writer) (run
 		jr := j
 		if jr.CPUProfile != "" {
 			jr.CPUProfile = fmt.Sprintf("%s-rank%d.pprof", j.CPUProfile, r)
+			if o := os.Getenv("GDIST_BENCH_TRACE"); o == "1" {
+				jr.Trace = fmt.Sprintf("%s-rank%d.trace", j.CPUProfile, r)
+			}
 		}
 		spec, err := json.Marshal(jr)
 		if err != nil {
@@ -489,7 +494,7 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 	} else {
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		tt, err := tcp.Rendezvous(jctx, rank, world, net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")),
-			tcp.WithToken([]byte(os.Getenv("GDIST_TOKEN"))))
+			tcp.WithToken([]byte(os.Getenv("GDIST_TOKEN"))), tcp.WithSocketBuffer(j.SocketBuffer))
 		cancel()
 		if err != nil {
 			return err
@@ -503,6 +508,10 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 			return err
 		}
 		t = lt
+	}
+	if os.Getenv("GDIST_BENCH_TIMELINE") == "1" && rank == 0 {
+		tl = &recorder{Transport: t}
+		t = tl
 	}
 	pg, err := dist.New(t)
 	if err != nil {

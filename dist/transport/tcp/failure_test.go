@@ -542,3 +542,35 @@ func TestKilledPeer(t *testing.T) {
 	var exit *exec.ExitError
 	require.True(t, errors.As(cmd.Wait(), &exit))
 }
+
+// TestLostPeerNamedBySurvivors kills one rank of four while every survivor
+// waits on another survivor: each survivor must fail, and name the rank that
+// died, not a survivor that noticed first.
+func TestLostPeerNamedBySurvivors(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		ts := mesh(t, 4)
+		errs := make(chan error, 3)
+		for r := 0; r < 3; r++ {
+			go func(r int) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_, err := ts[r].Recv(ctx, (r+1)%3, 1)
+				errs <- err
+			}(r)
+		}
+		time.Sleep(20 * time.Millisecond)
+		ts[3].Kill()
+		for range 3 {
+			err := <-errs
+			var pe *transport.PeerError
+			require.ErrorAs(t, err, &pe)
+			require.Equal(t, 3, pe.Rank, "survivor named the wrong rank: %v", err)
+			require.ErrorIs(t, err, transport.ErrPeerLost)
+		}
+		for _, tr := range ts {
+			start := time.Now()
+			require.NoError(t, tr.Close())
+			require.Less(t, time.Since(start), time.Second, "Close after a lost peer must not linger")
+		}
+	}
+}

@@ -153,6 +153,8 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 			err = &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
 		case <-p.t.stop:
 			err = p.t.stateErr("send", errClosed("send"))
+		case <-p.t.box.Done(): // the transport failed
+			err = p.t.stateErr("send", errClosed("send"))
 		}
 		p.cmu.Lock()
 		p.waiters--

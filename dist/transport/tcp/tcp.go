@@ -214,7 +214,7 @@ func (t *Transport) shutdown(graceful bool) {
 		if p == nil {
 			continue
 		}
-		if graceful && !t.failed.Load() {
+		if graceful && !(t.failed.Load() && r == t.failErr.Rank) {
 			p.goodbye(deadline)
 			p.conn.SetReadDeadline(deadline)
 		} else {
@@ -237,8 +237,12 @@ func (t *Transport) stopNow() {
 }
 
 // fail records that peer rank was lost and fails the whole transport: every
-// pending and later call returns a *transport.PeerError naming rank, and all
-// connections are dropped so that the other ranks notice too.
+// pending and later call returns a *transport.PeerError naming rank.
+//
+// The links to the other peers are left open (until Close, which says
+// goodbye on them): every survivor detects the lost rank on its own link to
+// it, so each names the rank that really failed rather than a survivor that
+// dropped its connections first.
 func (t *Transport) fail(rank int, cause error) {
 	t.mu.Lock()
 	if t.closing.Load() || t.failed.Load() {
@@ -250,11 +254,11 @@ func (t *Transport) fail(rank int, cause error) {
 	t.mu.Unlock()
 	t.log.Error("tcp: peer lost; failing the transport", "peer", rank, "err", cause)
 	t.box.Fail(t.failErr)
-	t.stopNow()
-	for r := range t.peers {
-		if p := t.peers[r].Load(); p != nil {
-			p.conn.Close()
-		}
+	// The control goroutines and the heartbeat monitor keep running until
+	// Close, so that the links to the survivors stay healthy and Close can
+	// say goodbye on them.
+	if p := t.peers[rank].Load(); p != nil {
+		p.conn.Close()
 	}
 }
 
