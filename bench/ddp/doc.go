@@ -22,13 +22,16 @@
 // way), against which the DDP's all-reduce time is given as a ratio.
 //
 // Part (b), overlap: a deep model (-layers layers of -width x -width, one
-// layer per bucket) on a slow link, simulated by a bandwidth limiter around
-// the TCP transport (a token bucket on each rank's outgoing sends, -link
-// MB/s), with overlap on (hooks at the point of use), off
-// (ddp.WithOverlap(false)) and with all hooks created up front (ddp.Hooked),
-// which trains identically but cannot overlap. It prints communication and
-// exposed communication per step and the ratio of exposed time with overlap
-// on and off.
+// layer per bucket, batch 128 per rank) on a slow link, simulated by a
+// bandwidth limiter around the TCP transport (a token bucket on each rank's
+// outgoing sends; one table per -link speed, 400 and 1000 MB/s by default),
+// with overlap on (hooks at the point of use), off (ddp.WithOverlap(false))
+// and with all hooks created up front (ddp.Hooked), which trains identically
+// but cannot overlap. It prints communication and exposed communication per
+// step and the ratio of exposed time with overlap on and off. These ranks
+// run with GOMAXPROCS=2 (-overlap-procs): with one P, the goroutines that
+// move a bucket (the group's worker, the TCP reader, timers) only run when
+// the backward pass's goroutine is preempted, and communication crawls.
 //
 // On a machine with few cores, two ranks with GOMAXPROCS=1 use two of them;
 // other load on the machine shows as a cpu % well below 100 and makes the

@@ -64,8 +64,6 @@ func (o outcome) perStep(sec float64) float64 { return 1e3 * sec / float64(max(o
 // graphMu serialises Gorgonia graph construction.
 var graphMu sync.Mutex
 
-var tl *recorder
-
 // runJob builds the job's model on pg, trains it on synthetic data for
 // Warmup+Steps steps and reports the timed steps.
 func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) {
@@ -221,10 +219,6 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 		copy(xs, bx[i%nb])
 		copy(ys, by[i%nb])
 		t0 := time.Now()
-		if tl != nil && i >= j.Warmup {
-			tl.mu.Lock(); tl.on = true; tl.mu.Unlock()
-			tl.mark("step")
-		}
 		if err := vm.RunAll(); err != nil {
 			if d != nil && d.Err() != nil {
 				return o, d.Err()
@@ -232,16 +226,8 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 			return o, err
 		}
 		runAll := time.Since(t0)
-		if tl != nil && i >= j.Warmup {
-			tl.mark("runall")
-		}
 		if err := solver.Step(gorgonia.NodesToValueGrads(params)); err != nil {
 			return o, err
-		}
-		if tl != nil && i >= j.Warmup {
-			tl.mark("stepped")
-			tl.mu.Lock(); tl.on = false; tl.mu.Unlock()
-			tl.dump(t0)
 		}
 		vm.Reset()
 		if i < j.Warmup {

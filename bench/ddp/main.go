@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
 )
@@ -74,7 +75,7 @@ type options struct {
 	oBatch                 int
 	oProcs                 int
 	layers, width          int
-	link                   float64 // MB/s
+	links                  []float64 // MB/s
 	oBucket                int
 	sockBuf                int
 }
@@ -84,23 +85,23 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("bench/ddp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.part, "part", "all", "what to run: scaling, overlap or all")
-	fs.IntVar(&o.procs, "procs", 1, "GOMAXPROCS of every rank")
+	fs.IntVar(&o.procs, "procs", 1, "scaling: GOMAXPROCS of every rank")
 	fs.DurationVar(&o.timeout, "timeout", 15*time.Minute, "give up after this long")
-	fs.StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of every rank's timed steps into this directory")
+	fs.StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of every rank's timed steps into this directory (and, with GDIST_BENCH_TRACE=1 in the environment, an execution trace)")
 	fs.IntVar(&o.steps, "steps", 150, "scaling: timed steps per run")
 	fs.IntVar(&o.warmup, "warmup", 20, "scaling: untimed steps first")
 	fs.IntVar(&o.reps, "reps", 5, "scaling: runs per configuration (interleaved; the fastest and the median are reported)")
 	fs.IntVar(&o.batch, "batch", 64, "scaling: batch per rank")
 	fs.StringVar(&o.compress, "compress", "", "scaling: DDP gradient compression, f16 or bf16")
-	fs.IntVar(&o.bucket, "bucket-cap", 0, "scaling: DDP bucket cap in bytes (0: default, 25 MiB with a 1 MiB first bucket)")
-	fs.IntVar(&o.oSteps, "overlap-steps", 10, "overlap: timed steps per run")
-	fs.IntVar(&o.oWarmup, "overlap-warmup", 3, "overlap: untimed steps first")
+	fs.IntVar(&o.bucket, "bucket-cap", 0, "scaling: DDP bucket cap in bytes (0: default, 25 MiB with a 1 MiB first bucket; the first bucket is capped at min(this, 1 MiB))")
+	fs.IntVar(&o.oSteps, "overlap-steps", 6, "overlap: timed steps per run")
+	fs.IntVar(&o.oWarmup, "overlap-warmup", 2, "overlap: untimed steps first")
 	fs.IntVar(&o.oReps, "overlap-reps", 3, "overlap: runs per configuration (interleaved; the fastest is reported)")
-	fs.IntVar(&o.oBatch, "overlap-batch", 32, "overlap: batch per rank")
+	fs.IntVar(&o.oBatch, "overlap-batch", 128, "overlap: batch per rank")
 	fs.IntVar(&o.oProcs, "overlap-procs", 2, "overlap: GOMAXPROCS of every rank (with 1, communication goroutines wait for the P the backward pass holds)")
 	fs.IntVar(&o.layers, "layers", 8, "overlap: layers of the deep model")
 	fs.IntVar(&o.width, "width", 1024, "overlap: width of every layer")
-	fs.Float64Var(&o.link, "link", 400, "overlap: bandwidth of each rank's outgoing link in MB/s (1 MB = 1e6 bytes; 0: unlimited)")
+	linkList := fs.String("link", "400,1000", "overlap: comma-separated bandwidths of each rank's outgoing link in MB/s, one table each (1 MB = 1e6 bytes; 0: unlimited)")
 	fs.IntVar(&o.sockBuf, "socket-buffer", 0, "kernel socket buffer size of the ranks' TCP connections in bytes (0: the kernel's auto-tuning)")
 	fs.IntVar(&o.oBucket, "overlap-bucket-cap", 0, "overlap: DDP bucket cap in bytes (0: one layer per bucket)")
 	if err := fs.Parse(args); err != nil {
@@ -109,8 +110,15 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.procs < 1 || o.oProcs < 1 || o.steps < 1 || o.reps < 1 || o.oSteps < 1 || o.oReps < 1 || o.layers < 1 || o.width < 1 || o.link < 0 {
-		return errors.New("-procs, -overlap-procs, -steps, -reps, -overlap-steps, -overlap-reps, -layers and -width must be positive and -link not negative")
+	for _, f := range strings.Split(*linkList, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v < 0 {
+			return fmt.Errorf("-link %q: want comma-separated MB/s values >= 0", *linkList)
+		}
+		o.links = append(o.links, v)
+	}
+	if o.procs < 1 || o.oProcs < 1 || o.steps < 1 || o.reps < 1 || o.oSteps < 1 || o.oReps < 1 || o.layers < 1 || o.width < 1 {
+		return errors.New("-procs, -overlap-procs, -steps, -reps, -overlap-steps, -overlap-reps, -layers and -width must be positive")
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
@@ -119,13 +127,13 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	}
-	fmt.Fprintf(stdout, "bench/ddp: %s/%s, %d CPUs, %s; ranks are processes over loopback TCP, GOMAXPROCS=%d each\n",
-		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), o.procs)
 	switch o.part {
 	case "all", "scaling", "overlap":
 	default:
 		return fmt.Errorf("-part %q: want scaling, overlap or all", o.part)
 	}
+	fmt.Fprintf(stdout, "bench/ddp: %s/%s, %d CPUs, %s; ranks are separate processes over loopback TCP; load average %s\n",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), loadAvg())
 	if o.part != "overlap" {
 		if err := scaling(ctx, o, stdout, stderr); err != nil {
 			return err
@@ -136,7 +144,21 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	}
+	fmt.Fprintf(stdout, "\nload average at the end: %s\n", loadAvg())
 	return nil
+}
+
+// loadAvg returns the system's load averages (Linux), or "unknown".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // run is one configuration's result: every rank's outcome.
@@ -202,6 +224,9 @@ func bestAndMedian(runs []run, batch int) (best, med run) {
 func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	base := job{Sizes: []int{784, 256, 128, 10}, Batch: o.batch, Steps: o.steps, Warmup: o.warmup,
 		Compress: o.compress, BucketCap: o.bucket, SocketBuffer: o.sockBuf}
+	if o.bucket > 0 { // as the mnist example does: the first bucket is no larger
+		base.FirstBucketCap = min(o.bucket, ddp.DefaultFirstBucketCap)
+	}
 	type cfg struct {
 		label string
 		world int
@@ -232,9 +257,10 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if comp == "" {
 		comp = "float32"
 	}
-	fmt.Fprintf(stdout, "\n(a) Scaling: MNIST MLP 784-256-128-10 (%d parameters), batch %d per rank, synthetic data, gradients all-reduced as %s;\n",
+	fmt.Fprintf(stdout, "\n(a) Scaling: MNIST MLP 784-256-128-10 (%d parameters), batch %d per rank, synthetic data, gradients all-reduced as %s,\n",
 		runs[0][0][0].Params, o.batch, comp)
-	fmt.Fprintf(stdout, "    %d timed steps after %d warm-up, %d interleaved runs per configuration; times per step of the fastest run, means over ranks\n\n",
+	fmt.Fprintf(stdout, "    GOMAXPROCS=%d per rank;", o.procs)
+	fmt.Fprintf(stdout, " %d timed steps after %d warm-up, %d interleaved runs per configuration; times per step of the fastest run, means over ranks\n\n",
 		o.steps, o.warmup, o.reps)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "configuration\tranks\tbuckets\tbest samples/s\tmedian\tstep ms\tcompute ms\tcomm ms\texposed ms\tcpu %\tall runs (samples/s)\t")
@@ -282,7 +308,8 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// overlap is part (b): a deep model on a slow link, overlap on and off.
+// overlap is part (b): a deep model on a slow link, overlap on and off,
+// for every link speed of -link.
 func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	sizes := make([]int, o.layers+1)
 	for i := range sizes {
@@ -292,65 +319,80 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if bucket == 0 {
 		bucket = 4 * (o.width*o.width + o.width) // one layer (weights and bias) per bucket
 	}
-	base := job{Sizes: sizes, Batch: o.oBatch, Steps: o.oSteps, Warmup: o.oWarmup, BucketCap: bucket, FirstBucketCap: bucket,
-		LinkMBps: o.link, SocketBuffer: o.sockBuf}
-	on, off, upfront := base, base, base
-	on.Name = "overlap-on"
-	off.Name, off.NoOverlap = "overlap-off", true
-	upfront.Name, upfront.Upfront = "hooks-upfront", true
-	type cfg struct {
-		label string
-		j     job
-	}
-	cfgs := []cfg{
-		{"on (hooks at point of use)", on},
-		{"off (WithOverlap(false))", off},
-		{"on, hooks created up front", upfront},
-	}
-	runs := make([][]run, len(cfgs))
-	for rep := range o.oReps {
-		for i, c := range cfgs {
-			fmt.Fprintf(stderr, "overlap: %s, run %d/%d\n", c.label, rep+1, o.oReps)
-			j := c.j
-			if o.profile != "" {
-				j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-rep%d", j.Name, rep))
-			}
-			r, err := launch(ctx, 2, o.oProcs, j, stderr)
-			if err != nil {
-				return fmt.Errorf("overlap %s: %w", c.label, err)
-			}
-			runs[i] = append(runs[i], r)
+	for li, link := range o.links {
+		base := job{Sizes: sizes, Batch: o.oBatch, Steps: o.oSteps, Warmup: o.oWarmup, BucketCap: bucket, FirstBucketCap: bucket,
+			LinkMBps: link, SocketBuffer: o.sockBuf}
+		on, off, upfront := base, base, base
+		on.Name = "overlap-on"
+		off.Name, off.NoOverlap = "overlap-off", true
+		upfront.Name, upfront.Upfront = "hooks-upfront", true
+		type cfg struct {
+			label string
+			j     job
 		}
+		cfgs := []cfg{
+			{"on (hooks at point of use)", on},
+			{"off (WithOverlap(false))", off},
+			{"on, hooks created up front", upfront},
+		}
+		runs := make([][]run, len(cfgs))
+		for rep := range o.oReps {
+			for i, c := range cfgs {
+				fmt.Fprintf(stderr, "overlap: link %g MB/s, %s, run %d/%d\n", link, c.label, rep+1, o.oReps)
+				j := c.j
+				if o.profile != "" {
+					j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-link%g-rep%d", j.Name, link, rep))
+				}
+				r, err := launch(ctx, 2, o.oProcs, j, stderr)
+				if err != nil {
+					return fmt.Errorf("overlap %s: %w", c.label, err)
+				}
+				runs[i] = append(runs[i], r)
+			}
+		}
+		first := runs[0][0][0]
+		if li == 0 {
+			fmt.Fprintf(stdout, "\n(b) Overlap: %d layers of %dx%d float32 (%d parameters, %.1f MB of gradients per step) in %d buckets of <= %d B,\n",
+				o.layers, o.width, o.width, first.Params, float64(first.Bytes)/1e6, first.Buckets, bucket)
+			fmt.Fprintf(stdout, "    batch %d per rank, 2 ranks with GOMAXPROCS=%d; %d timed steps after %d warm-up, %d interleaved runs per configuration;\n",
+				o.oBatch, o.oProcs, o.oSteps, o.oWarmup, o.oReps)
+			fmt.Fprintf(stdout, "    times per step of the fastest run (means over ranks) and the median over runs of the exposed time\n")
+		}
+		linkDesc := "unlimited link"
+		if link > 0 {
+			linkDesc = fmt.Sprintf("each rank's outgoing link limited to %g MB/s: %.1f ms of link time per step for a 2-rank ring all-reduce of the gradients",
+				link, float64(first.Bytes)/(link*1e6)*1e3)
+		}
+		fmt.Fprintf(stdout, "\n  %s\n\n", linkDesc)
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "overlap\tstep ms\tcompute ms\tcomm ms\texposed ms\texposed/comm\tmedian exposed ms\tsamples/s\tcpu %\tcompute/exposed by rank\t")
+		best := make([]run, len(cfgs))
+		medExp := make([]float64, len(cfgs))
+		for i, c := range cfgs {
+			best[i], _ = bestAndMedian(runs[i], o.oBatch)
+			m := best[i]
+			var exps []float64
+			for _, r := range runs[i] {
+				exps = append(exps, r.mean(func(o outcome) float64 { return o.Exposed }))
+			}
+			slices.Sort(exps)
+			medExp[i] = exps[len(exps)/2]
+			comm := m.mean(func(o outcome) float64 { return o.Comm })
+			exp := m.mean(func(o outcome) float64 { return o.Exposed })
+			var byRank []string
+			for _, ro := range m {
+				byRank = append(byRank, fmt.Sprintf("%.0f/%.0f", ro.perStep(ro.Compute), ro.perStep(ro.Exposed)))
+			}
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%s\t\n", c.label, m.stepMs(),
+				m.mean(func(o outcome) float64 { return o.Compute }), comm, exp, exp/comm, medExp[i], m.throughput(o.oBatch), m.cpuPct(),
+				strings.Join(byRank, " "))
+		}
+		tw.Flush()
+		eOn := best[0].mean(func(o outcome) float64 { return o.Exposed })
+		eOff := best[1].mean(func(o outcome) float64 { return o.Exposed })
+		fmt.Fprintf(stdout, "\n  exposed comm, overlap on / off: %.2f (fastest runs), %.2f (medians); target <= 0.5; step time on / off: %.2f\n",
+			eOn/eOff, medExp[0]/medExp[1], best[0].stepMs()/best[1].stepMs())
 	}
-	first := runs[0][0][0]
-	link := "unlimited"
-	if o.link > 0 {
-		link = fmt.Sprintf("%g MB/s", o.link)
-	}
-	fmt.Fprintf(stdout, "\n(b) Overlap: %d layers of %dx%d float32 (%d parameters, %.1f MB of gradients per step) in %d buckets of <= %d B,\n",
-		o.layers, o.width, o.width, first.Params, float64(first.Bytes)/1e6, first.Buckets, bucket)
-	fmt.Fprintf(stdout, "    batch %d per rank, 2 ranks with GOMAXPROCS=%d, each rank's outgoing link limited to %s; %d timed steps after %d warm-up, fastest of %d runs\n",
-		o.oBatch, o.oProcs, link, o.oSteps, o.oWarmup, o.oReps)
-	if o.link > 0 {
-		fmt.Fprintf(stdout, "    link time of a 2-rank ring all-reduce of the gradients: %.1f ms per step\n", float64(first.Bytes)/(o.link*1e6)*1e3)
-	}
-	fmt.Fprintln(stdout)
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "overlap\tstep ms\tcompute ms\tcomm ms\texposed ms\texposed/comm\tsamples/s\tcpu %\t")
-	med := make([]run, len(cfgs))
-	for i, c := range cfgs {
-		med[i], _ = bestAndMedian(runs[i], o.oBatch)
-		m := med[i]
-		comm := m.mean(func(o outcome) float64 { return o.Comm })
-		exp := m.mean(func(o outcome) float64 { return o.Exposed })
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.0f\t%.0f\t\n", c.label, m.stepMs(),
-			m.mean(func(o outcome) float64 { return o.Compute }), comm, exp, exp/comm, m.throughput(o.oBatch), m.cpuPct())
-	}
-	tw.Flush()
-	eOn := med[0].mean(func(o outcome) float64 { return o.Exposed })
-	eOff := med[1].mean(func(o outcome) float64 { return o.Exposed })
-	fmt.Fprintf(stdout, "\nexposed comm, overlap on / off: %.2f (target <= 0.5); step time on / off: %.2f\n",
-		eOn/eOff, med[0].stepMs()/med[1].stepMs())
 	return nil
 }
 
@@ -508,10 +550,6 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 			return err
 		}
 		t = lt
-	}
-	if os.Getenv("GDIST_BENCH_TIMELINE") == "1" && rank == 0 {
-		tl = &recorder{Transport: t}
-		t = tl
 	}
 	pg, err := dist.New(t)
 	if err != nil {

@@ -196,3 +196,18 @@ func TestLaunch(t *testing.T) {
 	_, err = launch(ctx, 2, 1, bad, &stderr)
 	assert.Error(t, err)
 }
+
+func TestBenchFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-part", "both"},
+		{"-link", "fast"},
+		{"-link", "400,-1"},
+		{"-procs", "0"},
+		{"extra"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := benchMain(context.Background(), args, &stdout, &stderr)
+		assert.Error(t, err, "%q", args)
+		assert.Empty(t, stdout.String(), "%q: nothing runs", args)
+	}
+}

@@ -64,6 +64,7 @@ type options struct {
 	steps  int
 	warmup int
 	repeat int
+	trace  bool
 	dtype  string
 }
 
@@ -104,6 +105,7 @@ func main() {
 	flag.IntVar(&o.warmup, "warmup", 2, "untimed steps per configuration")
 	flag.IntVar(&o.repeat, "repeat", 3, "timed windows of -steps steps per configuration; the fastest is reported (the machine may be shared)")
 	flag.StringVar(&o.dtype, "dtype", "float32", "float32 or float64")
+	flag.BoolVar(&o.trace, "trace", false, "print every rank's compute intervals of its last timed step")
 	flag.Parse()
 	var err error
 	if o.stages, err = ints(stages); err == nil {
@@ -245,7 +247,7 @@ func launch(o options, p int) ([]result, []commResult, error) {
 		"-micro", join(o.micro), "-modes", strings.Join(o.modes, ","),
 		"-layers", strconv.Itoa(o.layers), "-width", strconv.Itoa(o.width), "-batch", strconv.Itoa(o.batch),
 		"-steps", strconv.Itoa(o.steps), "-warmup", strconv.Itoa(o.warmup), "-repeat", strconv.Itoa(o.repeat),
-		"-dtype", o.dtype}
+		"-dtype", o.dtype, "-trace=" + strconv.FormatBool(o.trace)}
 	var (
 		mu   sync.Mutex
 		rs   []result
@@ -452,6 +454,15 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 			best, bestWall = r, slowest[0]
 		}
 	}
+	if o.trace {
+		st := pl.Stats()
+		var b strings.Builder
+		for _, e := range st.Events {
+			fmt.Fprintf(&b, " %s%d[%.2f,%.2f]", e.Kind, e.MicroBatch, msOf(e.Start), msOf(e.End))
+		}
+		fmt.Fprintf(os.Stderr, "trace %s p=%d m=%d rank %d call [%.2f,%.2f] ms:%s\n", mode, p, m, rank,
+			msOf(st.Start), msOf(st.End), b.String())
+	}
 	if mode != "infer" && pl.IsFirst() {
 		// One more step, to see how much memory the activations in flight
 		// hold when the first stage starts its last forward.
@@ -474,6 +485,10 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 	}
 	return best, g.Barrier(ctx)
 }
+
+// msOf returns t's milliseconds within its second of the Unix clock, so
+// that traces of different processes line up.
+func msOf(t time.Time) float64 { return float64(t.UnixNano()%1e9) / 1e6 }
 
 // liveHeap returns the bytes of live heap objects after a collection.
 func liveHeap() uint64 {

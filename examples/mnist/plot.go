@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"os"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -16,7 +17,7 @@ import (
 // over windows of steps) and the all-rank epoch mean loss against epochs,
 // and the test accuracy after every epoch.
 func writePlot(path string, res *result) error {
-	lossPlot := plot.New()
+	lossPlot, accPlot := plot.New(), plot.New()
 	lossPlot.Title.Text = "training loss"
 	lossPlot.X.Label.Text = "epoch"
 	lossPlot.Y.Label.Text = "cross-entropy"
@@ -54,8 +55,14 @@ func writePlot(path string, res *result) error {
 	lossPlot.Legend.Add("epoch mean, all ranks", pts)
 	lossPlot.Legend.Top = true
 	lossPlot.Y.Min = 0
+	lossPlot.X.Min, lossPlot.X.Max = 0, float64(len(res.Epochs))
+	ticks := make([]plot.Tick, 0, len(res.Epochs)+1)
+	for e := 0; e <= len(res.Epochs); e++ {
+		ticks = append(ticks, plot.Tick{Value: float64(e), Label: strconv.Itoa(e)})
+	}
+	lossPlot.X.Tick.Marker = plot.ConstantTicks(ticks)
+	accPlot.X.Tick.Marker = plot.ConstantTicks(ticks[1:])
 
-	accPlot := plot.New()
 	accPlot.Title.Text = "test accuracy"
 	accPlot.X.Label.Text = "epoch"
 	accPlot.Y.Label.Text = "%"
