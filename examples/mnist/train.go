@@ -107,7 +107,6 @@ type trainer struct {
 	ex       *gorgonia.Node
 	exs      []float32
 	elogits  gorgonia.Value
-	eLabels  []uint8
 	eIndices []int
 }
 
