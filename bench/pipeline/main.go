@@ -10,6 +10,18 @@
 // one-stage throughput at the same micro-batch size; the report prints the
 // measured throughput as a ratio to it.
 //
+// Columns: samples/s of the run; T1(m), the one-stage throughput at the
+// same m; ideal = p x T1(m) x (1 - GPipe); ratio = samples/s / ideal;
+// bubble, the mean over stages of the measured idle fraction (wall time of
+// the calls minus the time the stage computed, over the wall time); GPipe,
+// (p-1)/(m+p-1); held MB, for training, the live heap of the first stage
+// when it starts its last forward (the activations in flight) above its
+// heap after the step; the idle fraction and CPU time / wall time of each
+// stage (below 1 when a process did not get a whole core: the machine is
+// shared, or there are more stages than cores). Consecutive Infer calls
+// overlap (stage 0 starts the next batch while the last stage finishes
+// this one), so for inference GPipe's bubble is an upper bound.
+//
 // # Usage
 //
 //	go run ./bench/pipeline                        # the sweep: p = 1, 2, 4; m = 1..16
@@ -18,7 +30,7 @@
 // The command starts its own ranks (itself, with -worker) over TCP on
 // loopback. Under gdistrun, run the workers directly:
 //
-//	gdistrun -n 2 -- go run ./bench/pipeline -worker
+//	GOMAXPROCS=1 gdistrun -n 2 -- go run ./bench/pipeline -worker
 //
 // Each worker also measures a raw-socket baseline between ranks 0 and 1 —
 // one activation message each way over a plain TCP connection between the

@@ -100,7 +100,8 @@ type bucket struct {
 	nGrad   int       // parameters of the bucket with a gradient node
 	pending int       // of those, gradients not yet arrived in this pass
 
-	work     *dist.Work
+	work     *dist.Work // nil at world size 1
+	launched bool       // work started (or skipped at world size 1) this step
 	launchAt time.Time
 	doneAt   time.Time     // set by the watcher before it closes finished
 	finished chan struct{} // closed once the all-reduce is done and doneAt set
@@ -325,6 +326,11 @@ func (d *DDP) ProcessGroup() *dist.ProcessGroup { return d.pg }
 // before the whole forward pass is reached last, so its gradient op would
 // run at the very end of backprop. Results are the same either way.
 //
+// The hook and its gradient op copy their input into an output buffer that
+// every pass reuses, so a training step allocates nothing per parameter:
+// hook(p).Value() and the gradient node's value are valid until the next
+// pass, like any value a TapeMachine may reuse.
+//
 // Hook returns the same node for every call with the same parameter, so a
 // parameter used twice (weight tying) has one hook, created at its first use.
 // Like all graph construction it must not run concurrently with other
@@ -443,7 +449,9 @@ func (d *DDP) gradReady(i int, g gorgonia.Value) error {
 	}
 	s := d.slots[i]
 	b := d.bkts[s.bucket]
-	if err := addInto(b, s, g); err != nil {
+	// The first pass since the last Sync overwrites the slot (the buckets
+	// keep the previous step's averages); later passes add to it.
+	if err := addInto(b, s, g, d.passes == 0); err != nil {
 		return d.failLocked(fmt.Errorf("ddp: gradient of %s: %w", d.params[i].Name(), err))
 	}
 	d.ready[i] = true
@@ -469,8 +477,9 @@ func (d *DDP) gradReady(i int, g gorgonia.Value) error {
 	return nil
 }
 
-// addInto adds gradient g into slot s of bucket b.
-func addInto(b *bucket, s slot, g gorgonia.Value) error {
+// addInto adds gradient g into slot s of bucket b, or copies it there if
+// overwrite is set.
+func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
 	f32, f64, err := floatsOf(g)
 	if err != nil {
 		return err
@@ -479,6 +488,10 @@ func addInto(b *bucket, s slot, g gorgonia.Value) error {
 		return fmt.Errorf("%d gradient elements, want %d: %w", len(f32)+len(f64), s.n, dist.ErrInvalidArgument)
 	}
 	switch {
+	case b.f32 != nil && f32 != nil && overwrite:
+		copy(b.f32[s.off:s.off+s.n], f32)
+	case b.f64 != nil && f64 != nil && overwrite:
+		copy(b.f64[s.off:s.off+s.n], f64)
 	case b.f32 != nil && f32 != nil:
 		dst := b.f32[s.off : s.off+s.n]
 		for k, v := range f32 {
@@ -524,11 +537,19 @@ func (d *DDP) divisorLocked(inPass bool) float64 {
 	return div
 }
 
+// closedChan is the finished channel of a bucket with nothing to wait for.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// launchLocked starts the all-reduce of bucket bi (at world size 1 there is
+// nothing to exchange and the bucket is done at once).
 func (d *DDP) launchLocked(bi int) {
 	b := d.bkts[bi]
 	now := time.Now()
 	b.launchAt = now
-	b.finished = make(chan struct{})
 	var w *dist.Work
 	var bytes int
 	switch {
@@ -549,11 +570,16 @@ func (d *DDP) launchLocked(bi int) {
 		}
 		if err := dist.EncodeFloat32(b.wire, src, d.cfg.wire); err != nil {
 			d.failLocked(fmt.Errorf("ddp: compress bucket %d: %w", bi, err))
-			close(b.finished)
+			b.finished = closedChan
 			return
 		}
-		w = d.pg.AllReduceTypedAsync(b.wire, d.cfg.wire, dist.Sum)
+		if d.pg.WorldSize() > 1 {
+			w = d.pg.AllReduceTypedAsync(b.wire, d.cfg.wire, dist.Sum)
+		}
 		bytes = len(b.wire)
+	case d.pg.WorldSize() == 1:
+		// Nothing to exchange: the sum over one rank is the bucket.
+		bytes = 4*len(b.f32) + 8*len(b.f64)
 	case b.f32 != nil:
 		w = d.pg.AllReduceAsync(b.f32, dist.Sum)
 		bytes = 4 * len(b.f32)
@@ -561,10 +587,16 @@ func (d *DDP) launchLocked(bi int) {
 		w = d.pg.AllReduceF64Async(b.f64, dist.Sum)
 		bytes = 8 * len(b.f64)
 	}
-	b.work = w
+	b.work, b.launched = w, true
 	d.cur.Buckets++
 	d.cur.Bytes += int64(bytes)
 	d.emitLocked("launch", -1, bi, now)
+	if w == nil { // world size 1: done already
+		b.doneAt = now
+		b.finished = closedChan
+		return
+	}
+	b.finished = make(chan struct{})
 	// The watcher records when the all-reduce finished; it exits when the
 	// Work completes, which every collective does (at the latest when the
 	// group's timeout fires or the group closes).

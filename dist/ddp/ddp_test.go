@@ -46,7 +46,7 @@ func TestMatchesSingleProcess(t *testing.T) {
 		{name: "accumulation", micro: 2, opts: []Option{WithBucketCap(64)}},
 	}
 	solvers := map[string]func() gorgonia.Solver{"sgd": sgd, "adam": adam}
-	for _, n := range []int{2, 3} {
+	for _, n := range []int{1, 2, 3} {
 		for _, dt := range []tensor.Dtype{tensor.Float64, tensor.Float32} {
 			for sname, solver := range solvers {
 				for _, v := range variants {
@@ -108,7 +108,7 @@ func TestCompression(t *testing.T) {
 		{dist.F32, tensor.Float64, 1e-5},
 	}
 	for _, c := range cases {
-		for _, n := range []int{2, 3} {
+		for _, n := range []int{1, 2, 3} {
 			t.Run(fmt.Sprintf("%v/%v/n=%d", c.wire, c.dt, n), func(t *testing.T) {
 				s := trainSetup{n: n, steps: 4, micro: 1, batch: 12, sizes: []int{4, 6, 5, 3}, dt: c.dt, solver: sgd,
 					opts: []Option{WithCompression(c.wire), WithBucketCap(64)}}

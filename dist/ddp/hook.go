@@ -15,8 +15,9 @@ import (
 // hookOp is hook(w): the identity on values, whose gradient op reports w's
 // gradient to the DDP.
 type hookOp struct {
-	d *DDP
-	i int // parameter index
+	d   *DDP
+	i   int            // parameter index
+	out gorgonia.Value // output buffer, reused by every pass (see reuseCopy)
 }
 
 var _ gorgonia.SDOp = (*hookOp)(nil)
@@ -34,13 +35,14 @@ func (op *hookOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) 
 
 // Do returns a copy of the parameter's value: returning the value itself
 // would let a later in-place op (the compiler reuses registers) write into
-// the parameter.
+// the parameter. The copy is made into the same buffer on every pass (see
+// reuseCopy), so that a step allocates nothing.
 func (op *hookOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 	if len(inputs) != 1 {
 		return nil, fmt.Errorf("ddp: %v: want 1 input, got %d: %w", op, len(inputs), dist.ErrInvalidArgument)
 	}
 	op.d.forwardSeen(op.i)
-	return cloneValue(inputs[0])
+	return reuseCopy(&op.out, inputs[0])
 }
 
 func (op *hookOp) ReturnsPtr() bool     { return false }
@@ -83,8 +85,9 @@ func (op *hookOp) SymDiff(inputs gorgonia.Nodes, output, grad *gorgonia.Node) (g
 // which it also adds into the DDP's bucket and, when the bucket is complete,
 // starts the bucket's all-reduce.
 type hookGradOp struct {
-	d *DDP
-	i int
+	d   *DDP
+	i   int
+	out gorgonia.Value // output buffer, reused by every pass (see reuseCopy)
 }
 
 func (op *hookGradOp) Arity() int { return 1 }
@@ -100,7 +103,10 @@ func (op *hookGradOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, err
 
 // Do hands the gradient to the DDP and returns a copy of it: this rank's
 // local gradient of the pass. The averaged gradient is written into the
-// parameter's gradient by Sync.
+// parameter's gradient by Sync. The copy is made into the same buffer on
+// every pass (see reuseCopy). Returning the input itself would alias two
+// registers the compiler believes distinct: an op that later reuses this
+// op's register in place would overwrite a gradient still live elsewhere.
 func (op *hookGradOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 	if len(inputs) != 1 {
 		return nil, fmt.Errorf("ddp: %v: want 1 input, got %d: %w", op, len(inputs), dist.ErrInvalidArgument)
@@ -108,7 +114,7 @@ func (op *hookGradOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 	if err := op.d.gradReady(op.i, inputs[0]); err != nil {
 		return nil, err
 	}
-	return cloneValue(inputs[0])
+	return reuseCopy(&op.out, inputs[0])
 }
 
 func (op *hookGradOp) ReturnsPtr() bool     { return false }
@@ -140,6 +146,51 @@ func hashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
 	h := fnv.New32a()
 	op.WriteHash(h)
 	return h.Sum32()
+}
+
+// reuseCopy copies v into *buf and returns *buf, allocating *buf (a clone
+// of v) on the first call or when v's type, dtype or shape changed.
+//
+// Handing out the same buffer on every pass is safe under a TapeMachine:
+// the buffer is rewritten at the start of its node's life in each pass, and
+// the compiler lets other ops write into it (in place, or as a reused
+// register) only once that node's value is dead for the rest of the pass —
+// the same as with a fresh value, which the machine would equally reuse. The
+// node's Value() after RunAll is therefore the buffer, valid until the next
+// pass. One machine per DDP (see the package documentation) means Do is
+// never called concurrently for one op.
+func reuseCopy(buf *gorgonia.Value, v gorgonia.Value) (gorgonia.Value, error) {
+	switch x := v.(type) {
+	case *gorgonia.F32:
+		if b, ok := (*buf).(*gorgonia.F32); ok {
+			*b = *x
+			return b, nil
+		}
+	case *gorgonia.F64:
+		if b, ok := (*buf).(*gorgonia.F64); ok {
+			*b = *x
+			return b, nil
+		}
+	case tensor.Tensor:
+		if b, ok := (*buf).(tensor.Tensor); ok && b.Dtype() == x.Dtype() && b.Shape().Eq(x.Shape()) {
+			s32, s64, err1 := floatsOf(x)
+			d32, d64, err2 := floatsOf(b)
+			if err1 == nil && err2 == nil && len(s32) == len(d32) && len(s64) == len(d64) {
+				copy(d32, s32)
+				copy(d64, s64)
+				return b, nil
+			}
+		}
+	}
+	c, err := cloneValue(v)
+	if err != nil {
+		return nil, err
+	}
+	if t, ok := c.(tensor.Tensor); ok && t.RequiresIterator() {
+		return c, nil // a view: never reused
+	}
+	*buf = c
+	return c, nil
 }
 
 // cloneValue returns a copy of a Float32/Float64 tensor or scalar.

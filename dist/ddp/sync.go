@@ -3,6 +3,7 @@ package ddp
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"gorgonia.org/gorgonia"
@@ -88,8 +89,11 @@ func (d *DDP) Sync(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for bi, b := range d.bkts {
-		if b.work == nil { // failed before launch; d.err is set
+		if !b.launched { // failed before launch; d.err is set
 			return d.err
+		}
+		if b.work == nil { // world size 1: nothing to all-reduce
+			continue
 		}
 		if err := b.work.Err(); err != nil {
 			return d.failLocked(fmt.Errorf("ddp: all-reduce of bucket %d: %w", bi, err))
@@ -116,10 +120,10 @@ func (d *DDP) Sync(ctx context.Context) error {
 	d.passes = 0
 	d.nextLaunch = 0
 	d.syncedPending = false
+	// The buckets keep the averages: the next pass overwrites them (see
+	// gradReady), which saves clearing them here.
 	for _, b := range d.bkts {
-		b.work, b.finished = nil, nil
-		clear(b.f32)
-		clear(b.f64)
+		b.work, b.finished, b.launched = nil, nil, false
 	}
 	return nil
 }
@@ -166,18 +170,41 @@ func (d *DDP) writeGradsLocked() error {
 			case d.cfg.compress:
 				copy(f64, b.f64[s.off:s.off+s.n])
 			case f32 != nil:
-				fdiv := float32(div)
-				for k, v := range b.f32[s.off : s.off+s.n] {
-					f32[k] = v / fdiv
-				}
+				scaleInto(f32, b.f32[s.off:s.off+s.n], float32(div))
 			default:
-				for k, v := range b.f64[s.off : s.off+s.n] {
-					f64[k] = v / div
-				}
+				scaleInto(f64, b.f64[s.off:s.off+s.n], div)
 			}
 		}
 	}
 	return nil
+}
+
+// scaleInto sets dst to src / div. A power-of-two div is applied as a
+// multiplication by its reciprocal, which is exact (x * 2^-k and x / 2^k
+// are the same correctly rounded value) and much cheaper than a division;
+// div 1 is a copy.
+func scaleInto[T float32 | float64](dst, src []T, div T) {
+	dst = dst[:len(src)]
+	switch {
+	case div == 1:
+		copy(dst, src)
+	case isPow2(float64(div)):
+		r := 1 / div
+		for k, v := range src {
+			dst[k] = v * r
+		}
+	default:
+		for k, v := range src {
+			dst[k] = v / div
+		}
+	}
+}
+
+// isPow2 reports whether x is a power of two (positive, normal, mantissa
+// zero), whose reciprocal is exact.
+func isPow2(x float64) bool {
+	frac, exp := math.Frexp(x)
+	return frac == 0.5 && exp > -1021 && exp < 1023
 }
 
 // Solver returns a gorgonia.Solver that synchronises gradients (Sync) and

@@ -26,6 +26,7 @@ const (
 	OneFOneB
 )
 
+// String returns "gpipe" or "1f1b".
 func (s Schedule) String() string {
 	switch s {
 	case GPipe:

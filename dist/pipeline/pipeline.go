@@ -123,6 +123,7 @@ func New(ctx context.Context, g *dist.ProcessGroup, build Builder, opts ...Optio
 	}
 	if err := p.build(build); err != nil {
 		p.closeSlots()
+		p.announceFailure(ctx, err)
 		return nil, err
 	}
 	if err := p.handshake(ctx); err != nil {
@@ -271,11 +272,13 @@ const (
 	descVersion = 1
 )
 
-// descriptor is what each stage tells every other at setup.
+// descriptor is what each stage tells every other at setup: its settings
+// and the tensors it takes and produces, or that it failed to set up.
 type descriptor struct {
 	stage, nstages int
 	micro          int
 	schedule       Schedule
+	failed         string // non-empty: the stage failed to build; nothing follows
 	ranks          []int
 	in, out        Desc
 }
@@ -307,6 +310,10 @@ func (d *descriptor) encode() []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(d.nstages))
 	b = binary.LittleEndian.AppendUint32(b, uint32(d.micro))
 	b = append(b, byte(d.schedule))
+	if d.failed != "" {
+		return append(append(b, 1), d.failed...)
+	}
+	b = append(b, 0)
 	for _, r := range d.ranks {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r))
 	}
@@ -327,8 +334,16 @@ func decodeDescriptor(b []byte) (*descriptor, error) {
 		return nil, errBadDescriptor
 	}
 	d := &descriptor{stage: int(r.u32()), nstages: int(r.u32()), micro: int(r.u32()), schedule: Schedule(r.u8())}
-	if r.err || d.nstages < 1 || d.nstages > dist.MaxWorldSize {
+	failed := r.u8()
+	if r.err || d.nstages < 1 || d.nstages > dist.MaxWorldSize || failed > 1 {
 		return nil, errBadDescriptor
+	}
+	if failed == 1 {
+		d.failed = string(r.b)
+		if d.failed == "" {
+			d.failed = "unknown error"
+		}
+		return d, nil
 	}
 	d.ranks = make([]int, d.nstages)
 	for i := range d.ranks {
@@ -381,12 +396,21 @@ func (p *Pipeline) handshake(ctx context.Context) error {
 		ranks: p.ranks, in: p.in, out: p.out}
 	msg := own.encode()
 	tag := p.cfg.tagBase + tagSetup
+	// A peer may have gone already because another stage failed to set up:
+	// keep going on errors, so that the failure announcement (which
+	// explains them) is found if there is one.
+	var firstErr error
+	keep := func(err error) {
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
 	for _, r := range p.ranks {
 		if r == p.g.Rank() {
 			continue
 		}
 		if err := p.g.Send(ctx, r, tag, msg); err != nil {
-			return fmt.Errorf("pipeline: setup: %w", err)
+			keep(fmt.Errorf("pipeline: setup: %w", err))
 		}
 	}
 	descs := make([]*descriptor, p.nstages)
@@ -397,18 +421,29 @@ func (p *Pipeline) handshake(ctx context.Context) error {
 		}
 		b, err := p.g.Recv(ctx, r, tag)
 		if err != nil {
-			return fmt.Errorf("pipeline: setup: %w", err)
+			if ctx.Err() != nil {
+				return fmt.Errorf("pipeline: setup: %w", err)
+			}
+			keep(fmt.Errorf("pipeline: setup: %w", err))
+			continue
 		}
 		d, err := decodeDescriptor(b)
-		if err != nil {
-			return &dist.PeerError{Rank: r, Op: "pipeline setup", Err: fmt.Errorf("%w: %w", dist.ErrProtocol, err)}
-		}
-		if d.stage != i {
+		switch {
+		case err != nil:
+			keep(&dist.PeerError{Rank: r, Op: "pipeline setup", Err: fmt.Errorf("%w: %w", dist.ErrProtocol, err)})
+		case d.failed != "":
+			return &dist.PeerError{Rank: r, Op: "pipeline setup",
+				Err: fmt.Errorf("%w: stage %d could not set up: %s", ErrStageFailed, d.stage, d.failed)}
+		case d.stage != i:
 			// The peer thinks it is another stage: its rank list differs.
-			return fmt.Errorf("%w: rank %d is stage %d here but says it is stage %d (ranks %v vs %v)",
-				ErrConfigMismatch, r, i, d.stage, p.ranks, d.ranks)
+			keep(fmt.Errorf("%w: rank %d is stage %d here but says it is stage %d (ranks %v vs %v)",
+				ErrConfigMismatch, r, i, d.stage, p.ranks, d.ranks))
+		default:
+			descs[i] = d
 		}
-		descs[i] = d
+	}
+	if firstErr != nil {
+		return firstErr
 	}
 	d0 := descs[0]
 	for i, d := range descs[1:] {
@@ -432,6 +467,25 @@ func (p *Pipeline) handshake(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// announceFailure tells every other stage, instead of a descriptor, that
+// this stage failed to set up, so that their New fails at once instead of
+// waiting for it. Best effort.
+func (p *Pipeline) announceFailure(ctx context.Context, cause error) {
+	text := cause.Error()
+	if len(text) > 4096 {
+		text = text[:4096]
+	}
+	d := &descriptor{stage: p.stage, nstages: p.nstages, micro: p.cfg.micro, schedule: p.cfg.schedule, failed: text}
+	msg := d.encode()
+	ctx, cancel := context.WithTimeout(ctx, abortSendTimeout)
+	defer cancel()
+	for _, r := range p.ranks {
+		if r != p.g.Rank() {
+			_ = p.g.Send(ctx, r, p.cfg.tagBase+tagSetup, msg)
+		}
+	}
 }
 
 // ---- failure ----

@@ -520,3 +520,79 @@ func TestSlotsShareParameters(t *testing.T) {
 	_, err = compareTraining(append(res[0].grads, res[1].grads...), res[1], ref, 1e-12)
 	require.NoError(t, err)
 }
+
+// TestBuildFailure: a stage whose builder fails tells the others, whose New
+// fails at once with a *dist.PeerError wrapping ErrStageFailed.
+func TestBuildFailure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	bad := errors.New("no such checkpoint")
+	start := time.Now()
+	errs := runRanks(t, 3, func(pg *dist.ProcessGroup) error {
+		build := mlpBuilder(testSizes, 3, pg.Rank(), 2, tensor.Float64)
+		if pg.Rank() == 1 {
+			build = func(*gorgonia.ExprGraph) (Stage, error) { return nil, bad }
+		}
+		pl, err := New(ctx, pg, build, WithLoss(mseLoss))
+		if err == nil {
+			pl.Close()
+		}
+		return err
+	})
+	assert.Less(t, time.Since(start), 5*time.Second)
+	require.ErrorIs(t, errs[1], bad)
+	for _, r := range []int{0, 2} {
+		var pe *dist.PeerError
+		require.ErrorAs(t, errs[r], &pe, "rank %d", r)
+		assert.Equal(t, 1, pe.Rank)
+		assert.ErrorIs(t, errs[r], ErrStageFailed)
+	}
+	t.Log(errs[0])
+}
+
+// TestWithRanks runs a two-stage pipeline on ranks 2 and 0 of a 3-rank
+// group (stage 0 on rank 2); rank 1 is not part of it.
+func TestWithRanks(t *testing.T) {
+	const batch, m, steps, lr = 8, 4, 2, 0.1
+	tm := mlpModel(testSizes, tensor.Float64)
+	ref, err := reference(tm, batch, steps, lr)
+	require.NoError(t, err)
+	ranks := []int{2, 0}
+	res := make([]refResult, 3)
+	errs := runRanks(t, 3, func(pg *dist.ProcessGroup) error {
+		stage := slices.Index(ranks, pg.Rank())
+		if stage < 0 {
+			return nil
+		}
+		ctx := context.Background()
+		pl, err := New(ctx, pg, tm.stageBuilder(2, stage, batch/m), WithRanks(ranks...),
+			WithMicroBatches(m), WithLoss(tm.Loss))
+		if err != nil {
+			return err
+		}
+		defer pl.Close()
+		if pl.StageIndex() != stage || pl.NumStages() != 2 {
+			return fmt.Errorf("stage %d of %d", pl.StageIndex(), pl.NumStages())
+		}
+		solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(lr))
+		for step := range steps {
+			loss, err := pl.TrainStep(ctx, tm.Data(step, batch/m, nil))
+			if err != nil {
+				return err
+			}
+			res[stage].loss = loss
+			if step < steps-1 {
+				if err := solver.Step(gorgonia.NodesToValueGrads(pl.Learnables())); err != nil {
+					return err
+				}
+			}
+		}
+		res[stage].grads, err = gradsOf(pl.Learnables())
+		return err
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	_, err = compareTraining(append(res[0].grads, res[1].grads...), res[1], ref, 1e-12)
+	require.NoError(t, err)
+}

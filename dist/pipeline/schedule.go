@@ -47,10 +47,11 @@ const (
 	// Recompute is the forward pass a recomputing stage repeats before a
 	// backward pass.
 	Recompute
-	// Infer is a forward-only pass of Infer.
-	Infer
+	// ForwardOnly is a forward pass of Infer.
+	ForwardOnly
 )
 
+// String returns "F", "B", "FB", "R" or "I".
 func (k EventKind) String() string {
 	switch k {
 	case Forward:
@@ -61,7 +62,7 @@ func (k EventKind) String() string {
 		return "FB"
 	case Recompute:
 		return "R"
-	case Infer:
+	case ForwardOnly:
 		return "I"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
@@ -288,7 +289,7 @@ func (c *call) infer() error {
 		if err := c.fillInput(s, mb, kindInfer); err != nil {
 			return err
 		}
-		if err := p.timed(Infer, mb, func() error { return runSync(s) }); err != nil {
+		if err := p.timed(ForwardOnly, mb, func() error { return runSync(s) }); err != nil {
 			return err
 		}
 		if p.IsLast() {

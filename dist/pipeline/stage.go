@@ -56,6 +56,7 @@ type Desc struct {
 	Dtype tensor.Dtype
 }
 
+// String formats d as "[8 64] float32".
 func (d Desc) String() string {
 	return fmt.Sprintf("%v %v", []int(d.Shape), d.Dtype)
 }
