@@ -1,24 +1,19 @@
 package dist
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/internal/procjob"
 )
 
 // Multi-process tests: the test binary re-executes itself once per rank
@@ -29,87 +24,12 @@ import (
 // one rank of a multi-process test instead of running tests.
 const childEnv = "GDIST_DIST_TEST_CHILD"
 
-// procJob is one multi-process job started by a test.
-type procJob struct {
-	cmds  []*exec.Cmd
-	lines []chan string // each rank's stdout, line by line
-	wg    sync.WaitGroup
-}
-
-// startJob starts n ranks of this test binary in role.
-func startJob(t *testing.T, n int, role string, env ...string) *procJob {
+// startJob starts n ranks of this test binary in role; their stderr goes to
+// the test log.
+func startJob(t *testing.T, n int, role string, env ...string) []*procjob.Proc {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close()) // rank 0 binds it again
-	tok := make([]byte, 16)
-	_, err = rand.Read(tok)
-	require.NoError(t, err)
-	j := &procJob{}
-	for r := range n {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(),
-			childEnv+"="+role,
-			"GOMAXPROCS=1",
-			EnvRank+"="+strconv.Itoa(r),
-			EnvWorldSize+"="+strconv.Itoa(n),
-			EnvLocalRank+"="+strconv.Itoa(r),
-			EnvMasterAddr+"=127.0.0.1",
-			EnvMasterPort+"="+strconv.Itoa(port),
-			EnvToken+"="+hex.EncodeToString(tok),
-		)
-		cmd.Env = append(cmd.Env, env...)
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		cmd.Stderr = &prefixWriter{prefix: fmt.Sprintf("rank %d: ", r), t: t}
-		require.NoError(t, cmd.Start())
-		lines := make(chan string, 100)
-		j.wg.Go(func() {
-			defer close(lines)
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-		})
-		j.cmds = append(j.cmds, cmd)
-		j.lines = append(j.lines, lines)
-	}
-	t.Cleanup(func() {
-		for _, c := range j.cmds {
-			c.Process.Kill()
-		}
-		j.wait()
-	})
-	return j
-}
-
-// wait waits for every rank to exit and returns their exit errors.
-func (j *procJob) wait() []error {
-	errs := make([]error, len(j.cmds))
-	for r, c := range j.cmds {
-		for range j.lines[r] { // drain what is left
-		}
-		errs[r] = c.Wait()
-	}
-	j.wg.Wait()
-	return errs
-}
-
-// prefixWriter logs a child's stderr through t.
-type prefixWriter struct {
-	prefix string
-	t      *testing.T
-	mu     sync.Mutex
-}
-
-func (w *prefixWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		w.t.Log(w.prefix + l)
-	}
-	return len(p), nil
+	return procjob.Start(t, n, procjob.Config{RoleEnv: childEnv, Role: role, LogStderr: true,
+		Env: append([]string{"GOMAXPROCS=1"}, env...)})
 }
 
 // lightEnv tells a child to skip the large vectors (under -short and the
@@ -125,9 +45,8 @@ func TestProcessCollectives(t *testing.T) {
 	}
 	for _, n := range []int{2, 3, 4} {
 		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
-			j := startJob(t, n, "collectives", env...)
-			for r, err := range j.wait() {
-				assert.NoError(t, err, "rank %d", r)
+			for r, p := range startJob(t, n, "collectives", env...) {
+				assert.NoError(t, p.Wait(2*time.Minute), "rank %d", r)
 			}
 		})
 	}
@@ -138,39 +57,34 @@ func TestProcessCollectives(t *testing.T) {
 // within 5 s.
 func TestProcessKill(t *testing.T) {
 	const n, victim = 3, 2
-	j := startJob(t, n, "kill")
-	for r := range n { // every rank is looping on all-reduces
-		select {
-		case l := <-j.lines[r]:
-			require.Equal(t, "running", l, "rank %d", r)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("rank %d did not start", r)
-		}
+	procs := startJob(t, n, "kill")
+	for r, p := range procs { // every rank is looping on all-reduces
+		_, err := p.Await(0, 30*time.Second, func(string) bool { return true })
+		require.NoError(t, err, "rank %d did not start", r)
+		require.Equal(t, "running", p.Lines()[0], "rank %d", r)
 	}
 	killedAt := time.Now()
-	require.NoError(t, j.cmds[victim].Process.Signal(syscall.SIGKILL))
-	for r := range n {
+	require.NoError(t, procs[victim].Kill())
+	for r, p := range procs {
 		if r == victim {
 			continue
 		}
-		select {
-		case l, ok := <-j.lines[r]:
-			require.True(t, ok, "rank %d exited without reporting", r)
-			t.Logf("rank %d after %v: %s", r, time.Since(killedAt), l)
-			assert.Less(t, time.Since(killedAt), 5*time.Second)
-			// The TCP transport fails as a whole when it loses a peer, so a
-			// survivor may see a fellow survivor's links drop first and
-			// name that rank instead of the victim.
-			require.True(t, strings.HasPrefix(l, "peer_error "), "rank %d: %s", r, l)
-			assert.Contains(t, l, " op=all_reduce ")
-			assert.Contains(t, l, " lost=true")
-		case <-time.After(5 * time.Second):
-			t.Fatalf("rank %d: no error 5 s after the kill", r)
-		}
+		i, err := p.Await(1, 5*time.Second, func(string) bool { return true })
+		require.NotErrorIs(t, err, procjob.ErrExited, "rank %d exited without reporting", r)
+		require.NoError(t, err, "rank %d: no error 5 s after the kill", r)
+		l := p.Lines()[i]
+		t.Logf("rank %d after %v: %s", r, time.Since(killedAt), l)
+		assert.Less(t, time.Since(killedAt), 5*time.Second)
+		// The TCP transport fails as a whole when it loses a peer, so a
+		// survivor may see a fellow survivor's links drop first and name
+		// that rank instead of the victim.
+		require.True(t, strings.HasPrefix(l, "peer_error "), "rank %d: %s", r, l)
+		assert.Contains(t, l, " op=all_reduce ")
+		assert.Contains(t, l, " lost=true")
 	}
-	for r, err := range j.wait() {
+	for r, p := range procs {
 		if r != victim {
-			assert.NoError(t, err, "rank %d", r)
+			assert.NoError(t, p.Wait(time.Minute), "rank %d", r)
 		}
 	}
 }

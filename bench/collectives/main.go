@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/benchutil"
 )
 
 // childEnv marks a process started by the launcher as one rank.
@@ -179,7 +180,7 @@ func launch(np int, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	port, err := freePort()
+	port, err := benchutil.FreePort()
 	if err != nil {
 		return err
 	}
@@ -265,15 +266,6 @@ func copyLines(w io.Writer, r io.Reader) {
 	for sc.Scan() {
 		fmt.Fprintln(w, sc.Text())
 	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // runRank is one rank's side of the benchmark.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
+	"github.com/gdist/gdist/internal/benchutil"
 	"github.com/gdist/gdist/models/mlp"
 )
 
@@ -211,7 +212,7 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 					}
 				}
 			}
-			start, cpu0 = time.Now(), cpuTime()
+			start, cpu0 = time.Now(), benchutil.CPUTime()
 		}
 		if err := ctx.Err(); err != nil {
 			return o, err
@@ -244,7 +245,7 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 		o.Bytes = st.Bytes
 	}
 	o.Elapsed = time.Since(start).Seconds()
-	o.CPU = (cpuTime() - cpu0).Seconds()
+	o.CPU = (benchutil.CPUTime() - cpu0).Seconds()
 	if stopProfile != nil {
 		stopProfile()
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/benchutil"
 )
 
 // envJob carries a rank's job (JSON) from the parent to the re-executed
@@ -404,7 +405,7 @@ func launch(ctx context.Context, world, procs int, j job, stderr io.Writer) (run
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := benchutil.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -477,16 +478,6 @@ func launch(ctx context.Context, world, procs int, j job, stderr io.Writer) (run
 		}
 	}
 	return res, nil
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // prefixWriter prefixes every line written to w (a rank's stderr). The

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/disttest"
 )
 
 // TestMain doubles as a rank: launch re-executes the test binary with the
@@ -89,24 +90,16 @@ func TestLimitCancel(t *testing.T) {
 // runRanks runs fn on n in-process ranks.
 func runRanks(t *testing.T, n int, wrap func(transport.Transport) transport.Transport, fn func(pg *dist.ProcessGroup) error) {
 	t.Helper()
-	ts := transport.NewLocal(n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		var tr transport.Transport = ts[r]
+	ts := make([]transport.Transport, n)
+	for r, tr := range transport.NewLocal(n) {
+		ts[r] = tr
 		if wrap != nil {
-			tr = wrap(tr)
+			ts[r] = wrap(tr)
 		}
-		pg, err := dist.New(tr, dist.WithTimeout(time.Minute))
-		require.NoError(t, err)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer pg.Close()
-			errs[r] = fn(pg)
-		}()
 	}
-	wg.Wait()
+	errs := disttest.Run(t, disttest.Groups(t, ts, dist.WithTimeout(time.Minute)), func(_ int, pg *dist.ProcessGroup) error {
+		return fn(pg)
+	})
 	require.NoError(t, errors.Join(errs...))
 }
 

@@ -63,6 +63,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/pipeline"
+	"github.com/gdist/gdist/internal/benchutil"
 )
 
 type options struct {
@@ -251,7 +252,7 @@ func launch(o options, p int) ([]result, []commResult, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	port, err := freePort()
+	port, err := benchutil.FreePort()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -329,15 +330,6 @@ func join(xs []int) string {
 		s[i] = strconv.Itoa(x)
 	}
 	return strings.Join(s, ",")
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // ---- worker ----
@@ -446,7 +438,7 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 			return result{}, err
 		}
 		r := result{Mode: mode, P: p, M: m, Rank: rank, Steps: o.steps, Batch: o.batch}
-		cpu0 := cpuTime()
+		cpu0 := benchutil.CPUTime()
 		start := time.Now()
 		for range o.steps {
 			if err := step(); err != nil {
@@ -457,7 +449,7 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 			r.Busy += st.Busy.Seconds()
 		}
 		r.Wall = time.Since(start).Seconds()
-		r.CPU = (cpuTime() - cpu0).Seconds()
+		r.CPU = (benchutil.CPUTime() - cpu0).Seconds()
 		slowest := []float64{r.Wall}
 		if err := g.AllReduceF64(ctx, slowest, dist.Max); err != nil {
 			return result{}, err

@@ -17,6 +17,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ops"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/disttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -30,20 +31,9 @@ var buildMu sync.Mutex
 // failing rank makes its peers fail instead of hang.
 func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) {
 	t.Helper()
-	ts := transport.NewLocal(n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		pg, err := dist.New(ts[r], dist.WithTimeout(20*time.Second))
-		require.NoError(t, err)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer pg.Close()
-			errs[r] = fn(pg)
-		}()
-	}
-	wg.Wait()
+	errs := disttest.Run(t, disttest.Cluster(t, n, dist.WithTimeout(20*time.Second)), func(_ int, pg *dist.ProcessGroup) error {
+		return fn(pg)
+	})
 	for r, err := range errs {
 		assert.NoError(t, err, "rank %d", r)
 	}

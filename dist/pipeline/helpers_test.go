@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/disttest"
 )
 
 func TestMain(m *testing.M) {
@@ -35,20 +35,9 @@ func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) []error
 
 func runOn(t *testing.T, ts []*transport.Local, fn func(pg *dist.ProcessGroup) error) []error {
 	t.Helper()
-	errs := make([]error, len(ts))
-	var wg sync.WaitGroup
-	for r := range ts {
-		pg, err := dist.New(ts[r], dist.WithTimeout(30*time.Second))
-		require.NoError(t, err)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer pg.Close()
-			errs[r] = fn(pg)
-		}()
-	}
-	wg.Wait()
-	return errs
+	return disttest.Run(t, disttest.Groups(t, ts, dist.WithTimeout(30*time.Second)), func(_ int, pg *dist.ProcessGroup) error {
+		return fn(pg)
+	})
 }
 
 // ---- a small MLP that splits by layers ----

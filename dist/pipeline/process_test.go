@@ -1,18 +1,12 @@
 package pipeline
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +16,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/procjob"
 )
 
 // childEnv names the environment variable that makes the test binary run as
@@ -187,98 +182,12 @@ func childLoop(ctx context.Context, pg *dist.ProcessGroup, tm testModel, batch, 
 
 // ---- parent side ----
 
-// freePort returns a TCP port on loopback that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// child is one rank's process.
-type child struct {
-	cmd   *exec.Cmd
-	mu    sync.Mutex
-	lines []string
-	step  chan int // "step N" lines
-	done  chan struct{}
-	err   error // Wait's result, after done
-	ended time.Time
-}
-
-func (c *child) output() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return strings.Join(c.lines, "\n")
-}
-
 // spawn starts n ranks of the test binary in the given role.
-func spawn(t *testing.T, n int, role, model string, m int, sched Schedule) []*child {
+func spawn(t *testing.T, n int, role, model string, m int, sched Schedule) []*procjob.Proc {
 	t.Helper()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	port := freePort(t)
-	children := make([]*child, n)
-	for r := range n {
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(),
-			childEnv+"="+role, childModelEnv+"="+model,
-			childMicroEnv+"="+strconv.Itoa(m), childSchedEnv+"="+sched.String(),
-			dist.EnvRank+"="+strconv.Itoa(r), dist.EnvWorldSize+"="+strconv.Itoa(n),
-			dist.EnvMasterAddr+"=127.0.0.1", dist.EnvMasterPort+"="+strconv.Itoa(port),
-			dist.EnvToken+"=pipeline-test-token", "GOMAXPROCS=1")
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		cmd.Stderr = cmd.Stdout
-		c := &child{cmd: cmd, step: make(chan int, 1024), done: make(chan struct{})}
-		require.NoError(t, cmd.Start())
-		go c.read(out)
-		children[r] = c
-	}
-	t.Cleanup(func() {
-		for _, c := range children {
-			select {
-			case <-c.done:
-			default:
-				_ = c.cmd.Process.Kill()
-				<-c.done
-			}
-		}
-	})
-	return children
-}
-
-// read collects the child's output lines until EOF, then waits for it.
-func (c *child) read(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		c.mu.Lock()
-		c.lines = append(c.lines, line)
-		c.mu.Unlock()
-		var n int
-		if _, err := fmt.Sscanf(line, "step %d", &n); err == nil {
-			select {
-			case c.step <- n:
-			default:
-			}
-		}
-	}
-	c.err = c.cmd.Wait()
-	c.ended = time.Now()
-	close(c.done)
-}
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
+	return procjob.Start(t, n, procjob.Config{RoleEnv: childEnv, Role: role, MergeStderr: true,
+		Env: []string{childModelEnv + "=" + model, childMicroEnv + "=" + strconv.Itoa(m),
+			childSchedEnv + "=" + sched.String(), "GOMAXPROCS=1"}})
 }
 
 func TestProcessesTrainAndInfer(t *testing.T) {
@@ -299,14 +208,12 @@ func TestProcessesTrainAndInfer(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/p%d/m%d/%v", tc.model, tc.n, tc.m, tc.sched), func(t *testing.T) {
 			children := spawn(t, tc.n, "train", tc.model, tc.m, tc.sched)
 			for r, c := range children {
-				select {
-				case <-c.done:
-				case <-time.After(90 * time.Second):
-					t.Fatalf("rank %d did not finish; output:\n%s", r, c.output())
+				if err := c.Wait(90 * time.Second); errors.Is(err, procjob.ErrTimeout) {
+					t.Fatalf("rank %d did not finish; output:\n%s", r, c.Output())
 				}
-				require.Equal(t, 0, exitCode(c.err), "rank %d output:\n%s", r, c.output())
-				assert.Contains(t, c.output(), "ok", "rank %d", r)
-				t.Logf("rank %d: %s", r, strings.ReplaceAll(c.output(), "\n", "; "))
+				require.Equal(t, 0, c.ExitCode(), "rank %d output:\n%s", r, c.Output())
+				assert.Contains(t, c.Output(), "ok", "rank %d", r)
+				t.Logf("rank %d: %s", r, strings.ReplaceAll(strings.TrimSpace(c.Output()), "\n", "; "))
 			}
 		})
 	}
@@ -327,31 +234,26 @@ func TestProcessesKilledStage(t *testing.T) {
 			children := spawn(t, n, "loop", "mlp", 4, GPipe)
 			// Wait until every rank has trained a few steps.
 			for r, c := range children {
-				for s := -1; s < 3; {
-					select {
-					case s = <-c.step:
-					case <-c.done:
-						t.Fatalf("rank %d exited early:\n%s", r, c.output())
-					case <-time.After(60 * time.Second):
-						t.Fatalf("rank %d made no progress:\n%s", r, c.output())
-					}
-				}
+				_, err := c.Await(0, 60*time.Second, func(line string) bool {
+					var s int
+					_, err := fmt.Sscanf(line, "step %d", &s)
+					return err == nil && s >= 3
+				})
+				require.NoError(t, err, "rank %d made no progress:\n%s", r, c.Output())
 			}
 			killed := time.Now()
-			require.NoError(t, children[victim].cmd.Process.Signal(syscall.SIGKILL))
+			require.NoError(t, children[victim].Kill())
 			for r, c := range children {
 				if r == victim {
-					<-c.done
+					<-c.Done()
 					continue
 				}
-				select {
-				case <-c.done:
-				case <-time.After(10 * time.Second):
-					t.Fatalf("rank %d still running 10 s after rank %d was killed:\n%s", r, victim, c.output())
+				if err := c.Wait(10 * time.Second); errors.Is(err, procjob.ErrTimeout) {
+					t.Fatalf("rank %d still running 10 s after rank %d was killed:\n%s", r, victim, c.Output())
 				}
-				out := c.output()
-				took := c.ended.Sub(killed)
-				require.Equal(t, exitPeerError, exitCode(c.err), "rank %d output:\n%s", r, out)
+				out := strings.TrimRight(c.Output(), "\n")
+				took := c.Ended().Sub(killed)
+				require.Equal(t, exitPeerError, c.ExitCode(), "rank %d output:\n%s", r, out)
 				// The killed rank, or a rank that exited because of it: whichever
 				// connection the TCP transport saw break first.
 				assert.Regexp(t, `peer [0-9] lost=true`, out, "rank %d", r)

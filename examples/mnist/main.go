@@ -6,31 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"runtime"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/mnist"
+	iprogress "github.com/gdist/gdist/internal/progress"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(0)
-	case errors.Is(err, errUsage):
-		os.Exit(2)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "mnist: error:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("mnist", errUsage, run) }
 
 // Limits that tests set to keep a run short (0: none); see config.
 var testMaxSteps, testTestLimit int
@@ -72,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	cfg.MaxSteps, cfg.TestLimit = testMaxSteps, testTestLimit
-	setProcs()
+	cli.SetProcs()
 
 	// Load the data before joining the job, so that a missing data set
 	// fails every rank at once.
@@ -96,7 +82,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if leader {
 		out = stdout
 	}
-	tty := isTerminal(stderr)
+	tty := iprogress.IsTerminal(stderr)
 	var bar progress
 	start := time.Now()
 	h := hooks{
@@ -139,30 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// setProcs gives each of the ranks on this machine an equal share of the
-// CPUs, like torchrun's OMP_NUM_THREADS, unless GOMAXPROCS is set.
-func setProcs() {
-	if os.Getenv("GOMAXPROCS") != "" {
-		return
-	}
-	local, err := strconv.Atoi(os.Getenv("LOCAL_WORLD_SIZE"))
-	if err != nil || local < 2 {
-		return
-	}
-	runtime.GOMAXPROCS(max(1, runtime.NumCPU()/local))
-}
-
 // ms formats d in milliseconds.
 func ms(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) + "ms"
-}
-
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/disttest"
 	"github.com/gdist/gdist/internal/mnist"
 )
 
@@ -56,21 +56,10 @@ func trainRanks(t *testing.T, n int, trainSet, test *mnist.Set, cfg config) []*r
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ts := transport.NewLocal(n)
-	res := make([]*result, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		pg, err := dist.New(ts[r])
-		require.NoError(t, err)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer pg.Close() // a failing rank makes its peers fail, not hang
-			res[r], errs[r] = train(ctx, pg, trainSet, test, cfg, hooks{})
-		}()
-	}
-	wg.Wait()
+	// A failing rank closes its group, so its peers fail, not hang.
+	res, errs := disttest.Results(t, disttest.Cluster(t, n), func(_ int, pg *dist.ProcessGroup) (*result, error) {
+		return train(ctx, pg, trainSet, test, cfg, hooks{})
+	})
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
@@ -153,47 +142,6 @@ func TestRunBadFlags(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), args, &stdout, &stderr)
 		assert.ErrorIs(t, err, errUsage, "%q", args)
-	}
-}
-
-// TestSameOnAllRanks checks the divergence check itself: a rank with a
-// different checksum makes every rank report a difference.
-func TestSameOnAllRanks(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		c1   checksum
-		want bool
-	}{
-		{"equal", checksum{Sum: 1.5, SumSq: 2, Hash: 0xdeadbeefcafef00d}, true},
-		{"sum", checksum{Sum: math.Nextafter(1.5, 2), SumSq: 2, Hash: 0xdeadbeefcafef00d}, false},
-		{"hash low bit", checksum{Sum: 1.5, SumSq: 2, Hash: 0xdeadbeefcafef00c}, false},
-		{"hash high bit", checksum{Sum: 1.5, SumSq: 2, Hash: 0x5eadbeefcafef00d}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ts := transport.NewLocal(2)
-			got := make([]bool, 2)
-			errs := make([]error, 2)
-			var wg sync.WaitGroup
-			for r := range 2 {
-				pg, err := dist.New(ts[r])
-				require.NoError(t, err)
-				c := checksum{Sum: 1.5, SumSq: 2, Hash: 0xdeadbeefcafef00d}
-				if r == 1 {
-					c = tc.c1
-				}
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					defer pg.Close()
-					got[r], errs[r] = sameOnAllRanks(context.Background(), pg, c)
-				}()
-			}
-			wg.Wait()
-			for r := range 2 {
-				require.NoError(t, errs[r])
-				assert.Equal(t, tc.want, got[r], "rank %d", r)
-			}
-		})
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+
+	iprogress "github.com/gdist/gdist/internal/progress"
 )
 
 // progress shows how an epoch is going.
@@ -20,45 +22,22 @@ type progress interface {
 func newProgress(w io.Writer, tty bool, epoch, epochs, steps, samplesPerStep int) progress {
 	desc := fmt.Sprintf("epoch %d/%d", epoch, epochs)
 	if !tty {
-		return &plainProgress{w: w, desc: desc, steps: steps, samples: samplesPerStep, begin: time.Now(), next: 1}
+		return &plainProgress{w: w, desc: desc, steps: steps, samples: samplesPerStep, begin: time.Now(),
+			marks: iprogress.Milestones{Parts: 4}}
 	}
-	bar := progressbar.NewOptions(steps*samplesPerStep,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription(desc),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionShowIts(),
-		progressbar.OptionSetItsString("samples"),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionClearOnFinish(),
-	)
+	bar := iprogress.NewBar(w, steps*samplesPerStep, desc, "samples")
 	return &barProgress{bar: bar, desc: desc, samples: samplesPerStep}
-}
-
-// emaLoss smooths the per-step loss for display.
-type emaLoss struct {
-	v   float64
-	set bool
-}
-
-func (e *emaLoss) add(x float64) float64 {
-	if !e.set {
-		e.v, e.set = x, true
-	} else {
-		e.v += 0.05 * (x - e.v)
-	}
-	return e.v
 }
 
 type barProgress struct {
 	bar     *progressbar.ProgressBar
 	desc    string
 	samples int
-	loss    emaLoss
+	loss    iprogress.EMA
 }
 
 func (p *barProgress) step(i int, loss float64) {
-	l := p.loss.add(loss)
+	l := p.loss.Add(loss)
 	if i%10 == 1 {
 		p.bar.Describe(fmt.Sprintf("%s loss %.4f", p.desc, l))
 	}
@@ -76,17 +55,14 @@ type plainProgress struct {
 	steps   int
 	samples int
 	begin   time.Time
-	next    int // next quarter to report
-	loss    emaLoss
+	marks   iprogress.Milestones
+	loss    iprogress.EMA
 }
 
 func (p *plainProgress) step(i int, loss float64) {
-	l := p.loss.add(loss)
-	if p.next > 3 || i*4 < p.next*p.steps {
+	l := p.loss.Add(loss)
+	if !p.marks.Due(i, p.steps) {
 		return
-	}
-	for p.next <= 3 && i*4 >= p.next*p.steps {
-		p.next++
 	}
 	rate := float64(i*p.samples) / time.Since(p.begin).Seconds()
 	fmt.Fprintf(p.w, "%s %3d%% (%d/%d steps)  loss %.4f  %.0f samples/s\n", p.desc, 100*i/p.steps, i, p.steps, l, rate)

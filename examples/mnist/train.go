@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"sync"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/internal/mnist"
+	"github.com/gdist/gdist/internal/replica"
 	"github.com/gdist/gdist/models/mlp"
 )
 
@@ -59,19 +58,12 @@ type epochStats struct {
 	Exposed    time.Duration // mean time per step spent waiting for all-reduces
 }
 
-// checksum summarises a model's parameters: exact sums and a hash of the
-// bits, so equal checksums mean (all but certainly) identical parameters.
-type checksum struct {
-	Sum, SumSq float64
-	Hash       uint64 // FNV-1a of the float32 bits of every parameter, in order
-}
-
 // result is what train returns.
 type result struct {
 	Epochs    []epochStats
-	Losses    []float64 // this rank's loss at every step, in order
-	Check     checksum
-	Identical bool // every rank has the same checksum (verified by collectives)
+	Losses    []float64        // this rank's loss at every step, in order
+	Check     replica.Checksum // of the float32 parameters, each hashed as its 4 bytes
+	Identical bool             // every rank has the same checksum (verified by collectives)
 }
 
 // hooks are optional callbacks train calls on rank 0 (nil ones are skipped).
@@ -380,8 +372,10 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		res.Epochs = append(res.Epochs, es)
 	}
 
-	res.Check = checksumOf(t.params)
-	res.Identical, err = sameOnAllRanks(ctx, pg, res.Check)
+	if res.Check, err = replica.OfNodes(t.params); err != nil {
+		return nil, err
+	}
+	res.Identical, err = replica.Same(ctx, pg, res.Check)
 	if err != nil {
 		return nil, err
 	}
@@ -389,43 +383,4 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		return res, fmt.Errorf("%w: rank %d has sum %v, sum of squares %v, hash %016x", errDiverged, pg.Rank(), res.Check.Sum, res.Check.SumSq, res.Check.Hash)
 	}
 	return res, nil
-}
-
-// checksumOf sums the parameters (in float64) and hashes their bits.
-func checksumOf(params gorgonia.Nodes) checksum {
-	var c checksum
-	h := fnv.New64a()
-	var buf [4]byte
-	for _, p := range params {
-		for _, v := range p.Value().Data().([]float32) {
-			c.Sum += float64(v)
-			c.SumSq += float64(v) * float64(v)
-			binary.LittleEndian.PutUint32(buf[:], math.Float32bits(v))
-			h.Write(buf[:])
-		}
-	}
-	c.Hash = h.Sum64()
-	return c
-}
-
-// sameOnAllRanks reports whether every rank has checksum c: it all-reduces
-// the checksum with Max and with Min and compares the two bit for bit. Every
-// rank gets the same answer.
-func sameOnAllRanks(ctx context.Context, pg *dist.ProcessGroup, c checksum) (bool, error) {
-	// The hash travels as two exact 32-bit halves.
-	vals := []float64{c.Sum, c.SumSq, float64(c.Hash >> 32), float64(c.Hash & 0xffffffff)}
-	hi := append([]float64(nil), vals...)
-	lo := append([]float64(nil), vals...)
-	if err := pg.AllReduceF64(ctx, hi, dist.Max); err != nil {
-		return false, fmt.Errorf("mnist: comparing parameters: %w", err)
-	}
-	if err := pg.AllReduceF64(ctx, lo, dist.Min); err != nil {
-		return false, fmt.Errorf("mnist: comparing parameters: %w", err)
-	}
-	for i := range vals {
-		if math.Float64bits(hi[i]) != math.Float64bits(lo[i]) {
-			return false, nil
-		}
-	}
-	return true, nil
 }

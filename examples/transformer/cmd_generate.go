@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/cli"
 )
 
 // runGenerate is the generate command.
@@ -42,7 +43,7 @@ Flags:
 	if cfg.N < 0 || cfg.Temperature < 0 {
 		return usageError(fs, stderr, "-n and -temperature must not be negative")
 	}
-	setProcs()
+	cli.SetProcs()
 
 	pg, err := dist.InitFromEnv(ctx)
 	if err != nil {

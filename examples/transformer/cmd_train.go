@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/cli"
+	iprogress "github.com/gdist/gdist/internal/progress"
 	"github.com/gdist/gdist/models/transformer"
 )
 
@@ -71,7 +73,7 @@ Flags:
 		return usageError(fs, stderr, "-bucket-kb %d is negative", *bucketKB)
 	}
 	cfg.BucketCap = *bucketKB << 10
-	setProcs()
+	cli.SetProcs()
 
 	// Read the text before joining the job, so that a missing file fails
 	// every rank at once.
@@ -102,7 +104,7 @@ Flags:
 		w = stdout
 	}
 
-	bar := newProgress(w, stderr, isTerminal(stderr))
+	bar := newProgress(w, stderr, iprogress.IsTerminal(stderr))
 	h := trainHooks{
 		ready: func(params, buckets int) {
 			fmt.Fprintf(w, "train: %d rank(s), GOMAXPROCS %d each; %s: %d characters, vocabulary %d, %d training and %d validation tokens\n",

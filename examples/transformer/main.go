@@ -6,28 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"runtime"
-	"strconv"
 	"sync"
-	"syscall"
+
+	"github.com/gdist/gdist/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(0)
-	case errors.Is(err, errUsage):
-		os.Exit(2)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "transformer: error:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("transformer", errUsage, run) }
 
 // errUsage reports bad command-line arguments (already printed).
 var errUsage = errors.New("transformer: usage")
@@ -89,27 +73,4 @@ func usageError(fs *flag.FlagSet, stderr io.Writer, format string, a ...any) err
 	fmt.Fprintf(stderr, "transformer %s: %s\n", fs.Name(), fmt.Sprintf(format, a...))
 	fs.Usage()
 	return errUsage
-}
-
-// setProcs gives each of the ranks on this machine an equal share of the
-// CPUs, like torchrun's OMP_NUM_THREADS, unless GOMAXPROCS is set.
-func setProcs() {
-	if os.Getenv("GOMAXPROCS") != "" {
-		return
-	}
-	local, err := strconv.Atoi(os.Getenv("LOCAL_WORLD_SIZE"))
-	if err != nil || local < 2 {
-		return
-	}
-	runtime.GOMAXPROCS(max(1, runtime.NumCPU()/local))
-}
-
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

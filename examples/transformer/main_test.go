@@ -18,6 +18,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/disttest"
 	"github.com/gdist/gdist/models/transformer"
 )
 
@@ -62,38 +63,15 @@ func testCorpus(t *testing.T) *corpus {
 	return c
 }
 
-// localGroups returns n in-process groups.
-func localGroups(t *testing.T, n int) []*dist.ProcessGroup {
-	t.Helper()
-	ts := transport.NewLocal(n)
-	pgs := make([]*dist.ProcessGroup, n)
-	for r := range n {
-		pg, err := dist.New(ts[r])
-		require.NoError(t, err)
-		pgs[r] = pg
-	}
-	return pgs
-}
-
 // onRanks runs f on n in-process ranks (goroutines) and returns their
 // results; a failing rank closes its group so that its peers fail too.
 func onRanks[T any](t *testing.T, n int, f func(ctx context.Context, pg *dist.ProcessGroup) (T, error)) []T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pgs := localGroups(t, n)
-	res := make([]T, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer pgs[r].Close()
-			res[r], errs[r] = f(ctx, pgs[r])
-		}()
-	}
-	wg.Wait()
+	res, errs := disttest.Results(t, disttest.Cluster(t, n), func(_ int, pg *dist.ProcessGroup) (T, error) {
+		return f(ctx, pg)
+	})
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
@@ -361,19 +339,10 @@ func TestGeneratePipelineInProcess(t *testing.T) {
 func TestGenerateErrors(t *testing.T) {
 	path := tinyCheckpoint(t)
 	run1 := func(n int, cfg genConfig) []error {
-		pgs := localGroups(t, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for r := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer pgs[r].Close()
-				_, errs[r] = generate(context.Background(), pgs[r], cfg)
-			}()
-		}
-		wg.Wait()
-		return errs
+		return disttest.Run(t, disttest.Cluster(t, n), func(_ int, pg *dist.ProcessGroup) error {
+			_, err := generate(context.Background(), pg, cfg)
+			return err
+		})
 	}
 	for r, err := range run1(2, genConfig{Ckpt: path, Prompt: "Light is", N: 5, Split: []int{4}}) {
 		assert.ErrorIs(t, err, errSplit, "rank %d", r)

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/procjob"
 )
 
 // childEnv names the environment variable that makes the test binary run
@@ -46,67 +41,15 @@ func childMain(role string) int {
 	return 0
 }
 
-// freePort returns a TCP port on loopback that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// proc is one rank's process.
-type proc struct {
-	cmd            *exec.Cmd
-	stdout, stderr bytes.Buffer
-	done           chan struct{}
-	err            error // Wait's result, after done
-}
-
 // spawnRanks starts n ranks of the test binary running the program with
 // args, over TCP on loopback, as gdistrun would, and waits for them.
-func spawnRanks(t *testing.T, n int, args ...string) []*proc {
+func spawnRanks(t *testing.T, n int, args ...string) []*procjob.Proc {
 	t.Helper()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	port := freePort(t)
-	procs := make([]*proc, n)
-	for r := range n {
-		p := &proc{done: make(chan struct{})}
-		p.cmd = exec.Command(exe, "-test.run=^$")
-		p.cmd.Env = append(os.Environ(),
-			childEnv+"=run", childArgsEnv+"="+strings.Join(args, "\n"),
-			dist.EnvRank+"="+strconv.Itoa(r), dist.EnvLocalRank+"="+strconv.Itoa(r),
-			dist.EnvWorldSize+"="+strconv.Itoa(n), "LOCAL_WORLD_SIZE="+strconv.Itoa(n),
-			dist.EnvMasterAddr+"=127.0.0.1", dist.EnvMasterPort+"="+strconv.Itoa(port),
-			dist.EnvToken+"=transformer-example-test-token")
-		p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
-		require.NoError(t, p.cmd.Start())
-		go func() {
-			p.err = p.cmd.Wait()
-			close(p.done)
-		}()
-		procs[r] = p
-	}
-	t.Cleanup(func() {
-		for _, p := range procs {
-			select {
-			case <-p.done:
-			default:
-				_ = p.cmd.Process.Kill()
-				<-p.done
-			}
-		}
-	})
+	procs := procjob.Start(t, n, procjob.Config{RoleEnv: childEnv, Role: "run",
+		Env: []string{childArgsEnv + "=" + strings.Join(args, "\n")}})
 	for r, p := range procs {
-		select {
-		case <-p.done:
-		case <-time.After(90 * time.Second):
-			t.Fatalf("rank %d did not finish; stderr:\n%s", r, p.stderr.String())
-		}
-		var ee *exec.ExitError
-		if errors.As(p.err, &ee) || p.err != nil {
-			t.Fatalf("rank %d: %v; stderr:\n%s", r, p.err, p.stderr.String())
+		if err := p.Wait(90 * time.Second); err != nil {
+			t.Fatalf("rank %d: %v; stderr:\n%s", r, err, p.Stderr())
 		}
 	}
 	return procs
@@ -122,11 +65,11 @@ func TestGenerateProcesses(t *testing.T) {
 	path := tinyCheckpoint(t)
 	want := genOnRanks(t, 1, genConfig{Ckpt: path, Prompt: "Light is", N: 40, Temperature: 0.8, Seed: 11})
 	procs := spawnRanks(t, 2, "generate", "-ckpt", path, "-prompt", "Light is", "-n", "40", "-temperature", "0.8", "-seed", "11")
-	assert.Equal(t, want.Text+"\n", procs[0].stdout.String(), "rank 0 prints the single-process text")
-	assert.Empty(t, procs[1].stdout.String())
-	assert.Contains(t, procs[0].stderr.String(), "2-stage pipeline, layers 0..1 | 2..3")
-	assert.Contains(t, procs[1].stderr.String(), "stage 1 of 2 ran layers 2..3")
-	t.Logf("rank 0: %s", procs[0].stderr.String())
+	assert.Equal(t, want.Text+"\n", procs[0].Output(), "rank 0 prints the single-process text")
+	assert.Empty(t, procs[1].Output())
+	assert.Contains(t, procs[0].Stderr(), "2-stage pipeline, layers 0..1 | 2..3")
+	assert.Contains(t, procs[1].Stderr(), "stage 1 of 2 ran layers 2..3")
+	t.Logf("rank 0: %s", procs[0].Stderr())
 }
 
 // TestTrainProcesses trains with DDP on two OS processes over TCP: the
@@ -141,12 +84,12 @@ func TestTrainProcesses(t *testing.T) {
 	ckpt := filepath.Join(dir, "m.gdc")
 	procs := spawnRanks(t, 2, "train", "-text", text, "-steps", "10", "-eval-every", "5", "-eval-windows", "4",
 		"-ctx", "16", "-dim", "16", "-heads", "2", "-layers", "1", "-mlp", "32", "-batch", "4", "-lr", "0.01", "-out", ckpt)
-	out := procs[0].stdout.String()
+	out := procs[0].Output()
 	t.Log(out)
 	assert.Contains(t, out, "2 rank(s)")
 	assert.Contains(t, out, "DDP in 1 bucket(s); batch 4 per rank (8 global)")
 	assert.Contains(t, out, "parameters identical on all 2 ranks")
-	assert.Empty(t, procs[1].stdout.String())
+	assert.Empty(t, procs[1].Output())
 	_, err := os.Stat(ckpt)
 	require.NoError(t, err)
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+
+	iprogress "github.com/gdist/gdist/internal/progress"
 )
 
 // progress shows how training is going (rank 0).
@@ -25,32 +27,9 @@ type progress interface {
 // go to out in both cases.
 func newProgress(out, stderr io.Writer, tty bool) progress {
 	if !tty {
-		return &plainProgress{out: out, w: stderr, next: 1}
+		return &plainProgress{out: out, w: stderr, marks: iprogress.Milestones{Parts: 10}}
 	}
-	bar := progressbar.NewOptions(1000,
-		progressbar.OptionSetWriter(stderr),
-		progressbar.OptionSetDescription("train"),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionClearOnFinish(),
-	)
-	return &barProgress{out: out, bar: bar}
-}
-
-// emaLoss smooths the per-step loss for display.
-type emaLoss struct {
-	v   float64
-	set bool
-}
-
-func (e *emaLoss) add(x float64) float64 {
-	if !e.set {
-		e.v, e.set = x, true
-	} else {
-		e.v += 0.05 * (x - e.v)
-	}
-	return e.v
+	return &barProgress{out: out, bar: iprogress.NewBar(stderr, 1000, "train", "")}
 }
 
 // evalLine formats a validation point.
@@ -65,13 +44,13 @@ func evalLine(p point) string {
 type barProgress struct {
 	out  io.Writer
 	bar  *progressbar.ProgressBar
-	loss emaLoss
+	loss iprogress.EMA
 	val  float64
 	vset bool
 }
 
 func (p *barProgress) step(step int, loss, frac, tokPerSec float64) {
-	l := p.loss.add(loss)
+	l := p.loss.Add(loss)
 	desc := fmt.Sprintf("step %d  loss %.3f", step, l)
 	if p.vset {
 		desc += fmt.Sprintf("  val %.3f", p.val)
@@ -91,17 +70,14 @@ func (p *barProgress) finish() { _ = p.bar.Finish() }
 // plainProgress prints a line at every tenth of the run.
 type plainProgress struct {
 	out, w io.Writer
-	next   int // next tenth to report
-	loss   emaLoss
+	marks  iprogress.Milestones // a line at every tenth
+	loss   iprogress.EMA
 }
 
 func (p *plainProgress) step(step int, loss, frac, tokPerSec float64) {
-	l := p.loss.add(loss)
-	if p.next > 9 || frac*10 < float64(p.next) {
+	l := p.loss.Add(loss)
+	if !p.marks.DueFrac(frac) {
 		return
-	}
-	for p.next <= 9 && frac*10 >= float64(p.next) {
-		p.next++
 	}
 	fmt.Fprintf(p.w, "train %3.0f%%  step %d  loss %.3f  %.0f tok/s\n", 100*frac, step, l, tokPerSec)
 }

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
+	"github.com/gdist/gdist/internal/replica"
 	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
 )
@@ -88,7 +87,7 @@ type trainResult struct {
 	TokensPerSec float64       // tokens trained on per second, all ranks together
 	Interrupted  bool          // stopped early because ctx ended (on some rank)
 	Weights      []checkpoint.Named
-	Check        checksum
+	Check        replica.Checksum
 	// DDP sums package ddp's statistics over the steps (zero on one rank):
 	// Comm - Exposed is the all-reduce time hidden behind backprop.
 	DDP ddp.Stats
@@ -260,8 +259,11 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	res.Interrupted = ctx.Err() != nil
 	res.TokensPerSec = float64(res.Steps) * tokensPerStep / res.TrainTime.Seconds()
 	res.Weights = tr.Weights()
-	res.Check = checksumOf(res.Weights)
-	same, err := sameOnAllRanks(cctx, pg, res.Check)
+	res.Check, err = checksumOf(res.Weights)
+	if err != nil {
+		return nil, err
+	}
+	same, err := replica.Same(cctx, pg, res.Check)
 	if err != nil {
 		return nil, err
 	}
@@ -406,58 +408,14 @@ func (e *evaluator) close() {
 	}
 }
 
-// checksum summarises a model's parameters: exact sums and a hash of the
-// bits, so equal checksums mean (all but certainly) identical parameters.
-type checksum struct {
-	Sum, SumSq float64
-	Hash       uint64 // FNV-1a of the float64 bits of every element, in order
-}
-
-// checksumOf sums the parameters (in float64) and hashes their bits.
-func checksumOf(ts []checkpoint.Named) checksum {
-	var c checksum
-	h := fnv.New64a()
-	var buf [8]byte
-	add := func(v float64) {
-		c.Sum += v
-		c.SumSq += v * v
-		binary.LittleEndian.PutUint64(buf[:], math.Float64bits(v))
-		h.Write(buf[:])
-	}
+// checksumOf sums the parameters (in float64) and hashes the float64 bits of
+// every element, in order.
+func checksumOf(ts []checkpoint.Named) (replica.Checksum, error) {
+	a := replica.Accumulator{Widen: true}
 	for _, t := range ts {
-		switch d := t.Tensor.Data().(type) {
-		case []float32:
-			for _, v := range d {
-				add(float64(v))
-			}
-		case []float64:
-			for _, v := range d {
-				add(v)
-			}
+		if err := a.Add(t.Tensor.Data()); err != nil {
+			return replica.Checksum{}, fmt.Errorf("transformer: parameter %s: %w", t.Name, err)
 		}
 	}
-	c.Hash = h.Sum64()
-	return c
-}
-
-// sameOnAllRanks reports whether every rank has checksum c: it all-reduces
-// the checksum with Max and with Min and compares the two bit for bit. Every
-// rank gets the same answer.
-func sameOnAllRanks(ctx context.Context, pg *dist.ProcessGroup, c checksum) (bool, error) {
-	// The hash travels as two exact 32-bit halves.
-	vals := []float64{c.Sum, c.SumSq, float64(c.Hash >> 32), float64(c.Hash & 0xffffffff)}
-	hi := append([]float64(nil), vals...)
-	lo := append([]float64(nil), vals...)
-	if err := pg.AllReduceF64(ctx, hi, dist.Max); err != nil {
-		return false, fmt.Errorf("transformer: comparing parameters: %w", err)
-	}
-	if err := pg.AllReduceF64(ctx, lo, dist.Min); err != nil {
-		return false, fmt.Errorf("transformer: comparing parameters: %w", err)
-	}
-	for i := range vals {
-		if math.Float64bits(hi[i]) != math.Float64bits(lo[i]) {
-			return false, nil
-		}
-	}
-	return true, nil
+	return a.Checksum(), nil
 }

@@ -1,14 +1,15 @@
 //go:build unix
 
-package main
+package benchutil
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime returns the CPU time (user + system) this process has used.
-func cpuTime() time.Duration {
+// CPUTime returns the CPU time (user + system) this process has used (0 on
+// systems where it is not measured).
+func CPUTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0

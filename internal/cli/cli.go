@@ -1,0 +1,72 @@
+// Package cli holds the main() boilerplate the example programs share: a
+// context cancelled by SIGINT or SIGTERM, exit codes (0 for -h, 2 for bad
+// usage, 1 for any other error, printed as "<name>: error: ...") and the
+// per-rank GOMAXPROCS share.
+//
+// # Usage
+//
+//	var errUsage = errors.New("prog: usage")
+//
+//	func main() { cli.Main("prog", errUsage, run) }
+//
+//	func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+//		// parse flags; return flag.ErrHelp, errUsage or the failure
+//		cli.SetProcs()
+//		...
+//	}
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"syscall"
+)
+
+// RunFunc is a whole program: args are the command-line arguments without
+// the program name.
+type RunFunc func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+// Main runs run with os.Args[1:], stdout and stderr under a context that
+// SIGINT and SIGTERM cancel, and exits: 0 when run returns nil or an error
+// matching flag.ErrHelp, 2 when it matches errUsage (the usage is already
+// printed), and 1 after printing "name: error: err" to stderr otherwise.
+func Main(name string, errUsage error, run RunFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(ExitCode(name, errUsage, err, os.Stderr))
+}
+
+// ExitCode is Main's exit code for err, printing a failure to stderr.
+func ExitCode(name string, errUsage, err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintln(stderr, name+": error:", err)
+		return 1
+	}
+}
+
+// SetProcs gives each of the ranks on this machine an equal share of the
+// CPUs, like torchrun's OMP_NUM_THREADS, unless GOMAXPROCS is set: with
+// LOCAL_WORLD_SIZE n >= 2 it sets GOMAXPROCS to max(1, NumCPU/n).
+func SetProcs() {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
+	local, err := strconv.Atoi(os.Getenv("LOCAL_WORLD_SIZE"))
+	if err != nil || local < 2 {
+		return
+	}
+	runtime.GOMAXPROCS(max(1, runtime.NumCPU()/local))
+}

@@ -1,0 +1,40 @@
+package disttest_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/disttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestRunAllReduce(t *testing.T) {
+	got, errs := disttest.Results(t, disttest.Cluster(t, 3), func(rank int, pg *dist.ProcessGroup) ([]float64, error) {
+		assert.Equal(t, rank, pg.Rank())
+		v := []float64{float64(rank + 1)}
+		return v, pg.AllReduceF64(context.Background(), v, dist.Sum)
+	})
+	require.NoError(t, errors.Join(errs...))
+	for r := range 3 {
+		assert.Equal(t, []float64{6}, got[r], "rank %d", r)
+	}
+}
+
+func TestRunFailingRankUnblocksPeers(t *testing.T) {
+	boom := errors.New("boom")
+	errs := disttest.Run(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) error {
+		if rank == 0 {
+			return boom
+		}
+		return pg.AllReduceF64(context.Background(), []float64{1}, dist.Sum)
+	})
+	assert.ErrorIs(t, errs[0], boom)
+	assert.Error(t, errs[1])
+}
