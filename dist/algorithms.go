@@ -221,19 +221,7 @@ func chunk(b []byte, es, n, i int) []byte {
 // all-gather (n-1 steps) of the reduced blocks. Each rank sends and receives
 // 2(n-1)/n of the vector. Each block is reduced in a fixed order by one rank
 // and then copied, so every rank gets the same bits.
-//
-// The 2(n-1) steps run as one pipeline over segments rather than one after
-// the other: what step s+1 sends is the block step s received, so segment k
-// of step s+1 goes out as soon as segment k of step s is stored (and, at the
-// turn from reduce-scatter to all-gather, finished), and up to ringAhead
-// further messages are sent before each receive. No rank waits at a step
-// boundary, and the peer has the next segment in flight while this rank
-// reduces the current one. Messages still leave and arrive in step order,
-// so every rank's message sequence is the same as without pipelining.
 func (g *ProcessGroup) allReduceRing(ctx context.Context, data []byte, es int, red reducer) error {
-	if ringPipelined {
-		return g.allReduceRingPipelined(ctx, data, es, red)
-	}
 	n, r := g.world, g.rank
 	next, prev := (r+1)%n, (r+n-1)%n
 	for s := range n - 1 {
@@ -245,69 +233,6 @@ func (g *ProcessGroup) allReduceRing(ctx context.Context, data []byte, es int, r
 	for s := range n - 1 {
 		if err := g.exchange(ctx, next, chunk(data, es, n, r+1-s), prev, chunk(data, es, n, r-s), modeCopy, red, false); err != nil {
 			return err
-		}
-	}
-	return nil
-}
-
-var ringPipelined = true
-
-// ringAhead is how many messages the pipelined ring sends beyond the one it
-// is about to receive, when their data is ready.
-var ringAhead = 1
-
-func (g *ProcessGroup) allReduceRingPipelined(ctx context.Context, data []byte, es int, red reducer) error {
-	n, r := g.world, g.rank
-	next, prev := (r+1)%n, (r+n-1)%n
-	steps := 2 * (n - 1)
-	// Step s sends block sendBlock(s) and stores block sendBlock(s+1).
-	sendBlock := func(s int) []byte {
-		if s < n-1 {
-			return chunk(data, es, n, r-s)
-		}
-		return chunk(data, es, n, r+1-(s-(n-1)))
-	}
-	var (
-		ss, sk, sent int // next send: step, segment; messages sent
-		rs, rk, rcvd int // next receive: step, segment; messages received
-	)
-	snd := sendBlock(0)
-	rcv := sendBlock(1)
-	for rs < steps {
-		// Send what is ready: segment sk of step ss needs segment sk of
-		// step ss-1 stored, i.e. (ss-1, sk) < (rs, rk).
-		for ss < steps && sent <= rcvd+ringAhead && (ss == 0 || ss-1 < rs || (ss-1 == rs && sk < rk)) {
-			if err := g.send(ctx, next, g.seg(snd, sk)); err != nil {
-				return err
-			}
-			sent++
-			if sk++; sk == g.nseg(len(snd)) {
-				ss, sk = ss+1, 0
-				if ss < steps {
-					snd = sendBlock(ss)
-				}
-			}
-		}
-		dst := g.seg(rcv, rk)
-		p, err := g.recv(ctx, prev, len(dst))
-		if err != nil {
-			return err
-		}
-		if rs < n-1 {
-			red.into(dst, p)
-			if rs == n-2 {
-				red.finish(dst, n)
-			}
-		} else {
-			copy(dst, p)
-		}
-		g.t.Release(p)
-		rcvd++
-		if rk++; rk == g.nseg(len(rcv)) {
-			rs, rk = rs+1, 0
-			if rs < steps {
-				rcv = sendBlock(rs + 1)
-			}
 		}
 	}
 	return nil
