@@ -309,14 +309,18 @@ type results struct {
 	rawPP, gdistPP []latency         // per round
 	rawBW, gdistBW map[int][]float64 // bytes/s per round, by size
 	rawBidir       []float64         // bytes/s each way, 16 MiB both ways at once, per round
+	arBusbw        []float64         // 16 MiB all-reduce busbw, per round (paired with rawBidir)
 	ar             []arResult
 }
 
 type arResult struct {
-	count  int
-	lat    latency
-	busbw  float64 // bytes/s; only for the bandwidth run
-	isBand bool
+	count int
+	lat   latency
+	busbw float64 // bytes/s; only for the bandwidth run
+	// pairedRTT is the median over rounds of (all-reduce median / raw
+	// ping-pong RTT median measured just before it); latency runs only.
+	pairedRTT float64
+	isBand    bool
 }
 
 // measure runs the ping-pong and every stream size for cfg.Rounds rounds.
@@ -544,63 +548,85 @@ func (b *bench) rawExchange(size, n int) (float64, error) {
 // allReduce measures dist's all-reduce (sum, float32) over the same
 // transport. The group takes the transport over and closes it.
 func (b *bench) allReduce(ctx context.Context, res *results) error {
-	for range cfg.Rounds {
-		bw, err := b.rawExchange(16<<20, max(cfg.StreamMiB/16, 4))
-		if err != nil {
-			return fmt.Errorf("raw exchange: %w", err)
-		}
-		res.rawBidir = append(res.rawBidir, bw)
-	}
 	pg, err := dist.New(b.tr)
 	if err != nil {
 		return err
 	}
 	defer pg.Close()
+	// Each round measures a raw ping-pong right before the all-reduces, so
+	// the paired ratio compares them under the same machine conditions.
 	for _, count := range []int{4096, 32768} {
 		data := make([]float32, count)
 		lat := make([]time.Duration, 0, cfg.ARIters)
-		if err := pg.Barrier(ctx); err != nil {
-			return err
+		var rawMed, arMed []float64
+		perRound := max(cfg.ARIters/max(cfg.Rounds, 1), 50)
+		for round := range cfg.Rounds {
+			raw, err := b.rawPingPong()
+			if err != nil {
+				return fmt.Errorf("raw ping-pong: %w", err)
+			}
+			if err := pg.Barrier(ctx); err != nil {
+				return err
+			}
+			var rl []time.Duration
+			for i := range perRound + 50*(1-min(round, 1)) {
+				for k := range data {
+					data[k] = 1
+				}
+				t0 := time.Now()
+				if err := pg.AllReduce(ctx, data, dist.Sum); err != nil {
+					return fmt.Errorf("all-reduce %d: %w", count, err)
+				}
+				if round > 0 || i >= 50 {
+					rl = append(rl, time.Since(t0))
+				}
+			}
+			if data[0] != 2 || data[count-1] != 2 {
+				return fmt.Errorf("all-reduce %d: got %v, want 2", count, data[0])
+			}
+			lat = append(lat, rl...)
+			rawMed = append(rawMed, float64(raw.median))
+			arMed = append(arMed, float64(summarize(rl).median))
 		}
-		for i := range 50 + cfg.ARIters {
-			for k := range data {
-				data[k] = 1
+		a := arResult{count: count, lat: summarize(lat)}
+		if b.rank == 0 {
+			a.pairedRTT = medianRatio(arMed, rawMed)
+		}
+		res.ar = append(res.ar, a)
+	}
+	// The 16 MiB all-reduce runs in rounds, each right after a raw 16 MiB
+	// exchange between the same processes, so that each round's ratio
+	// compares the two under the same machine conditions.
+	const big = 4 << 20 // float32: 16 MiB
+	data := make([]float32, big)
+	n := float64(pg.WorldSize())
+	busbw := func(d time.Duration) float64 { return float64(4*big) / d.Seconds() * 2 * (n - 1) / n }
+	var all []time.Duration
+	perRound := max(cfg.ARBigIters/max(cfg.Rounds, 1), 3)
+	for round := range cfg.Rounds {
+		bw, err := b.rawExchange(16<<20, max(cfg.StreamMiB/16, 4))
+		if err != nil {
+			return fmt.Errorf("raw exchange: %w", err)
+		}
+		res.rawBidir = append(res.rawBidir, bw)
+		var lat []time.Duration
+		for i := range 1 + perRound {
+			if err := pg.Barrier(ctx); err != nil {
+				return err
 			}
 			t0 := time.Now()
 			if err := pg.AllReduce(ctx, data, dist.Sum); err != nil {
-				return fmt.Errorf("all-reduce %d: %w", count, err)
+				return fmt.Errorf("all-reduce 16 MiB: %w", err)
 			}
-			if i >= 50 {
-				lat = append(lat, time.Since(t0))
+			if d := time.Since(t0); i >= 1 || round > 0 {
+				lat = append(lat, d)
 			}
 		}
-		if data[0] != 2 || data[count-1] != 2 {
-			return fmt.Errorf("all-reduce %d: got %v, want 2", count, data[0])
-		}
-		res.ar = append(res.ar, arResult{count: count, lat: summarize(lat)})
-	}
-	const big = 4 << 20 // float32: 16 MiB
-	data := make([]float32, big)
-	var all []time.Duration
-	if err := pg.Barrier(ctx); err != nil {
-		return err
-	}
-	for i := range 2 + cfg.ARBigIters {
-		if err := pg.Barrier(ctx); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		if err := pg.AllReduce(ctx, data, dist.Sum); err != nil {
-			return fmt.Errorf("all-reduce 16 MiB: %w", err)
-		}
-		if d := time.Since(t0); i >= 2 {
-			all = append(all, d)
-		}
+		all = append(all, lat...)
+		res.arBusbw = append(res.arBusbw, busbw(summarize(lat).median))
 	}
 	l := summarize(all)
-	n := float64(pg.WorldSize())
-	algbw := float64(4*big) / l.median.Seconds()
-	res.ar = append(res.ar, arResult{count: big, lat: l, busbw: algbw * 2 * (n - 1) / n, isBand: true})
+	res.ar = append(res.ar, arResult{count: big, lat: l, busbw: busbw(l.median), isBand: true})
 	return nil
 }
 
@@ -690,14 +716,15 @@ func (r *results) print(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w, "dist all-reduce (sum, float32, 2 ranks)")
-	fmt.Fprintf(w, "  %-10s %12s %10s %10s %16s\n", "count", "bytes", "median us", "mean us", "median/raw RTT")
+	fmt.Fprintf(w, "  %-10s %12s %10s %10s %16s %22s\n", "count", "bytes", "median us", "mean us", "median/raw RTT", "paired ratio (median)")
 	for _, a := range r.ar {
 		if a.isBand {
 			continue
 		}
-		fmt.Fprintf(w, "  %-10d %12d %10s %10s %15.2fx\n", a.count, 4*a.count, us(a.lat.median), us(a.lat.mean),
-			float64(a.lat.median)/float64(raw.median))
+		fmt.Fprintf(w, "  %-10d %12d %10s %10s %15.2fx %21.2fx\n", a.count, 4*a.count, us(a.lat.median), us(a.lat.mean),
+			float64(a.lat.median)/float64(raw.median), a.pairedRTT)
 	}
+	fmt.Fprintln(w, "  (paired ratio: each round a raw ping-pong, then the all-reduces; target for 4096 f32 <= 2.0x the raw RTT)")
 	for _, a := range r.ar {
 		if !a.isBand {
 			continue
@@ -707,9 +734,12 @@ func (r *results) print(w io.Writer) {
 		if raw16, ok := r.rawBW[16<<20]; ok {
 			fmt.Fprintf(w, "    = %.2fx the best raw one-way 16 MiB stream (%.2f GB/s)\n", a.busbw/slices.Max(raw16), slices.Max(raw16)/1e9)
 		}
-		if len(r.rawBidir) > 0 {
+		if len(r.rawBidir) > 0 && len(r.rawBidir) == len(r.arBusbw) {
 			bi := slices.Max(r.rawBidir)
-			fmt.Fprintf(w, "    = %.2fx a raw 16 MiB exchange, both ways at once like the 2-rank ring (%.2f GB/s each way)\n", a.busbw/bi, bi/1e9)
+			fmt.Fprintf(w, "    = %.2fx a raw 16 MiB exchange, both ways at once like the 2-rank ring (best %.2f GB/s each way);\n",
+				a.busbw/bi, bi/1e9)
+			fmt.Fprintf(w, "      median over rounds of the paired ratio (each round: raw exchange, then all-reduces): %.2fx\n",
+				medianRatio(r.arBusbw, r.rawBidir))
 		}
 	}
 }
