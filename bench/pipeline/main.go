@@ -64,6 +64,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/pipeline"
 	"github.com/gdist/gdist/internal/benchutil"
+	"github.com/gdist/gdist/internal/pipetest"
 )
 
 type options struct {
@@ -79,6 +80,15 @@ type options struct {
 	repeat int
 	trace  bool
 	dtype  string
+}
+
+// sizes are the MLP's widths: o.layers square layers of width o.width.
+func (o options) sizes() []int {
+	s := make([]int, o.layers+1)
+	for i := range s {
+		s[i] = o.width
+	}
+	return s
 }
 
 // result is what a worker reports for one (mode, m), one line per rank.
@@ -386,9 +396,9 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 	rows := o.batch / m
 	per := o.layers / p
 	build := func(gr *gorgonia.ExprGraph) (pipeline.Stage, error) {
-		return newStage(gr, rank*per, (rank+1)*per, o.layers, o.width, rows, dt), nil
+		return pipetest.NewMLPStage(gr, o.sizes(), rank*per, (rank+1)*per, rows, dt), nil
 	}
-	opts := []pipeline.Option{pipeline.WithMicroBatches(m), pipeline.WithLoss(mse), pipeline.WithTagBase(tagBase)}
+	opts := []pipeline.Option{pipeline.WithMicroBatches(m), pipeline.WithLoss(pipetest.MSE), pipeline.WithTagBase(tagBase)}
 	switch mode {
 	case "gpipe":
 	case "1f1b":
@@ -506,7 +516,7 @@ func liveHeap() uint64 {
 // the pipeline, and reports it as mode "plain".
 func plain(ctx context.Context, o options, dt tensor.Dtype) error {
 	gr := gorgonia.NewGraph()
-	st := newStage(gr, 0, o.layers, o.layers, o.width, o.batch, dt)
+	st := pipetest.NewMLPStage(gr, o.sizes(), 0, o.layers, o.batch, dt)
 	x, y := batchData(o.batch, o.width, dt)
 	xn := gorgonia.NewMatrix(gr, dt, gorgonia.WithShape(o.batch, o.width), gorgonia.WithName("x"), gorgonia.WithValue(x))
 	yn := gorgonia.NewMatrix(gr, dt, gorgonia.WithShape(o.batch, o.width), gorgonia.WithName("y"), gorgonia.WithValue(y))
@@ -514,14 +524,15 @@ func plain(ctx context.Context, o options, dt tensor.Dtype) error {
 	if err != nil {
 		return err
 	}
-	loss, err := mse(out, yn)
+	loss, err := pipetest.MSE(out, yn)
 	if err != nil {
 		return err
 	}
-	if _, err := gorgonia.Grad(loss, st.params...); err != nil {
+	params := st.Learnables()
+	if _, err := gorgonia.Grad(loss, params...); err != nil {
 		return err
 	}
-	vm := gorgonia.NewTapeMachine(gr, gorgonia.BindDualValues(st.params...))
+	vm := gorgonia.NewTapeMachine(gr, gorgonia.BindDualValues(params...))
 	defer vm.Close()
 	solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(1e-3))
 	step := func() error {
@@ -529,7 +540,7 @@ func plain(ctx context.Context, o options, dt tensor.Dtype) error {
 			return err
 		}
 		vm.Reset()
-		return solver.Step(gorgonia.NodesToValueGrads(st.params))
+		return solver.Step(gorgonia.NodesToValueGrads(params))
 	}
 	for range o.warmup {
 		if err := step(); err != nil {
@@ -637,79 +648,6 @@ func median(ds []time.Duration) float64 {
 
 // ---- model ----
 
-// stage is layers [from, to) of an MLP of `layers` square tanh layers of
-// width `width` (the last one linear), for micro-batches of rows rows.
-type stage struct {
-	from, to, layers, width, rows int
-	dt                            tensor.Dtype
-	params                        gorgonia.Nodes
-}
-
-func newStage(g *gorgonia.ExprGraph, from, to, layers, width, rows int, dt tensor.Dtype) *stage {
-	s := &stage{from: from, to: to, layers: layers, width: width, rows: rows, dt: dt}
-	for l := from; l < to; l++ {
-		w := make([]float64, width*width)
-		for i := range w {
-			w[i] = math.Sin(1.3*float64(l)+0.37*float64(i)) / math.Sqrt(float64(width))
-		}
-		s.params = append(s.params,
-			gorgonia.NewMatrix(g, dt, gorgonia.WithShape(width, width), gorgonia.WithName(fmt.Sprintf("w%d", l)),
-				gorgonia.WithValue(dense(dt, []int{width, width}, w))),
-			gorgonia.NewVector(g, dt, gorgonia.WithShape(width), gorgonia.WithName(fmt.Sprintf("b%d", l)),
-				gorgonia.WithValue(dense(dt, []int{width}, make([]float64, width)))))
-	}
-	return s
-}
-
-func (s *stage) InputShape() tensor.Shape   { return tensor.Shape{s.rows, s.width} }
-func (s *stage) OutputShape() tensor.Shape  { return tensor.Shape{s.rows, s.width} }
-func (s *stage) Learnables() gorgonia.Nodes { return slices.Clone(s.params) }
-func (s *stage) Dtype() tensor.Dtype        { return s.dt }
-
-func (s *stage) Forward(x *gorgonia.Node) (*gorgonia.Node, error) {
-	h := x
-	for l := s.from; l < s.to; l++ {
-		k := 2 * (l - s.from)
-		z, err := gorgonia.Mul(h, s.params[k])
-		if err != nil {
-			return nil, err
-		}
-		if z, err = gorgonia.BroadcastAdd(z, s.params[k+1], nil, []byte{0}); err != nil {
-			return nil, err
-		}
-		if l < s.layers-1 {
-			if z, err = gorgonia.Tanh(z); err != nil {
-				return nil, err
-			}
-		}
-		h = z
-	}
-	return h, nil
-}
-
-func mse(out, target *gorgonia.Node) (*gorgonia.Node, error) {
-	d, err := gorgonia.Sub(out, target)
-	if err != nil {
-		return nil, err
-	}
-	sq, err := gorgonia.Square(d)
-	if err != nil {
-		return nil, err
-	}
-	return gorgonia.Mean(sq)
-}
-
-func dense(dt tensor.Dtype, shape []int, vals []float64) *tensor.Dense {
-	if dt == tensor.Float32 {
-		f := make([]float32, len(vals))
-		for i, v := range vals {
-			f[i] = float32(v)
-		}
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
-	}
-	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(slices.Clone(vals)))
-}
-
 // batchData returns a fixed batch of inputs and targets.
 func batchData(batch, width int, dt tensor.Dtype) (x, y *tensor.Dense) {
 	xs := make([]float64, batch*width)
@@ -718,7 +656,7 @@ func batchData(batch, width int, dt tensor.Dtype) (x, y *tensor.Dense) {
 		xs[i] = math.Sin(0.11 * float64(i))
 		ys[i] = math.Cos(0.07 * float64(i))
 	}
-	return dense(dt, []int{batch, width}, xs), dense(dt, []int{batch, width}, ys)
+	return pipetest.Dense(dt, []int{batch, width}, xs), pipetest.Dense(dt, []int{batch, width}, ys)
 }
 
 // copyRows copies micro-batch mb's rows of src into dst.

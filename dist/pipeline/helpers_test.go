@@ -16,6 +16,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/internal/disttest"
+	"github.com/gdist/gdist/internal/pipetest"
 )
 
 func TestMain(m *testing.M) {
@@ -40,94 +41,11 @@ func runOn(t *testing.T, ts []*transport.Local, fn func(pg *dist.ProcessGroup) e
 	})
 }
 
-// ---- a small MLP that splits by layers ----
-
-// mlpStage is layers [from, to) of an MLP with the given widths: layer i is
-// x·w_i + b_i, followed by tanh except for the model's last layer.
-type mlpStage struct {
-	sizes    []int
-	from, to int
-	batch    int
-	dt       tensor.Dtype
-	params   gorgonia.Nodes
-}
-
-// paramVal is the deterministic initial value of layer l's weight (k = 0)
-// or bias (k = 1) element i.
-func paramVal(l, k, i int) float64 {
-	return 0.5 * math.Sin(1.7*float64(l)+0.31*float64(i)+2.3*float64(k)+0.1)
-}
-
-func newMLPStage(g *gorgonia.ExprGraph, sizes []int, from, to, batch int, dt tensor.Dtype) *mlpStage {
-	s := &mlpStage{sizes: sizes, from: from, to: to, batch: batch, dt: dt}
-	for l := from; l < to; l++ {
-		in, out := sizes[l], sizes[l+1]
-		w := make([]float64, in*out)
-		for i := range w {
-			w[i] = paramVal(l, 0, i) / math.Sqrt(float64(in))
-		}
-		b := make([]float64, out)
-		for i := range b {
-			b[i] = 0.1 * paramVal(l, 1, i)
-		}
-		s.params = append(s.params,
-			gorgonia.NewMatrix(g, dt, gorgonia.WithShape(in, out), gorgonia.WithName(fmt.Sprintf("w%d", l)),
-				gorgonia.WithValue(denseOf(dt, []int{in, out}, w))),
-			gorgonia.NewVector(g, dt, gorgonia.WithShape(out), gorgonia.WithName(fmt.Sprintf("b%d", l)),
-				gorgonia.WithValue(denseOf(dt, []int{out}, b))))
-	}
-	return s
-}
-
-func (s *mlpStage) InputShape() tensor.Shape   { return tensor.Shape{s.batch, s.sizes[s.from]} }
-func (s *mlpStage) OutputShape() tensor.Shape  { return tensor.Shape{s.batch, s.sizes[s.to]} }
-func (s *mlpStage) Learnables() gorgonia.Nodes { return append(gorgonia.Nodes(nil), s.params...) }
-func (s *mlpStage) Dtype() tensor.Dtype        { return s.dt }
-
-func (s *mlpStage) Forward(x *gorgonia.Node) (*gorgonia.Node, error) {
-	h := x
-	for l := s.from; l < s.to; l++ {
-		k := 2 * (l - s.from)
-		z, err := gorgonia.Mul(h, s.params[k])
-		if err != nil {
-			return nil, err
-		}
-		if z, err = gorgonia.BroadcastAdd(z, s.params[k+1], nil, []byte{0}); err != nil {
-			return nil, err
-		}
-		if l < len(s.sizes)-2 {
-			if z, err = gorgonia.Tanh(z); err != nil {
-				return nil, err
-			}
-		}
-		h = z
-	}
-	return h, nil
-}
-
-// mseLoss is the mean squared error over all elements.
-func mseLoss(out, target *gorgonia.Node) (*gorgonia.Node, error) {
-	d, err := gorgonia.Sub(out, target)
-	if err != nil {
-		return nil, err
-	}
-	sq, err := gorgonia.Square(d)
-	if err != nil {
-		return nil, err
-	}
-	return gorgonia.Mean(sq)
-}
-
-func denseOf(dt tensor.Dtype, shape []int, vals []float64) *tensor.Dense {
-	if dt == tensor.Float32 {
-		f := make([]float32, len(vals))
-		for i, v := range vals {
-			f[i] = float32(v)
-		}
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
-	}
-	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(vals))
-}
+// The small MLP that splits by layers, and its loss, are shared with bench/pipeline.
+var (
+	newMLPStage = pipetest.NewMLPStage
+	mseLoss     = pipetest.MSE
+)
 
 // splitLayers returns stage s's layer range [from, to) when L layers are
 // split into p contiguous stages as evenly as possible.
