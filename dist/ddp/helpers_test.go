@@ -15,7 +15,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/disttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,20 +29,8 @@ var buildMu sync.Mutex
 // rather than hang.
 func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) {
 	t.Helper()
-	ts := transport.NewLocal(n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		pg, err := dist.New(ts[r], dist.WithTimeout(30*time.Second))
-		require.NoError(t, err)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer pg.Close()
-			errs[r] = fn(pg)
-		}()
-	}
-	wg.Wait()
+	groups := disttest.Cluster(t, n, dist.WithTimeout(30*time.Second))
+	errs := disttest.Run(t, groups, func(_ int, pg *dist.ProcessGroup) error { return fn(pg) })
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
