@@ -16,6 +16,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/disttest"
+	"github.com/gdist/gdist/internal/pipetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -143,17 +144,7 @@ func forward(x *gorgonia.Node, nParams int, use func(i int) (*gorgonia.Node, err
 
 // mseLoss is the mean over all elements of (out - y)²: a mean over the local
 // batch, so that averaging gradients over ranks gives the full-batch gradient.
-func mseLoss(out, y *gorgonia.Node) (*gorgonia.Node, error) {
-	d, err := gorgonia.Sub(out, y)
-	if err != nil {
-		return nil, err
-	}
-	sq, err := gorgonia.Square(d)
-	if err != nil {
-		return nil, err
-	}
-	return gorgonia.Mean(sq)
-}
+var mseLoss = pipetest.MSE
 
 // trainSetup describes a data-parallel training run and its reference.
 type trainSetup struct {
