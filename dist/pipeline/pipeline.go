@@ -67,7 +67,8 @@ type Pipeline struct {
 
 	abortCtx    context.Context
 	abortCancel context.CancelCauseFunc
-	wg          sync.WaitGroup // watchers and abort senders
+	wg          sync.WaitGroup        // watchers and abort senders
+	watchDone   map[int]chan struct{} // closed when the watcher of that rank returns
 
 	mu     sync.Mutex
 	closed bool
@@ -131,8 +132,10 @@ func New(ctx context.Context, g *dist.ProcessGroup, build Builder, opts ...Optio
 		return nil, err
 	}
 	p.abortCtx, p.abortCancel = context.WithCancelCause(context.Background())
+	p.watchDone = make(map[int]chan struct{}, len(ranks)-1)
 	for _, r := range ranks {
 		if r != g.Rank() {
+			p.watchDone[r] = make(chan struct{})
 			p.wg.Add(1)
 			go p.watch(r)
 		}
@@ -530,6 +533,35 @@ func (p *Pipeline) fail(err error, tell bool) error {
 	return err
 }
 
+// failPeer is fail(err, true) for an error a call met while talking to
+// a peer. A stage that fails tells every other stage why before it goes
+// away, and the transport delivers that notice before it reports the
+// sender closed or lost; failPeer gives such a notice the chance to win
+// over the bare "peer closed" or "peer lost" it caused here:
+//   - the peer was lost: wait until its watcher has drained what it sent;
+//   - the peer closed in the middle of a call: it stopped because some
+//     stage failed (perhaps a third one, whose notice is still on its way
+//     here), so wait for any notice.
+//
+// Either wait ends after noticeGrace at most.
+func (p *Pipeline) failPeer(err error) error {
+	var pe *dist.PeerError
+	if errors.As(err, &pe) && p.causeErr() == nil {
+		var drained <-chan struct{}
+		if !errors.Is(err, dist.ErrPeerClosed) {
+			drained = p.watchDone[pe.Rank] // nil (never ready) for a rank outside the pipeline
+		}
+		t := time.NewTimer(noticeGrace)
+		defer t.Stop()
+		select {
+		case <-p.abortCtx.Done():
+		case <-drained:
+		case <-t.C:
+		}
+	}
+	return p.fail(err, true)
+}
+
 func (p *Pipeline) causeErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -591,6 +623,7 @@ func noticeError(from int, b []byte) error {
 // not a failure by itself (a call that still needs it fails on its own).
 func (p *Pipeline) watch(r int) {
 	defer p.wg.Done()
+	defer close(p.watchDone[r])
 	b, err := p.g.Recv(p.abortCtx, r, p.cfg.tagBase+tagAbort)
 	switch {
 	case err == nil:

@@ -2,15 +2,12 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
-
-	"github.com/gdist/gdist/dist"
 )
 
 // Data connects a call to the caller's data. Each stage fills in the
@@ -141,7 +138,7 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 	c := &call{p: p, d: d}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	c.stop = context.AfterFunc(p.abortCtx, func() { c.cancel(context.Cause(p.abortCtx)) })
-	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) { p.fail(err, true) })
+	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) { p.failPeer(err) })
 	p.stats.Start, p.stats.Busy, p.stats.Events = time.Now(), 0, p.stats.Events[:0]
 	return c, nil
 }
@@ -152,19 +149,7 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 func (c *call) end(err error) error {
 	p := c.p
 	if err != nil {
-		var pe *dist.PeerError
-		if errors.As(err, &pe) && p.causeErr() == nil {
-			// A peer that failed tells us why before it goes away: give its
-			// notice a moment to win over the bare "peer closed" or "peer
-			// lost" it caused here.
-			t := time.NewTimer(noticeGrace)
-			select {
-			case <-p.abortCtx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-		}
-		err = p.fail(err, true)
+		err = p.failPeer(err)
 	}
 	if serr := c.snd.finish(); serr != nil && err == nil {
 		err = p.fail(serr, true)
