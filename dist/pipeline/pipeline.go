@@ -136,9 +136,11 @@ func New(ctx context.Context, g *dist.ProcessGroup, build Builder, opts ...Optio
 	for _, r := range ranks {
 		if r != g.Rank() {
 			p.watchDone[r] = make(chan struct{})
-			p.wg.Add(1)
-			go p.watch(r)
 		}
+	}
+	for r, done := range p.watchDone {
+		p.wg.Add(1)
+		go p.watch(r, done)
 	}
 	return p, nil
 }
@@ -621,9 +623,9 @@ func noticeError(from int, b []byte) error {
 // watch waits for an abort notice from rank r, or for r to be lost, and
 // fails the pipeline when either happens. A peer that closes cleanly is
 // not a failure by itself (a call that still needs it fails on its own).
-func (p *Pipeline) watch(r int) {
+func (p *Pipeline) watch(r int, done chan<- struct{}) {
 	defer p.wg.Done()
-	defer close(p.watchDone[r])
+	defer close(done)
 	b, err := p.g.Recv(p.abortCtx, r, p.cfg.tagBase+tagAbort)
 	switch {
 	case err == nil:
