@@ -423,17 +423,19 @@ func (d *DDP) forwardSeen(i int) {
 }
 
 // gradReady is called by parameter i's hook gradient op with the gradient g
-// of this backward pass.
-func (d *DDP) gradReady(i int, g gorgonia.Value) error {
+// of this backward pass. It reports whether it started an all-reduce.
+func (d *DDP) gradReady(i int, g gorgonia.Value) (launched bool, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.err != nil {
-		return d.err
+		return false, d.err
 	}
+	first := d.nextLaunch
+	defer func() { launched = d.nextLaunch > first && d.pg.WorldSize() > 1 }()
 	now := time.Now()
 	if d.nReady == 0 {
 		if d.syncedPending {
-			return d.failLocked(ErrSyncPending)
+			return false, d.failLocked(ErrSyncPending)
 		}
 		d.syncPass = d.sync && (d.cfg.accumulation == 1 || d.stepCalls == d.cfg.accumulation-1)
 		d.launchNow = d.cfg.overlap && d.syncPass
@@ -445,14 +447,14 @@ func (d *DDP) gradReady(i int, g gorgonia.Value) error {
 		}
 	}
 	if d.ready[i] {
-		return d.failLocked(fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), ErrDuplicateGradient))
+		return false, d.failLocked(fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), ErrDuplicateGradient))
 	}
 	s := d.slots[i]
 	b := d.bkts[s.bucket]
 	// The first pass since the last Sync overwrites the slot (the buckets
 	// keep the previous step's averages); later passes add to it.
 	if err := addInto(b, s, g, d.passes == 0); err != nil {
-		return d.failLocked(fmt.Errorf("ddp: gradient of %s: %w", d.params[i].Name(), err))
+		return false, d.failLocked(fmt.Errorf("ddp: gradient of %s: %w", d.params[i].Name(), err))
 	}
 	d.ready[i] = true
 	d.nReady++
@@ -474,7 +476,7 @@ func (d *DDP) gradReady(i int, g gorgonia.Value) error {
 		}
 		d.emitLocked("pass", -1, -1, now)
 	}
-	return nil
+	return false, nil
 }
 
 // addInto adds gradient g into slot s of bucket b, or copies it there if

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash"
 	"hash/fnv"
+	"runtime"
 
 	"github.com/chewxy/hm"
 	"gorgonia.org/gorgonia"
@@ -111,8 +112,17 @@ func (op *hookGradOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 	if len(inputs) != 1 {
 		return nil, fmt.Errorf("ddp: %v: want 1 input, got %d: %w", op, len(inputs), dist.ErrInvalidArgument)
 	}
-	if err := op.d.gradReady(op.i, inputs[0]); err != nil {
+	launched, err := op.d.gradReady(op.i, inputs[0])
+	if err != nil {
 		return nil, err
+	}
+	if launched {
+		// Let the group's worker put the bucket on the wire now: with few
+		// Ps (GOMAXPROCS=1 is common with one process per core) it would
+		// otherwise wait until backprop blocks, while the peers could
+		// already be reducing what it sends. It soon blocks receiving and
+		// hands the P back.
+		runtime.Gosched()
 	}
 	return reuseCopy(&op.out, inputs[0])
 }
