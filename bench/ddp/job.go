@@ -39,6 +39,7 @@ type job struct {
 	CPUProfile     string  `json:"cpu_profile"`      // write a CPU profile of the timed steps here
 	SocketBuffer   int     `json:"socket_buffer"`    // tcp.WithSocketBuffer; 0: kernel auto-tuning
 	Trace          string  `json:"trace"`            // write an execution trace of the timed steps here
+	Small          *int    `json:"small,omitempty"`  // dist.WithSmallThreshold; nil: the default
 }
 
 // outcome is what one rank measured.

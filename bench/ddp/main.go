@@ -79,6 +79,7 @@ type options struct {
 	links                  []float64 // MB/s
 	oBucket                int
 	sockBuf                int
+	small                  int
 }
 
 func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -104,6 +105,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.width, "width", 1024, "overlap: width of every layer")
 	linkList := fs.String("link", "400,1000", "overlap: comma-separated bandwidths of each rank's outgoing link in MB/s, one table each (1 MB = 1e6 bytes; 0: unlimited)")
 	fs.IntVar(&o.sockBuf, "socket-buffer", 0, "kernel socket buffer size of the ranks' TCP connections in bytes (0: the kernel's auto-tuning)")
+	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes: recursive doubling below it, ring above (-1: dist.DefaultSmallThreshold)")
 	fs.IntVar(&o.oBucket, "overlap-bucket-cap", 0, "overlap: DDP bucket cap in bytes (0: one layer per bucket)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -224,7 +226,7 @@ func bestAndMedian(runs []run, batch int) (best, med run) {
 // scaling is part (a): the MNIST MLP at world sizes 1 and 2.
 func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	base := job{Sizes: []int{784, 256, 128, 10}, Batch: o.batch, Steps: o.steps, Warmup: o.warmup,
-		Compress: o.compress, BucketCap: o.bucket, SocketBuffer: o.sockBuf}
+		Compress: o.compress, BucketCap: o.bucket, SocketBuffer: o.sockBuf, Small: o.smallThreshold()}
 	if o.bucket > 0 { // as the mnist example does: the first bucket is no larger
 		base.FirstBucketCap = min(o.bucket, ddp.DefaultFirstBucketCap)
 	}
@@ -322,7 +324,7 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	}
 	for li, link := range o.links {
 		base := job{Sizes: sizes, Batch: o.oBatch, Steps: o.oSteps, Warmup: o.oWarmup, BucketCap: bucket, FirstBucketCap: bucket,
-			LinkMBps: link, SocketBuffer: o.sockBuf}
+			LinkMBps: link, SocketBuffer: o.sockBuf, Small: o.smallThreshold()}
 		on, off, upfront := base, base, base
 		on.Name = "overlap-on"
 		off.Name, off.NoOverlap = "overlap-off", true
@@ -509,6 +511,14 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// smallThreshold is the -small flag for a job: nil for the default.
+func (o options) smallThreshold() *int {
+	if o.small < 0 {
+		return nil
+	}
+	return &o.small
+}
+
 // rankMain is a rank: it joins the job described by the environment, runs
 // the job in spec and prints its outcome.
 func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
@@ -542,7 +552,11 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 		}
 		t = lt
 	}
-	pg, err := dist.New(t)
+	var gopts []dist.Option
+	if j.Small != nil {
+		gopts = append(gopts, dist.WithSmallThreshold(*j.Small))
+	}
+	pg, err := dist.New(t, gopts...)
 	if err != nil {
 		t.Close()
 		return err
