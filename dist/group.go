@@ -236,19 +236,30 @@ func (g *ProcessGroup) runSync(ctx context.Context, c *call) error {
 	seq := g.next
 	g.next++
 	g.mu.Unlock()
-	return g.exec(ctx, seq, c)
+	return g.exec(ctx, seq, c, nil)
 }
 
-// exec waits for turn seq, runs c and passes the turn on.
-func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call) error {
+// exec waits for turn seq, runs c and passes the turn on. An async call's
+// Work w (nil for a sync call) is finished before the turn passes, so that
+// a collective that completes after it sees it done.
+func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work) error {
 	if err := g.waitTurn(ctx, seq, c.kind); err != nil {
+		if w != nil {
+			w.finish(err)
+		}
 		return err
 	}
 	g.mu.Lock()
 	if g.cause != nil {
+		g.mu.Unlock()
+		err := g.derive(seq, c.kind)
+		if w != nil {
+			w.finish(err)
+		}
+		g.mu.Lock()
 		g.endTurnLocked(seq)
 		g.mu.Unlock()
-		return g.derive(seq, c.kind)
+		return err
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -272,6 +283,9 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call) error {
 		err = g.opFailed(seq, c.kind, err)
 	}
 
+	if w != nil {
+		w.finish(err)
+	}
 	g.mu.Lock()
 	g.running, g.runCtx = false, nil
 	g.octx.parent = nil
@@ -517,7 +531,7 @@ func (g *ProcessGroup) worker() {
 		g.queue[0] = nil
 		g.queue = g.queue[1:]
 		g.mu.Unlock()
-		w.finish(g.exec(context.Background(), w.seq, &w.c))
+		g.exec(context.Background(), w.seq, &w.c, w) // finishes w
 	}
 }
 
