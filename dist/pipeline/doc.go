@@ -81,9 +81,16 @@
 // also watches every other for loss, so a killed stage makes all of them
 // fail promptly even when they were waiting on a live neighbour.
 //
+// Every stage must make the same calls in the same order. Each call starts
+// with a small header to the neighbours it sends data to (call kind and
+// number); the first receive from a neighbour checks it, so stages that
+// disagree (one in Infer, another in TrainStep, or one a call ahead) fail
+// at once with ErrCallMismatch instead of waiting for their contexts.
+//
 // # Tags
 //
 // A pipeline uses TagSpan point-to-point tags from its tag base
-// (WithTagBase): one for setup, one for abort notices, and then one per
-// call, micro-batch and direction, so messages can never be confused.
+// (WithTagBase): one for setup, one for abort notices, one for call
+// headers, and then one per call, micro-batch and direction, so messages can
+// never be confused.
 package pipeline

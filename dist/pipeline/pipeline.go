@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,11 +16,12 @@ import (
 	"github.com/gdist/gdist/dist"
 )
 
-// Tags inside a pipeline's range: setup descriptors, abort notices, then
-// data (3 kinds per micro-batch and call, see tag).
+// Tags inside a pipeline's range: setup descriptors, abort notices, call
+// headers, then data (3 kinds per micro-batch and call, see tag).
 const (
 	tagSetup = iota
 	tagAbort
+	tagCall
 	tagData
 )
 
@@ -497,10 +499,11 @@ func (p *Pipeline) announceFailure(ctx context.Context, cause error) {
 
 // Abort notice codes.
 const (
-	abortFailed = iota + 1 // the sender failed on its own
-	abortLost              // the sender lost a peer (Culprit)
-	abortClosed            // a peer (Culprit) closed in the middle of a call
-	abortPeer              // another failure involving a peer (Culprit)
+	abortFailed   = iota + 1 // the sender failed on its own
+	abortLost                // the sender lost a peer (Culprit)
+	abortClosed              // a peer (Culprit) closed in the middle of a call
+	abortPeer                // another failure involving a peer (Culprit)
+	abortMismatch            // stages are in different calls (ErrCallMismatch)
 )
 
 // fail records err as the pipeline's first failure (unless one is
@@ -575,7 +578,9 @@ func (p *Pipeline) causeErr() error {
 func (p *Pipeline) abortNotice(err error) []byte {
 	code, culprit := byte(abortFailed), p.g.Rank()
 	var pe *dist.PeerError
-	if errors.As(err, &pe) {
+	if errors.Is(err, ErrCallMismatch) {
+		code = abortMismatch
+	} else if errors.As(err, &pe) {
 		culprit = pe.Rank
 		switch {
 		case errors.Is(err, dist.ErrPeerLost):
@@ -616,6 +621,10 @@ func noticeError(from int, b []byte) error {
 	case abortPeer:
 		return &dist.PeerError{Rank: culprit, Op: "pipeline",
 			Err: fmt.Errorf("%w: stage %d on rank %d: %s", ErrStageFailed, stage, from, text)}
+	case abortMismatch:
+		text = strings.TrimPrefix(text, ErrCallMismatch.Error()+": ")
+		return &dist.PeerError{Rank: from, Op: "pipeline",
+			Err: fmt.Errorf("%w: found by stage %d: %s", ErrCallMismatch, stage, text)}
 	}
 	return &dist.PeerError{Rank: from, Op: "pipeline", Err: fmt.Errorf("%w: stage %d: %s", ErrStageFailed, stage, text)}
 }

@@ -378,6 +378,76 @@ func TestStageFailureAborts(t *testing.T) {
 	}
 }
 
+// TestCallMismatch makes stages call different methods, or one stage make a
+// call the others do not: instead of waiting for their contexts, every
+// stage fails promptly with ErrCallMismatch, the stage that found it naming
+// both calls.
+func TestCallMismatch(t *testing.T) {
+	const m, rows = 2, 2
+	for _, tc := range []struct {
+		name  string
+		p     int
+		calls func(stage int) []string // the calls each stage makes, in order
+	}{
+		{"p2/infer-vs-train", 2, func(s int) []string {
+			return []string{[]string{"infer", "train"}[s], "train"}
+		}},
+		{"p3/last-infers", 3, func(s int) []string {
+			if s == 2 {
+				return []string{"infer", "train"}
+			}
+			return []string{"train", "train"}
+		}},
+		{"p3/extra-call", 3, func(s int) []string {
+			if s == 1 {
+				return []string{"train", "train", "train"}
+			}
+			return []string{"train", "infer", "infer"}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := make([][]error, tc.p)
+			start := time.Now()
+			runRanks(t, tc.p, func(pg *dist.ProcessGroup) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				r := pg.Rank()
+				pl, err := New(ctx, pg, mlpBuilder(testSizes, tc.p, r, rows, tensor.Float64), WithMicroBatches(m),
+					WithLoss(mseLoss), WithInference(true))
+				if err != nil {
+					return err
+				}
+				defer pl.Close()
+				for _, call := range tc.calls(r) {
+					d := mlpData(0, rows, nil)
+					if call == "infer" {
+						err = pl.Infer(ctx, d)
+					} else {
+						_, err = pl.TrainStep(ctx, d)
+					}
+					errs[r] = append(errs[r], err)
+				}
+				return nil
+			})
+			took := time.Since(start)
+			assert.Less(t, took, 5*time.Second, "no stage waits for its context")
+			found := 0
+			for r := range tc.p {
+				// Every stage's last call fails with the mismatch.
+				last := errs[r][len(errs[r])-1]
+				require.ErrorIs(t, last, ErrCallMismatch, "stage %d: %v", r, errs[r])
+				var pe *dist.PeerError
+				if !errors.As(last, &pe) {
+					found++
+					assert.Contains(t, last.Error(), "but stage", "the finder names both calls")
+				}
+				t.Logf("stage %d: %v", r, errs[r])
+			}
+			assert.GreaterOrEqual(t, found, 1, "a stage found the mismatch itself")
+		})
+	}
+}
+
 func TestContextCancel(t *testing.T) {
 	// Stage 1 never calls TrainStep; stage 0's context ends: it fails with
 	// the context's error and stage 1's next call fails with ErrStageFailed.

@@ -2,12 +2,15 @@ package pipeline
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"time"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
 )
 
 // Data connects a call to the caller's data. Each stage fills in the
@@ -114,6 +117,83 @@ type call struct {
 	stop   func() bool
 	snd    *sender
 	d      Data
+	kind   byte    // callInfer or callTrain
+	heard  [2]bool // the call header from prev, next was checked
+}
+
+// Call kinds, in call headers.
+const (
+	callInfer = 1
+	callTrain = 2
+)
+
+func callName(kind byte) string {
+	switch kind {
+	case callInfer:
+		return "Infer"
+	case callTrain:
+		return "TrainStep"
+	}
+	return fmt.Sprintf("call kind %d", kind)
+}
+
+// Call headers. At the start of a call a stage sends a header (its call
+// kind, its call number and its stage) to each neighbour it will send data
+// to; before its first receive from a neighbour it checks that neighbour's
+// header against its own call. Stages in different calls would otherwise
+// wait on tags that never come, until their contexts end: with headers the
+// first stage to receive finds the mismatch and aborts them all with
+// ErrCallMismatch. The header travels ahead of the data it announces, so
+// checking it costs no wait of its own.
+const callHeaderLen = 1 + 8 + 4
+
+// announce sends this call's header to the neighbours it sends data to.
+func (c *call) announce() error {
+	p := c.p
+	var hdr [callHeaderLen]byte
+	hdr[0] = c.kind
+	binary.LittleEndian.PutUint64(hdr[1:], p.step)
+	binary.LittleEndian.PutUint32(hdr[9:], uint32(p.stage))
+	tag := p.cfg.tagBase + tagCall
+	if !p.IsLast() {
+		if err := p.g.Send(c.ctx, p.next, tag, hdr[:]); err != nil {
+			return err
+		}
+	}
+	if c.kind == callTrain && !p.IsFirst() {
+		if err := p.g.Send(c.ctx, p.prev, tag, hdr[:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// expect checks, once per call, the header of neighbour `from` (p.prev or
+// p.next) before the call's first receive from it.
+func (c *call) expect(from int) error {
+	p := c.p
+	i := 0
+	if from == p.next {
+		i = 1
+	}
+	if c.heard[i] {
+		return nil
+	}
+	b, err := p.g.Recv(c.ctx, from, p.cfg.tagBase+tagCall)
+	if err != nil {
+		return err
+	}
+	if len(b) != callHeaderLen {
+		return &dist.PeerError{Rank: from, Op: "pipeline",
+			Err: fmt.Errorf("%w: call header of %d bytes", dist.ErrProtocol, len(b))}
+	}
+	kind, step, stage := b[0], binary.LittleEndian.Uint64(b[1:]), int(binary.LittleEndian.Uint32(b[9:]))
+	if kind != c.kind || step != p.step {
+		return fmt.Errorf("%w: stage %d (rank %d) is in call #%d (%s) but stage %d (rank %d) is in call #%d (%s)",
+			ErrCallMismatch, p.stage, p.g.Rank(), p.step, callName(c.kind), stage, from, step, callName(kind))
+	}
+	c.heard[i] = true
+	return nil
 }
 
 // begin starts a call: it checks the pipeline's state, derives a context
@@ -135,7 +215,10 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 	}
 	p.busy = true
 	p.mu.Unlock()
-	c := &call{p: p, d: d}
+	c := &call{p: p, d: d, kind: callTrain}
+	if op == "infer" {
+		c.kind = callInfer
+	}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	c.stop = context.AfterFunc(p.abortCtx, func() { c.cancel(context.Cause(p.abortCtx)) })
 	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) { p.failPeer(err) })
@@ -223,6 +306,9 @@ func (c *call) fillInput(s *slot, mb, kind int) error {
 		}
 		return nil
 	}
+	if err := c.expect(p.prev); err != nil {
+		return err
+	}
 	return recvInto(c.ctx, p.g, p.prev, p.tag(kind, mb), s.inVal.Data())
 }
 
@@ -268,6 +354,9 @@ func (c *call) infer() error {
 		return fmt.Errorf("%w: pipeline built without inference graphs", ErrInvalidArgument)
 	}
 	if err := p.syncParams(); err != nil {
+		return err
+	}
+	if err := c.announce(); err != nil {
 		return err
 	}
 	for mb := range p.cfg.micro {
@@ -360,6 +449,9 @@ func (c *call) train() (float64, error) {
 		return 0, fmt.Errorf("%w: pipeline built without training graphs", ErrInvalidArgument)
 	}
 	if err := p.syncParams(); err != nil {
+		return 0, err
+	}
+	if err := c.announce(); err != nil {
 		return 0, err
 	}
 	var loss float64
@@ -524,6 +616,9 @@ func (c *call) backward(mb int) error {
 		}
 		p.pool.put(out)
 	} else if s, err = p.slotOf(mb); err != nil {
+		return err
+	}
+	if err := c.expect(p.next); err != nil {
 		return err
 	}
 	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb), s.x.grad.Data()); err != nil {

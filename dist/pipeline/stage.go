@@ -77,6 +77,11 @@ var (
 	// settings (number of stages, micro-batches, schedule). The message
 	// names both stages.
 	ErrConfigMismatch = errors.New("pipeline: stages disagree")
+	// ErrCallMismatch means neighbouring stages are not in the same call:
+	// one called Infer and the other TrainStep, or one made more calls than
+	// the other. The stage that finds it names both calls; every other
+	// stage fails with a *dist.PeerError wrapping it.
+	ErrCallMismatch = errors.New("pipeline: stages are in different calls")
 	// ErrNoLoss means TrainStep was called on the last stage of a pipeline
 	// built without WithLoss.
 	ErrNoLoss = errors.New("pipeline: no loss function (WithLoss) on the last stage")
