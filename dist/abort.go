@@ -120,8 +120,9 @@ func (g *ProcessGroup) decodeAbort(from int, b []byte) error {
 // watch receives abort messages from peer p for the life of the group. A
 // peer that is lost (not one that closed cleanly) aborts the group too: its
 // collectives could never complete.
-func (g *ProcessGroup) watch(p int) {
+func (g *ProcessGroup) watch(p int, done chan<- struct{}) {
 	defer g.wg.Done()
+	defer close(done)
 	m, err := g.t.Recv(g.gctx, p, tagAbort)
 	if err != nil {
 		var pe *PeerError

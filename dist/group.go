@@ -49,6 +49,10 @@ type ProcessGroup struct {
 	gctx    context.Context
 	gcancel context.CancelFunc
 	wg      sync.WaitGroup // worker, abort watchers, abort senders
+	sending sync.WaitGroup // abort senders (Close lets them finish first)
+	// watchDone[p] is closed when the abort watcher of peer p returns: an
+	// abort message p sent before leaving has been handled by then.
+	watchDone []chan struct{}
 
 	mu        sync.Mutex
 	closed    bool
@@ -162,10 +166,12 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 	g.timer.Stop()
 	g.wg.Add(1)
 	go g.worker()
+	g.watchDone = make([]chan struct{}, world)
 	for p := range world {
 		if p != rank {
+			g.watchDone[p] = make(chan struct{})
 			g.wg.Add(1)
-			go g.watch(p)
+			go g.watch(p, g.watchDone[p])
 		}
 	}
 	return g, nil
@@ -210,11 +216,32 @@ func (g *ProcessGroup) Close() error {
 		g.watched, g.unwatch = nil, nil
 	}
 	g.mu.Unlock()
+	// An abort message still being sent tells the peers why this rank
+	// failed; closing first would leave them only "peer closed".
+	g.awaitSenders(closeAbortWait)
 	g.gcancel()
 	err := g.t.Close()
 	g.wg.Wait()
 	g.timer.Stop()
 	return err
+}
+
+// closeAbortWait bounds how long Close waits for abort messages in flight.
+const closeAbortWait = 500 * time.Millisecond
+
+// awaitSenders waits, at most d, for the abort senders.
+func (g *ProcessGroup) awaitSenders(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		g.sending.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 func (g *ProcessGroup) isClosed() bool {
@@ -433,6 +460,7 @@ func (g *ProcessGroup) aborted(cause error, notify []byte) {
 		return
 	}
 	g.wg.Add(1)
+	g.sending.Add(1)
 	g.mu.Unlock()
 	go g.sendAbort(notify)
 }
@@ -441,6 +469,7 @@ func (g *ProcessGroup) aborted(cause error, notify []byte) {
 // abortSendTimeout) that the group is aborted.
 func (g *ProcessGroup) sendAbort(msg []byte) {
 	defer g.wg.Done()
+	defer g.sending.Done()
 	ctx, cancel := context.WithTimeout(g.gctx, abortSendTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -461,6 +490,10 @@ func (g *ProcessGroup) sendAbort(msg []byte) {
 // the caller sees, aborting the group (and telling the peers) if this is the
 // group's first failure.
 func (g *ProcessGroup) opFailed(seq uint64, kind opKind, err error) error {
+	var closed *PeerError
+	if errors.As(err, &closed) && errors.Is(closed.Err, ErrPeerClosed) {
+		g.awaitNotice(closed.Rank)
+	}
 	g.mu.Lock()
 	already := g.cause != nil
 	g.mu.Unlock()
@@ -483,6 +516,29 @@ func (g *ProcessGroup) opFailed(seq uint64, kind opKind, err error) error {
 		g.poison(cause, g.otherAbort(cause))
 	}
 	return g.derive(seq, kind)
+}
+
+// noticeGrace bounds how long a collective that met a closed peer waits for
+// an abort message explaining it.
+const noticeGrace = 200 * time.Millisecond
+
+// awaitNotice is called when a collective finds peer r closed. A peer that
+// closes in the middle of a collective stopped because something failed,
+// and it sent its abort message (naming the cause) before its goodbye: wait
+// until r's abort watcher has handled what r sent, or the group is aborted,
+// so that the real cause is reported rather than the bare "peer closed".
+func (g *ProcessGroup) awaitNotice(r int) {
+	if r < 0 || r >= len(g.watchDone) || g.watchDone[r] == nil {
+		return
+	}
+	t := time.NewTimer(noticeGrace)
+	defer t.Stop()
+	select {
+	case <-g.abortCh:
+	case <-g.watchDone[r]:
+	case <-g.done:
+	case <-t.C:
+	}
 }
 
 // derive returns the error collective seq reports because the group is
