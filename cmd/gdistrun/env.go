@@ -5,9 +5,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
+
+	"github.com/gdist/gdist/internal/portpick"
 )
 
 // Environment variables the launcher sets for every child.
@@ -41,20 +42,19 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// freePort asks the kernel for a free TCP port on host (falling back to the
-// loopback address if host cannot be bound here) and releases it. Another
-// process may take the port before rank 0 binds it; that race is inherent to
-// picking a port for someone else.
+// freePort picks a free TCP port on host (falling back to the loopback
+// address if host cannot be bound here), below the kernel's ephemeral range
+// when it can, so that no rank's outgoing connection can land on it (see
+// package portpick). Another process may take the port before rank 0 binds
+// it; that race is inherent to picking a port for someone else.
 func freePort(host string) (int, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	port, err := portpick.Free(host)
 	if err != nil {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		if port, err = portpick.Free("127.0.0.1"); err != nil {
 			return 0, fmt.Errorf("pick a free master port: %w", err)
 		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return port, nil
 }
 
 // jobEnv holds what every rank of one launcher invocation shares.

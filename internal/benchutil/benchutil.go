@@ -11,14 +11,8 @@
 //	cpuSec := (benchutil.CPUTime() - cpu0).Seconds()
 package benchutil
 
-import "net"
+import "github.com/gdist/gdist/internal/portpick"
 
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a loopback TCP port that was free a moment ago, outside
+// the ephemeral range when it can (see package portpick).
+func FreePort() (int, error) { return portpick.Free("127.0.0.1") }

@@ -574,3 +574,37 @@ func TestLostPeerNamedBySurvivors(t *testing.T) {
 		}
 	}
 }
+
+// TestSelfConnected: dialing a loopback port nobody listens on from that
+// same port connects the socket to itself (TCP simultaneous open), which a
+// dial to a rank that is not listening yet can hit by chance when the
+// kernel picks the target port as the ephemeral one; dial must recognise
+// it (and retry) instead of handshaking with itself.
+func TestSelfConnected(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+
+	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}
+	d := net.Dialer{LocalAddr: addr, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr.String())
+	if err != nil {
+		t.Skipf("this kernel does not connect a socket to itself: %v", err)
+	}
+	assert.True(t, selfConnected(c), "%v -> %v", c.LocalAddr(), c.RemoteAddr())
+	require.NoError(t, c.Close())
+
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		if s, err := ln.Accept(); err == nil {
+			s.Close()
+		}
+	}()
+	c, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	assert.False(t, selfConnected(c))
+}

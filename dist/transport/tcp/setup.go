@@ -214,6 +214,14 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 	var last error
 	for {
 		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil && selfConnected(c) {
+			// Nobody listens at addr yet and the kernel picked addr's port
+			// as our ephemeral port: TCP simultaneous open connected the
+			// socket to itself. It would also keep the port from the rank
+			// about to listen there. Drop it and retry.
+			c.Close()
+			c, err = nil, errSelfConnect
+		}
 		if err == nil {
 			conn := c.(*net.TCPConn)
 			t.tune(conn)
@@ -241,6 +249,16 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// errSelfConnect is the retryable error of a dial that connected to itself.
+var errSelfConnect = errors.New("connected to itself (nothing listening yet)")
+
+// selfConnected reports whether c's two ends are the same address.
+func selfConnected(c net.Conn) bool {
+	l, lok := c.LocalAddr().(*net.TCPAddr)
+	r, rok := c.RemoteAddr().(*net.TCPAddr)
+	return lok && rok && l.Port == r.Port && l.IP.Equal(r.IP)
 }
 
 func (t *Transport) tune(c *net.TCPConn) {
