@@ -6,6 +6,9 @@ import (
 	"runtime"
 	"sync"
 
+	"gonum.org/v1/gonum/blas/gonum"
+	"gonum.org/v1/gonum/floats"
+
 	"github.com/gdist/gdist/dist"
 )
 
@@ -89,22 +92,21 @@ func copyData(dst, src any) error {
 	return fmt.Errorf("%w: copy of %T into %T", ErrStage, src, dst)
 }
 
-// addInto adds src to dst element-wise and zeroes src.
+// addInto adds src to dst element-wise and zeroes src. It runs once per
+// micro-batch and parameter on every stage but the last, so it uses gonum's
+// vectorised axpy with alpha 1 (dst = 1*src + dst rounds exactly like
+// dst + src), several times faster than a scalar loop.
 func addInto(dst, src any) error {
 	switch d := dst.(type) {
 	case []float32:
 		if s, ok := src.([]float32); ok && len(s) == len(d) {
-			for i, v := range s {
-				d[i] += v
-			}
+			gonum.Implementation{}.Saxpy(len(d), 1, s, 1, d, 1)
 			clear(s)
 			return nil
 		}
 	case []float64:
 		if s, ok := src.([]float64); ok && len(s) == len(d) {
-			for i, v := range s {
-				d[i] += v
-			}
+			floats.Add(d, s)
 			clear(s)
 			return nil
 		}
