@@ -9,6 +9,8 @@ import (
 	"time"
 	"unsafe"
 
+	"gonum.org/v1/gonum/blas/gonum"
+	"gonum.org/v1/gonum/floats"
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
@@ -494,16 +496,10 @@ func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
 		copy(b.f32[s.off:s.off+s.n], f32)
 	case b.f64 != nil && f64 != nil && overwrite:
 		copy(b.f64[s.off:s.off+s.n], f64)
-	case b.f32 != nil && f32 != nil:
-		dst := b.f32[s.off : s.off+s.n]
-		for k, v := range f32 {
-			dst[k] += v
-		}
+	case b.f32 != nil && f32 != nil: // vectorised; 1*v + dst rounds like dst + v
+		gonum.Implementation{}.Saxpy(s.n, 1, f32, 1, b.f32[s.off:s.off+s.n], 1)
 	case b.f64 != nil && f64 != nil:
-		dst := b.f64[s.off : s.off+s.n]
-		for k, v := range f64 {
-			dst[k] += v
-		}
+		floats.Add(b.f64[s.off:s.off+s.n], f64)
 	default:
 		return fmt.Errorf("gradient dtype %v differs from the parameter's: %w", g.Dtype(), dist.ErrUnsupportedDType)
 	}
