@@ -80,7 +80,7 @@ func (l *Local) Send(ctx context.Context, to int, tag uint32, meta Meta, p []byt
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("dist: send to rank %d: %w", to, err)
 	}
-	if err := l.hub.boxes[l.rank].Err(); err != nil {
+	if err := l.hub.boxes[l.rank].Err(); err != nil && tag < TagReservedBase {
 		return err // this rank already failed (a peer was lost)
 	}
 	buf := bufpool.Default.Get(len(p))

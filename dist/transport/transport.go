@@ -71,7 +71,10 @@ type Transport interface {
 	// WorldSize is the number of ranks in the job.
 	WorldSize() int
 	// Send delivers p to rank `to` under tag. It returns once p may be reused
-	// by the caller; p is never retained.
+	// by the caller; p is never retained. Once the transport has failed (it
+	// lost a peer), Send fails for tags below TagReservedBase; messages on
+	// reserved tags still go to the peers that are alive, so that the layer
+	// above can tell them why this rank stops.
 	Send(ctx context.Context, to int, tag uint32, meta Meta, p []byte) error
 	// Recv returns the next message from rank `from` under tag. The payload
 	// belongs to the caller.

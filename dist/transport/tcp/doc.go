@@ -42,9 +42,12 @@
 // something the protocol forbids, or that stays silent past the heartbeat
 // timeout is lost: like an aborted NCCL communicator, the transport then
 // fails every pending and later call with a *transport.PeerError naming that
-// rank and wrapping transport.ErrPeerLost, and drops its other connections
-// so that every rank notices. A peer that calls Close is merely gone: what
-// it sent is still delivered, then calls involving it return a
+// rank and wrapping transport.ErrPeerLost. Its links to the other ranks stay
+// up until Close, which says goodbye on them, and messages on reserved tags
+// (transport.TagReservedBase and above: the process group's abort notices)
+// still go out on them, so the survivors learn which rank was lost rather
+// than blaming the rank that told them. A peer that calls Close is merely
+// gone: what it sent is still delivered, then calls involving it return a
 // *transport.PeerError wrapping transport.ErrPeerClosed.
 //
 // # Usage

@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -607,4 +608,40 @@ func TestSelfConnected(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	assert.False(t, selfConnected(c))
+}
+
+// TestFailedTransportStillSendsReserved: once rank 1 has lost rank 2, its
+// sends on user tags fail, but a message on a reserved tag (the process
+// group's abort notice) still reaches rank 0, ahead of rank 1's goodbye,
+// so rank 0 can learn why rank 1 stops.
+func TestFailedTransportStillSendsReserved(t *testing.T) {
+	ts := mesh(t, 3)
+	defer func() {
+		for _, tr := range ts {
+			tr.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Rank 1 loses rank 2 (only rank 1: rank 0 must not fail too, or it
+	// could not receive).
+	ts[1].fail(2, fmt.Errorf("%w: test", transport.ErrPeerLost))
+	_, err := ts[1].Recv(ctx, 2, 1)
+	require.ErrorIs(t, err, transport.ErrPeerLost, "rank 1 sees rank 2 lost")
+
+	err = ts[1].Send(ctx, 0, 7, transport.Meta{}, []byte("user"))
+	require.ErrorIs(t, err, transport.ErrPeerLost, "user tags fail after the failure")
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, 2, pe.Rank)
+
+	tag := transport.TagReservedBase + 1
+	require.NoError(t, ts[1].Send(ctx, 0, tag, transport.Meta{Seq: 9}, []byte("why")))
+	require.NoError(t, ts[1].Close())
+	m, err := ts[0].Recv(ctx, 1, tag)
+	require.NoError(t, err, "the reserved message arrives before rank 1's goodbye")
+	assert.Equal(t, "why", string(m.Payload))
+	assert.Equal(t, uint64(9), m.Meta.Seq)
+	_, err = ts[0].Recv(ctx, 1, tag)
+	require.ErrorIs(t, err, transport.ErrPeerClosed, "then rank 1 is gone")
 }

@@ -115,7 +115,9 @@ func (t *Transport) Send(ctx context.Context, to int, tag uint32, meta transport
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("dist: send to rank %d: %w", to, err)
 	}
-	if t.failed.Load() {
+	if t.failed.Load() && tag < transport.TagReservedBase {
+		// Failed: only the layer above's reserved messages (its abort
+		// notices) still go out, on the links that are alive.
 		return t.failure("send")
 	}
 	if to == t.rank {
