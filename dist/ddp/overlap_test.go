@@ -305,7 +305,11 @@ func TestMisuse(t *testing.T) {
 		runRanks(t, 2, func(pg *dist.ProcessGroup) error {
 			d, ps, _, _, vm := build(t, pg, -1)
 			defer vm.Close()
+			// Rank 1 must not die before rank 0's Wrap is over: rank 1
+			// passes the barrier only once rank 0 has reached it.
+			berr := pg.Barrier(t.Context())
 			if pg.Rank() == 1 {
+				require.NoError(t, berr)
 				pg.Transport().(*transport.Local).Kill()
 				return nil
 			}
