@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport"
 )
 
 // TestKillMidAllReduce crashes a rank while all ranks loop on large
@@ -326,5 +328,32 @@ func TestNewValidates(t *testing.T) {
 	for _, o := range []Option{WithTimeout(0), WithSmallThreshold(-1), WithLogger(nil), withSegment(12)} {
 		_, err := New(c.ts[0], o)
 		require.ErrorIs(t, err, ErrInvalidArgument)
+	}
+}
+
+// TestCauseReachesPeerBeforeClose: a rank whose collective fails and which
+// then closes at once still tells its peers why: Close lets the abort
+// message go out before the goodbye, so a peer that reaches the same
+// collective reports the abort (naming the rank and its cause), not a bare
+// "peer closed".
+func TestCauseReachesPeerBeforeClose(t *testing.T) {
+	for range 20 {
+		ts := transport.NewLocal(2)
+		g0, err := New(ts[0])
+		require.NoError(t, err)
+		g1, err := New(ts[1])
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
+		err1 := g1.Barrier(ctx) // rank 0 is not there yet: times out
+		cancel()
+		require.ErrorIs(t, err1, context.DeadlineExceeded)
+		require.NoError(t, g1.Close())
+
+		err0 := g0.Barrier(bg)
+		require.ErrorIs(t, err0, ErrAborted, "%v", err0)
+		require.NotErrorIs(t, err0, ErrPeerClosed)
+		assert.Contains(t, err0.Error(), "by rank 1")
+		require.NoError(t, g0.Close())
 	}
 }
