@@ -7,8 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/x448/float16"
-	"gonum.org/v1/gonum/blas/gonum"
-	"gonum.org/v1/gonum/floats"
+
+	"github.com/gdist/gdist/internal/vec"
 )
 
 // Reduction kernels. They are destination-first and in place (dst[i] = dst[i]
@@ -109,16 +109,11 @@ func divInto[T float](dst []T, d T) {
 }
 
 // sumF32 and sumF64 are the Sum kernels of the aligned F32 and F64 paths,
-// the hot loop of every large all-reduce: gonum's vectorised axpy with alpha
-// 1, dst = 1*src + dst, which rounds exactly like dst + src (multiplying by
-// one is exact). They are about 3.5x faster than sumInto's scalar loop.
-func sumF32(dst, src []float32) {
-	gonum.Implementation{}.Saxpy(len(dst), 1, src[:len(dst)], 1, dst, 1)
-}
+// the hot loop of every large all-reduce: vectorised adds that round
+// exactly like sumInto's scalar loop, about 3.5x faster.
+func sumF32(dst, src []float32) { vec.AddF32(dst, src) }
 
-func sumF64(dst, src []float64) {
-	floats.Add(dst, src[:len(dst)])
-}
+func sumF64(dst, src []float64) { vec.AddF64(dst, src) }
 
 // reduceInto applies op to typed slices.
 func reduceInto[T float](dst, src []T, op ReduceOp) {

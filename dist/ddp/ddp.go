@@ -9,12 +9,11 @@ import (
 	"time"
 	"unsafe"
 
-	"gonum.org/v1/gonum/blas/gonum"
-	"gonum.org/v1/gonum/floats"
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/vec"
 )
 
 // Errors of package ddp. Errors raised while a machine runs (in a hook op)
@@ -496,10 +495,10 @@ func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
 		copy(b.f32[s.off:s.off+s.n], f32)
 	case b.f64 != nil && f64 != nil && overwrite:
 		copy(b.f64[s.off:s.off+s.n], f64)
-	case b.f32 != nil && f32 != nil: // vectorised; 1*v + dst rounds like dst + v
-		gonum.Implementation{}.Saxpy(s.n, 1, f32, 1, b.f32[s.off:s.off+s.n], 1)
+	case b.f32 != nil && f32 != nil:
+		vec.AddF32(b.f32[s.off:s.off+s.n], f32)
 	case b.f64 != nil && f64 != nil:
-		floats.Add(b.f64[s.off:s.off+s.n], f64)
+		vec.AddF64(b.f64[s.off:s.off+s.n], f64)
 	default:
 		return fmt.Errorf("gradient dtype %v differs from the parameter's: %w", g.Dtype(), dist.ErrUnsupportedDType)
 	}
