@@ -188,6 +188,7 @@ func (c *call) expect(from int) error {
 			Err: fmt.Errorf("%w: call header of %d bytes", dist.ErrProtocol, len(b))}
 	}
 	kind, step, stage := b[0], binary.LittleEndian.Uint64(b[1:]), int(binary.LittleEndian.Uint32(b[9:]))
+	p.g.Transport().Release(b) // back to the transport's pool
 	if kind != c.kind || step != p.step {
 		return fmt.Errorf("%w: stage %d (rank %d) is in call #%d (%s) but stage %d (rank %d) is in call #%d (%s)",
 			ErrCallMismatch, p.stage, p.g.Rank(), p.step, callName(c.kind), stage, from, step, callName(kind))
