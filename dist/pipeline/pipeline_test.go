@@ -448,6 +448,32 @@ func TestCallMismatch(t *testing.T) {
 	}
 }
 
+// TestBadCallHeader: a malformed call header from a neighbour is a
+// protocol error naming that rank, not a hang or a misread call.
+func TestBadCallHeader(t *testing.T) {
+	const rows = 2
+	errs := runRanks(t, 2, func(pg *dist.ProcessGroup) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r := pg.Rank()
+		pl, err := New(ctx, pg, mlpBuilder(testSizes, 2, r, rows, tensor.Float64), WithInference(true))
+		if err != nil {
+			return err
+		}
+		defer pl.Close()
+		if r == 0 {
+			// Not a call: three bytes where a 13-byte header belongs.
+			return pg.Send(ctx, 1, DefaultTagBase+tagCall, []byte{1, 2, 3})
+		}
+		return pl.Infer(ctx, mlpData(0, rows, nil))
+	})
+	require.NoError(t, errs[0])
+	var pe *dist.PeerError
+	require.ErrorAs(t, errs[1], &pe)
+	assert.Equal(t, 0, pe.Rank)
+	assert.ErrorIs(t, errs[1], dist.ErrProtocol)
+}
+
 func TestContextCancel(t *testing.T) {
 	// Stage 1 never calls TrainStep; stage 0's context ends: it fails with
 	// the context's error and stage 1's next call fails with ErrStageFailed.
