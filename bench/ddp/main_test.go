@@ -14,8 +14,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/internal/disttest"
 )
 
 // TestMain doubles as a rank: launch re-executes the test binary with the

@@ -63,8 +63,8 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/pipeline"
+	"github.com/gdist/gdist/dist/pipeline/pipelinetest"
 	"github.com/gdist/gdist/internal/benchutil"
-	"github.com/gdist/gdist/internal/pipetest"
 )
 
 type options struct {
@@ -396,9 +396,9 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 	rows := o.batch / m
 	per := o.layers / p
 	build := func(gr *gorgonia.ExprGraph) (pipeline.Stage, error) {
-		return pipetest.NewMLPStage(gr, o.sizes(), rank*per, (rank+1)*per, rows, dt), nil
+		return pipelinetest.NewMLPStage(gr, o.sizes(), rank*per, (rank+1)*per, rows, dt), nil
 	}
-	opts := []pipeline.Option{pipeline.WithMicroBatches(m), pipeline.WithLoss(pipetest.MSE), pipeline.WithTagBase(tagBase)}
+	opts := []pipeline.Option{pipeline.WithMicroBatches(m), pipeline.WithLoss(pipelinetest.MSE), pipeline.WithTagBase(tagBase)}
 	switch mode {
 	case "gpipe":
 	case "1f1b":
@@ -516,7 +516,7 @@ func liveHeap() uint64 {
 // the pipeline, and reports it as mode "plain".
 func plain(ctx context.Context, o options, dt tensor.Dtype) error {
 	gr := gorgonia.NewGraph()
-	st := pipetest.NewMLPStage(gr, o.sizes(), 0, o.layers, o.batch, dt)
+	st := pipelinetest.NewMLPStage(gr, o.sizes(), 0, o.layers, o.batch, dt)
 	x, y := batchData(o.batch, o.width, dt)
 	xn := gorgonia.NewMatrix(gr, dt, gorgonia.WithShape(o.batch, o.width), gorgonia.WithName("x"), gorgonia.WithValue(x))
 	yn := gorgonia.NewMatrix(gr, dt, gorgonia.WithShape(o.batch, o.width), gorgonia.WithName("y"), gorgonia.WithValue(y))
@@ -524,7 +524,7 @@ func plain(ctx context.Context, o options, dt tensor.Dtype) error {
 	if err != nil {
 		return err
 	}
-	loss, err := pipetest.MSE(out, yn)
+	loss, err := pipelinetest.MSE(out, yn)
 	if err != nil {
 		return err
 	}
@@ -656,7 +656,7 @@ func batchData(batch, width int, dt tensor.Dtype) (x, y *tensor.Dense) {
 		xs[i] = math.Sin(0.11 * float64(i))
 		ys[i] = math.Cos(0.07 * float64(i))
 	}
-	return pipetest.Dense(dt, []int{batch, width}, xs), pipetest.Dense(dt, []int{batch, width}, ys)
+	return pipelinetest.Dense(dt, []int{batch, width}, xs), pipelinetest.Dense(dt, []int{batch, width}, ys)
 }
 
 // copyRows copies micro-batch mb's rows of src into dst.

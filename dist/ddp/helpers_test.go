@@ -15,8 +15,8 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/internal/disttest"
-	"github.com/gdist/gdist/internal/pipetest"
+	"github.com/gdist/gdist/dist/disttest"
+	"github.com/gdist/gdist/dist/pipeline/pipelinetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -144,7 +144,7 @@ func forward(x *gorgonia.Node, nParams int, use func(i int) (*gorgonia.Node, err
 
 // mseLoss is the mean over all elements of (out - y)²: a mean over the local
 // batch, so that averaging gradients over ranks gives the full-batch gradient.
-var mseLoss = pipetest.MSE
+var mseLoss = pipelinetest.MSE
 
 // trainSetup describes a data-parallel training run and its reference.
 type trainSetup struct {

@@ -15,9 +15,9 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/ops"
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/internal/disttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

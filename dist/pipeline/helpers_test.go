@@ -14,9 +14,9 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/disttest"
+	"github.com/gdist/gdist/dist/pipeline/pipelinetest"
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/internal/disttest"
-	"github.com/gdist/gdist/internal/pipetest"
 )
 
 func TestMain(m *testing.M) {
@@ -43,8 +43,8 @@ func runOn(t *testing.T, ts []*transport.Local, fn func(pg *dist.ProcessGroup) e
 
 // The small MLP that splits by layers, and its loss, are shared with bench/pipeline.
 var (
-	newMLPStage = pipetest.NewMLPStage
-	mseLoss     = pipetest.MSE
+	newMLPStage = pipelinetest.NewMLPStage
+	mseLoss     = pipelinetest.MSE
 )
 
 // splitLayers returns stage s's layer range [from, to) when L layers are

@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/internal/disttest"
+	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/internal/mnist"
 )
 

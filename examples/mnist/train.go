@@ -14,7 +14,6 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/internal/mnist"
-	"github.com/gdist/gdist/internal/replica"
 	"github.com/gdist/gdist/models/mlp"
 )
 
@@ -61,9 +60,9 @@ type epochStats struct {
 // result is what train returns.
 type result struct {
 	Epochs    []epochStats
-	Losses    []float64        // this rank's loss at every step, in order
-	Check     replica.Checksum // of the float32 parameters, each hashed as its 4 bytes
-	Identical bool             // every rank has the same checksum (verified by collectives)
+	Losses    []float64    // this rank's loss at every step, in order
+	Check     ddp.Checksum // of the float32 parameters, each hashed as its 4 bytes
+	Identical bool         // every rank has the same checksum (verified by collectives)
 }
 
 // hooks are optional callbacks train calls on rank 0 (nil ones are skipped).
@@ -372,10 +371,10 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		res.Epochs = append(res.Epochs, es)
 	}
 
-	if res.Check, err = replica.OfNodes(t.params); err != nil {
+	if res.Check, err = ddp.ChecksumOf(t.params); err != nil {
 		return nil, err
 	}
-	res.Identical, err = replica.Same(ctx, pg, res.Check)
+	res.Identical, err = ddp.SameReplicas(ctx, pg, res.Check)
 	if err != nil {
 		return nil, err
 	}

@@ -17,8 +17,8 @@ import (
 	"gorgonia.org/gorgonia"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/internal/disttest"
 	"github.com/gdist/gdist/models/transformer"
 )
 

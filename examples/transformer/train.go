@@ -13,7 +13,6 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
-	"github.com/gdist/gdist/internal/replica"
 	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
 )
@@ -87,7 +86,7 @@ type trainResult struct {
 	TokensPerSec float64       // tokens trained on per second, all ranks together
 	Interrupted  bool          // stopped early because ctx ended (on some rank)
 	Weights      []checkpoint.Named
-	Check        replica.Checksum
+	Check        ddp.Checksum
 	// DDP sums package ddp's statistics over the steps (zero on one rank):
 	// Comm - Exposed is the all-reduce time hidden behind backprop.
 	DDP ddp.Stats
@@ -263,7 +262,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	if err != nil {
 		return nil, err
 	}
-	same, err := replica.Same(cctx, pg, res.Check)
+	same, err := ddp.SameReplicas(cctx, pg, res.Check)
 	if err != nil {
 		return nil, err
 	}
@@ -410,11 +409,11 @@ func (e *evaluator) close() {
 
 // checksumOf sums the parameters (in float64) and hashes the float64 bits of
 // every element, in order.
-func checksumOf(ts []checkpoint.Named) (replica.Checksum, error) {
-	a := replica.Accumulator{Widen: true}
+func checksumOf(ts []checkpoint.Named) (ddp.Checksum, error) {
+	a := ddp.Accumulator{Widen: true}
 	for _, t := range ts {
 		if err := a.Add(t.Tensor.Data()); err != nil {
-			return replica.Checksum{}, fmt.Errorf("transformer: parameter %s: %w", t.Name, err)
+			return ddp.Checksum{}, fmt.Errorf("transformer: parameter %s: %w", t.Name, err)
 		}
 	}
 	return a.Checksum(), nil

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/internal/wire"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // logRecorder is a slog.Handler that keeps the records it gets.

@@ -10,7 +10,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/gdist/gdist/internal/wire"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // link is an authenticated connection on its way to becoming a peer.

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 	"github.com/gdist/gdist/internal/bufpool"
-	"github.com/gdist/gdist/internal/wire"
 )
 
 const (

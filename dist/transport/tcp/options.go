@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/gdist/gdist/internal/wire"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // Defaults for the options.

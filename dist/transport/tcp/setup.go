@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gdist/gdist/internal/wire"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // New connects rank `rank` of a job of `world` ranks whose listen addresses

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/internal/wire"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // TestBidirectionalCreditStress: both ranks stream to each other at once

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/internal/disttest"
+	"github.com/gdist/gdist/dist/disttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,18 +1,17 @@
-// Package replica checks that data-parallel replicas ended with identical
-// parameters: every rank summarises its parameters in a Checksum (exact
-// float64 sums and an FNV-1a hash of the bits) and Same all-reduces the
-// checksums with Max and with Min and compares the two bit for bit.
+// Replica checks: data-parallel replicas must end with identical
+// parameters. Every rank summarises its parameters in a Checksum (exact
+// float64 sums and an FNV-1a hash of the bits) and SameReplicas all-reduces
+// the checksums with Max and with Min and compares the two bit for bit:
 //
-// # Usage
-//
-//	c, err := replica.OfNodes(model.Learnables())
+//	c, err := ddp.ChecksumOf(model.Learnables())
 //	if err != nil { ... }
-//	same, err := replica.Same(ctx, pg, c) // every rank gets the same answer
+//	same, err := ddp.SameReplicas(ctx, pg, c) // every rank gets the same answer
 //	if err != nil { ... }
 //	if !same {
 //		// the replicas diverged
 //	}
-package replica
+
+package ddp
 
 import (
 	"context"
@@ -92,7 +91,7 @@ func (a *Accumulator) Add(data any) error {
 	case []float64:
 		a.Float64s(d)
 	default:
-		return fmt.Errorf("replica: cannot checksum %T", data)
+		return fmt.Errorf("ddp: cannot checksum %T", data)
 	}
 	return nil
 }
@@ -102,9 +101,9 @@ func (a *Accumulator) Checksum() Checksum {
 	return Checksum{Sum: a.sum, SumSq: a.sumSq, Hash: a.hash().Sum64()}
 }
 
-// OfFloat32s returns the checksum of params, in order, each element hashed
+// ChecksumFloat32s returns the checksum of params, in order, each element hashed
 // as its 4 bytes. It reads params and does not retain them.
-func OfFloat32s(params [][]float32) Checksum {
+func ChecksumFloat32s(params [][]float32) Checksum {
 	var a Accumulator
 	for _, p := range params {
 		a.Float32s(p)
@@ -112,9 +111,9 @@ func OfFloat32s(params [][]float32) Checksum {
 	return a.Checksum()
 }
 
-// OfFloat64s returns the checksum of params, in order. It reads params and
+// ChecksumFloat64s returns the checksum of params, in order. It reads params and
 // does not retain them.
-func OfFloat64s(params [][]float64) Checksum {
+func ChecksumFloat64s(params [][]float64) Checksum {
 	var a Accumulator
 	for _, p := range params {
 		a.Float64s(p)
@@ -122,17 +121,17 @@ func OfFloat64s(params [][]float64) Checksum {
 	return a.Checksum()
 }
 
-// OfNodes returns the checksum of the values of nodes (Float32 or Float64
+// ChecksumOf returns the checksum of the values of nodes (Float32 or Float64
 // tensors), in order, each element hashed in its own width.
-func OfNodes(nodes []*gorgonia.Node) (Checksum, error) {
+func ChecksumOf(nodes []*gorgonia.Node) (Checksum, error) {
 	var a Accumulator
 	for _, n := range nodes {
 		v := n.Value()
 		if v == nil {
-			return Checksum{}, fmt.Errorf("replica: node %s has no value", n.Name())
+			return Checksum{}, fmt.Errorf("ddp: node %s has no value", n.Name())
 		}
 		if err := a.Add(v.Data()); err != nil {
-			return Checksum{}, fmt.Errorf("replica: node %s: %w", n.Name(), err)
+			return Checksum{}, fmt.Errorf("ddp: node %s: %w", n.Name(), err)
 		}
 	}
 	return a.Checksum(), nil
@@ -141,16 +140,16 @@ func OfNodes(nodes []*gorgonia.Node) (Checksum, error) {
 // Same reports whether every rank of pg has checksum c: it all-reduces the
 // checksum with Max and with Min and compares the two bit for bit. Every
 // rank gets the same answer; every rank must call it.
-func Same(ctx context.Context, pg *dist.ProcessGroup, c Checksum) (bool, error) {
+func SameReplicas(ctx context.Context, pg *dist.ProcessGroup, c Checksum) (bool, error) {
 	// The hash travels as two exact 32-bit halves.
 	vals := []float64{c.Sum, c.SumSq, float64(c.Hash >> 32), float64(c.Hash & 0xffffffff)}
 	hi := append([]float64(nil), vals...)
 	lo := append([]float64(nil), vals...)
 	if err := pg.AllReduceF64(ctx, hi, dist.Max); err != nil {
-		return false, fmt.Errorf("replica: comparing parameters: %w", err)
+		return false, fmt.Errorf("ddp: comparing parameters: %w", err)
 	}
 	if err := pg.AllReduceF64(ctx, lo, dist.Min); err != nil {
-		return false, fmt.Errorf("replica: comparing parameters: %w", err)
+		return false, fmt.Errorf("ddp: comparing parameters: %w", err)
 	}
 	for i := range vals {
 		if math.Float64bits(hi[i]) != math.Float64bits(lo[i]) {

@@ -1,7 +1,7 @@
-// Package pipetest holds a small MLP that splits into pipeline stages by
+// Package pipelinetest holds a small MLP that splits into pipeline stages by
 // layer, shared by dist/pipeline's tests and bench/pipeline. It satisfies
 // pipeline.Stage (and pipeline's optional Dtyper) without importing it.
-package pipetest
+package pipelinetest
 
 import (
 	"fmt"
