@@ -1,0 +1,234 @@
+package dist
+
+// Turn-taking: collectives run one at a time, in the order their sequence
+// numbers were handed out, each under the group's reusable op context.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"time"
+)
+
+type turnWaiter struct {
+	seq uint64
+	ch  chan struct{}
+}
+
+// opState describes the running collective.
+type opState struct {
+	seq  uint64
+	fp   uint64
+	kind opKind
+}
+
+// opCtx is the context the running collective hands to the transport: it is
+// done when the group is aborted (which is also what the collective's
+// timeout, the caller's cancellation and Close do), and otherwise carries the
+// caller's values and the collective's deadline. One is reused for every
+// collective, so running one allocates nothing.
+type opCtx struct {
+	g        *ProcessGroup
+	parent   context.Context
+	deadline time.Time
+}
+
+func (c *opCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *opCtx) Done() <-chan struct{}       { return c.g.abortCh }
+func (c *opCtx) Err() error {
+	select {
+	case <-c.g.abortCh:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+func (c *opCtx) Value(key any) any {
+	// Contexts derived from this one may ask after the collective ended, from
+	// the context package's goroutine, while exec resets parent: read it under
+	// the group's lock.
+	c.g.mu.Lock()
+	parent := c.parent
+	c.g.mu.Unlock()
+	if parent == nil {
+		return nil
+	}
+	return parent.Value(key)
+}
+
+// runSync runs c on the caller's goroutine once its turn comes.
+func (g *ProcessGroup) runSync(ctx context.Context, c *call) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("dist: %s: %w", c.kind, err)
+	}
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return fmt.Errorf("dist: %s: %w", c.kind, ErrClosed)
+	}
+	seq := g.next
+	g.next++
+	g.mu.Unlock()
+	return g.exec(ctx, seq, c, nil)
+}
+
+// exec waits for turn seq, runs c and passes the turn on. An async call's
+// Work w (nil for a sync call) is finished before the turn passes, so that
+// a collective that completes after it sees it done.
+func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work) error {
+	if err := g.waitTurn(ctx, seq, c.kind); err != nil {
+		if w != nil {
+			w.finish(err)
+		}
+		return err
+	}
+	g.mu.Lock()
+	if g.cause != nil {
+		g.mu.Unlock()
+		err := g.derive(seq, c.kind)
+		if w != nil {
+			w.finish(err)
+		}
+		g.mu.Lock()
+		g.endTurnLocked(seq)
+		g.mu.Unlock()
+		return err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(g.cfg.timeout)
+	}
+	g.cur = opState{seq: seq, fp: c.fingerprint(), kind: c.kind}
+	g.octx.parent, g.octx.deadline = ctx, deadline
+	g.running, g.runCtx = true, ctx
+	g.mu.Unlock()
+
+	g.timer.Reset(time.Until(deadline))
+	if ctx.Done() != nil {
+		g.watchCtx(ctx)
+		if ctx.Err() != nil { // ended before the watch could see it running
+			g.onCancel()
+		}
+	}
+	err := g.dispatch(&g.octx, c)
+	g.timer.Stop()
+	if err != nil {
+		err = g.opFailed(seq, c.kind, err)
+	}
+
+	if w != nil {
+		w.finish(err)
+	}
+	g.mu.Lock()
+	g.running, g.runCtx = false, nil
+	g.octx.parent = nil
+	g.endTurnLocked(seq)
+	g.mu.Unlock()
+	return err
+}
+
+// waitTurn waits until collective seq may run. If ctx ends or the group is
+// closed first, the turn is given up; since the peers will run that
+// collective, giving it up aborts the group.
+func (g *ProcessGroup) waitTurn(ctx context.Context, seq uint64, kind opKind) error {
+	g.mu.Lock()
+	if g.serving == seq {
+		g.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	g.waiters = append(g.waiters, turnWaiter{seq, ch})
+	g.mu.Unlock()
+	var err error
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-g.done:
+		err = ErrClosed
+	}
+	g.mu.Lock()
+	i := slices.IndexFunc(g.waiters, func(w turnWaiter) bool { return w.seq == seq })
+	if i < 0 {
+		g.endTurnLocked(seq) // the turn came as we gave up: pass it on
+	} else {
+		g.waiters = slices.Delete(g.waiters, i, i+1)
+		if g.abandoned == nil {
+			g.abandoned = make(map[uint64]struct{})
+		}
+		g.abandoned[seq] = struct{}{}
+	}
+	g.mu.Unlock()
+	if errors.Is(err, ErrClosed) {
+		return fmt.Errorf("dist: %s: %w", kind, ErrClosed)
+	}
+	cause := fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", kind, seq, err)
+	g.poison(cause, g.otherAbort(cause))
+	return cause
+}
+
+// endTurnLocked passes the turn from seq to the next collective that has not
+// been given up, and wakes it.
+func (g *ProcessGroup) endTurnLocked(seq uint64) {
+	g.serving = seq + 1
+	for {
+		if _, ok := g.abandoned[g.serving]; !ok {
+			break
+		}
+		delete(g.abandoned, g.serving)
+		g.serving++
+	}
+	for i, w := range g.waiters {
+		if w.seq == g.serving {
+			close(w.ch)
+			g.waiters = slices.Delete(g.waiters, i, i+1)
+			break
+		}
+	}
+}
+
+// onTimer fires at the running collective's deadline.
+func (g *ProcessGroup) onTimer() {
+	g.mu.Lock()
+	if !g.running || time.Now().Before(g.octx.deadline) || g.cause != nil {
+		g.mu.Unlock()
+		return
+	}
+	cause := fmt.Errorf("dist: %s #%d: timed out: %w", g.cur.kind, g.cur.seq, context.DeadlineExceeded)
+	g.setCauseLocked(cause)
+	g.mu.Unlock()
+	g.aborted(cause, g.otherAbort(cause))
+}
+
+// watchCtx arranges for onCancel to run when ctx ends. The registration
+// (context.AfterFunc, which allocates) is kept for the next collective, so a
+// loop of collectives under one context allocates nothing after the first.
+func (g *ProcessGroup) watchCtx(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	// Only pointers are compared: comparing other dynamic types could panic,
+	// and every cancellable context of package context is a pointer.
+	if g.watched != nil && reflect.TypeOf(ctx).Kind() == reflect.Pointer && ctx == g.watched {
+		return
+	}
+	if g.unwatch != nil {
+		g.unwatch()
+	}
+	g.watched, g.unwatch = ctx, context.AfterFunc(ctx, g.onCancelFn)
+}
+
+// onCancel runs when the running collective's context ends.
+func (g *ProcessGroup) onCancel() {
+	g.mu.Lock()
+	if !g.running || g.runCtx == nil || g.runCtx.Err() == nil || g.cause != nil {
+		g.mu.Unlock()
+		return
+	}
+	cause := fmt.Errorf("dist: %s #%d: %w", g.cur.kind, g.cur.seq, g.runCtx.Err())
+	g.setCauseLocked(cause)
+	g.mu.Unlock()
+	g.aborted(cause, g.otherAbort(cause))
+}
