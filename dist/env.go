@@ -9,6 +9,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/launchenv"
 )
 
 // Environment variables InitFromEnv reads.
@@ -23,26 +24,29 @@ const (
 	EnvListenAddr = "GDIST_LISTEN_ADDR" // where ranks other than 0 listen (default 127.0.0.1:0)
 )
 
-// rankVars are the (rank, world size, local rank) variables of the launchers
-// InitFromEnv understands, in order of precedence.
-var rankVars = [][3]string{
-	{EnvRank, EnvWorldSize, EnvLocalRank},                                          // torchrun, gdistrun
-	{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}, // Open MPI
-	{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},                              // Slurm srun
-}
-
 // InitFromEnv joins the job described by the environment and returns this
 // rank's group:
 //
-//   - rank and world size from RANK and WORLD_SIZE (torchrun, gdistrun),
-//     else OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (Open MPI), else
-//     SLURM_PROCID and SLURM_NTASKS (Slurm); the local rank from LOCAL_RANK,
-//     OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID (see LocalRank). With none
+//   - rank, world size and local rank from the launcher's variables:
+//     RANK, WORLD_SIZE, LOCAL_RANK (gdistrun, torchrun); JOB_COMPLETION_INDEX
+//     and WORLD_SIZE (a Kubernetes Indexed Job); SLURM_PROCID, SLURM_NTASKS,
+//     SLURM_LOCALID (Slurm); OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (Open
+//     MPI); PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (MPICH, Intel MPI). With none
 //     of them the world is this one process.
 //   - a world of one without MASTER_ADDR runs on the in-process transport.
 //   - otherwise the ranks meet over TCP through rank 0, which listens on
-//     MASTER_ADDR:MASTER_PORT; the others listen on GDIST_LISTEN_ADDR
-//     (default 127.0.0.1:0, loopback). Connections are authenticated with
+//     MASTER_ADDR:MASTER_PORT. Where the launcher tells enough, these need
+//     not be set: under Slurm the master is the first host of the step's node
+//     list (loopback for a one-node step) and the port is derived from the
+//     job id; under Open MPI, MPICH and Intel MPI a job whose ranks are all
+//     on this host meets on loopback on a port derived from the job id;
+//     under torchrun the port after MASTER_PORT is used, since torchrun's own
+//     store holds MASTER_PORT. GDIST_MASTER_PORT overrides a derived port.
+//     See package internal/launchenv for the exact rules.
+//   - the other ranks listen on GDIST_LISTEN_ADDR; by default on loopback
+//     (127.0.0.1:0) when the launcher says every rank is on this host, and
+//     on all interfaces (0.0.0.0:0, advertising the address that reaches rank
+//     0) when the ranks may span hosts. Connections are authenticated with
 //     the job token GDIST_TOKEN, which is required unless GDIST_INSECURE=1.
 //
 // InitFromEnv returns when every rank has connected, or when ctx ends. A
@@ -56,16 +60,18 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	rank, world, local, err := rankFromEnv()
+	job, err := launchenv.FromEnv(os.LookupEnv)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrEnv, err)
 	}
-	addr, haveAddr := lookupEnv(EnvMasterAddr)
+	if job.WorldSize > MaxWorldSize {
+		return nil, fmt.Errorf("%w: world size %d not in [1, %d]", ErrEnv, job.WorldSize, MaxWorldSize)
+	}
 	var t transport.Transport
-	if world == 1 && !haveAddr {
+	if job.WorldSize == 1 && job.MasterAddr == "" {
 		t = transport.NewLocal(1)[0]
 	} else {
-		tt, err := dialFromEnv(ctx, rank, world, addr, haveAddr, &cfg)
+		tt, err := dialFromEnv(ctx, job, &cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -76,21 +82,23 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		t.Close()
 		return nil, err
 	}
-	g.localRank = local
+	g.localRank = job.LocalRank
 	return g, nil
 }
 
-func dialFromEnv(ctx context.Context, rank, world int, addr string, haveAddr bool, cfg *config) (*tcp.Transport, error) {
-	if !haveAddr {
-		return nil, fmt.Errorf("%w: %s is not set (needed for a world of %d ranks)", ErrEnv, EnvMasterAddr, world)
+func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config) (*tcp.Transport, error) {
+	rank, world := job.Rank, job.WorldSize
+	if job.MasterAddr == "" {
+		hint := ""
+		if job.Launcher == launchenv.OpenMPI || job.Launcher == launchenv.PMI {
+			hint = " (the ranks span hosts: pass the first host, e.g. mpirun -x MASTER_ADDR=host0)"
+		}
+		return nil, fmt.Errorf("%w: %s is not set (needed for a world of %d ranks)%s", ErrEnv, EnvMasterAddr, world, hint)
 	}
-	port := os.Getenv(EnvMasterPort)
-	if port == "" {
+	if job.MasterPort == 0 {
 		return nil, fmt.Errorf("%w: %s is not set", ErrEnv, EnvMasterPort)
 	}
-	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-		return nil, fmt.Errorf("%w: %s=%q is not a port number", ErrEnv, EnvMasterPort, port)
-	}
+	addr, port := job.MasterAddr, strconv.Itoa(job.MasterPort)
 	var topts []tcp.Option
 	switch token, insecure := os.Getenv(EnvToken), os.Getenv(EnvInsecure); {
 	case token != "":
@@ -101,7 +109,11 @@ func dialFromEnv(ctx context.Context, rank, world int, addr string, haveAddr boo
 		return nil, fmt.Errorf("%w: %s is not set (set it to the job token, or %s=1 on a trusted network)", ErrEnv, EnvToken, EnvInsecure)
 	}
 	listen := os.Getenv(EnvListenAddr)
-	if listen == "" {
+	switch {
+	case listen != "":
+	case job.Multihost:
+		listen = "0.0.0.0:0"
+	default:
 		listen = "127.0.0.1:0"
 	}
 	topts = append(topts, tcp.WithListenAddr(listen))
@@ -113,56 +125,4 @@ func dialFromEnv(ctx context.Context, rank, world int, addr string, haveAddr boo
 		return nil, fmt.Errorf("dist: rank %d of %d: join %s:%s: %w", rank, world, addr, port, err)
 	}
 	return t, nil
-}
-
-// rankFromEnv reads rank, world size and local rank from the first launcher
-// whose rank variable is set.
-func rankFromEnv() (rank, world, local int, err error) {
-	for _, vars := range rankVars {
-		rs, ok := lookupEnv(vars[0])
-		if !ok {
-			continue
-		}
-		if rank, err = envInt(vars[0], rs); err != nil {
-			return 0, 0, 0, err
-		}
-		ws, ok := lookupEnv(vars[1])
-		if !ok {
-			return 0, 0, 0, fmt.Errorf("%w: %s is set but %s is not", ErrEnv, vars[0], vars[1])
-		}
-		if world, err = envInt(vars[1], ws); err != nil {
-			return 0, 0, 0, err
-		}
-		if world < 1 || world > MaxWorldSize {
-			return 0, 0, 0, fmt.Errorf("%w: %s=%d not in [1, %d]", ErrEnv, vars[1], world, MaxWorldSize)
-		}
-		if rank < 0 || rank >= world {
-			return 0, 0, 0, fmt.Errorf("%w: %s=%d not in [0, %s=%d)", ErrEnv, vars[0], rank, vars[1], world)
-		}
-		local = rank
-		if ls, ok := lookupEnv(vars[2]); ok {
-			if local, err = envInt(vars[2], ls); err != nil {
-				return 0, 0, 0, err
-			}
-			if local < 0 || local >= world {
-				return 0, 0, 0, fmt.Errorf("%w: %s=%d not in [0, %d)", ErrEnv, vars[2], local, world)
-			}
-		}
-		return rank, world, local, nil
-	}
-	return 0, 1, 0, nil
-}
-
-// lookupEnv is os.LookupEnv treating an empty value as unset.
-func lookupEnv(name string) (string, bool) {
-	v := os.Getenv(name)
-	return v, v != ""
-}
-
-func envInt(name, v string) (int, error) {
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %s=%q is not an integer", ErrEnv, name, v)
-	}
-	return n, nil
 }

@@ -11,15 +11,14 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/launchenv"
 )
 
 // clearEnv unsets every variable InitFromEnv reads, for the test's duration.
 func clearEnv(t *testing.T) {
-	for _, vars := range rankVars {
-		for _, v := range vars {
-			t.Setenv(v, "")
-			os.Unsetenv(v)
-		}
+	for _, v := range launchenv.RankVars() {
+		t.Setenv(v, "")
+		os.Unsetenv(v)
 	}
 	for _, v := range []string{EnvMasterAddr, EnvMasterPort, EnvToken, EnvInsecure, EnvListenAddr} {
 		t.Setenv(v, "")
@@ -102,21 +101,25 @@ func TestInitFromEnvErrors(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
-func TestInitFromEnvPrecedence(t *testing.T) {
+// TestInitFromEnvErrorNamesVariable: a malformed launcher variable gives an
+// error matching ErrEnv that names it (the launcher rules themselves are
+// tested in internal/launchenv).
+func TestInitFromEnvErrorNamesVariable(t *testing.T) {
 	clearEnv(t)
-	// torchrun's variables win over Slurm's (srun may wrap torchrun).
-	t.Setenv("RANK", "0")
-	t.Setenv("WORLD_SIZE", "1")
-	t.Setenv("SLURM_PROCID", "5")
-	t.Setenv("SLURM_NTASKS", "8")
-	rank, world, local, err := rankFromEnv()
-	require.NoError(t, err)
-	assert.Equal(t, [3]int{0, 1, 0}, [3]int{rank, world, local})
+	t.Setenv("SLURM_PROCID", "1")
+	t.Setenv("SLURM_NTASKS", "2")
+	t.Setenv("SLURM_STEP_NODELIST", "node[1-")
+	_, err := InitFromEnv(bg)
+	require.ErrorIs(t, err, ErrEnv)
+	var le *launchenv.Error
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "SLURM_STEP_NODELIST", le.Var)
+
 	clearEnv(t)
-	t.Setenv("SLURM_PROCID", "5")
-	t.Setenv("SLURM_NTASKS", "8")
-	t.Setenv("SLURM_LOCALID", "1")
-	rank, world, local, err = rankFromEnv()
-	require.NoError(t, err)
-	assert.Equal(t, [3]int{5, 8, 1}, [3]int{rank, world, local})
+	t.Setenv("OMPI_COMM_WORLD_RANK", "1")
+	t.Setenv("OMPI_COMM_WORLD_SIZE", "4")
+	t.Setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+	_, err = InitFromEnv(bg)
+	require.ErrorIs(t, err, ErrEnv)
+	assert.Contains(t, err.Error(), "MASTER_ADDR")
 }
