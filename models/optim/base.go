@@ -11,8 +11,8 @@ import (
 // binding is one parameter's weights and gradient, resolved for one Step.
 // Exactly one group of fields is set.
 type binding struct {
-	w32, g32   []float32      // *tensor.Dense float32
-	w64, g64   []float64      // *tensor.Dense float64
+	w32, g32   []float32     // *tensor.Dense float32
+	w64, g64   []float64     // *tensor.Dense float64
 	sw32, sg32 *gorgonia.F32 // scalar float32
 	sw64, sg64 *gorgonia.F64 // scalar float64
 }

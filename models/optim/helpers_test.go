@@ -22,7 +22,7 @@ type param struct {
 	v, g gorgonia.Value
 }
 
-func (p *param) Value() gorgonia.Value          { return p.v }
+func (p *param) Value() gorgonia.Value         { return p.v }
 func (p *param) Grad() (gorgonia.Value, error) { return p.g, nil }
 func (p *param) Name() string                  { return p.name }
 
