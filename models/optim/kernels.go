@@ -96,16 +96,22 @@ func clamp[T float](x, lo, hi T) T {
 	return x
 }
 
-// prep applies the gradient preparation that every Dense path shares:
-// L1 (of r), L2 (of r), 1/batch, clip. r is the weight for SGD and Adam, and
-// the velocity for Momentum (Gorgonia regularises the velocity there).
-func (c *coef[T]) prep(g, r T) T {
+// regularise and scale are the gradient preparation that every Dense path
+// shares: L1 (of r), L2 (of r), then 1/batch, clip. r is the weight for SGD
+// and Adam, and the velocity for Momentum (Gorgonia regularises the velocity
+// there). They are two functions, called under hoisted flags, so that both
+// are inlined into the kernels' loops.
+func regularise[T float](c *coef[T], g, r T) T {
 	if c.useL1 {
 		g = g + T(c.l1*sign(r))
 	}
 	if c.useL2 {
 		g = g + T(r*c.l2)
 	}
+	return g
+}
+
+func scale[T float](c *coef[T], g T) T {
 	if c.useBatch {
 		g = T(g * c.onePerBatch)
 	}
@@ -118,7 +124,7 @@ func (c *coef[T]) prep(g, r T) T {
 // prepScalar is the gradient preparation of Gorgonia's *F32/*F64 paths,
 // which differ from the Dense paths in L1: the weight's sign is taken as +1
 // at zero and NaN.
-func (c *coef[T]) prepScalar(g, w T) T {
+func prepScalar[T float](c *coef[T], g, w T) T {
 	if c.useL1 {
 		l1 := c.l1
 		if w < 0 {
@@ -145,8 +151,15 @@ func (c *coef[T]) prepScalar(g, w T) T {
 // sgdDense: g = prep(g); g *= -eta; w += g; g = 0.
 func sgdDense[T float](c *coef[T], w, g []T) {
 	g = g[:len(w)]
+	reg, sc := c.useL1 || c.useL2, c.useBatch || c.useClip
 	for i := range w {
-		gi := c.prep(g[i], w[i])
+		gi := g[i]
+		if reg {
+			gi = regularise(c, gi, w[i])
+		}
+		if sc {
+			gi = scale(c, gi)
+		}
 		gi = T(gi * c.negEta)
 		w[i] = w[i] + gi
 		g[i] = 0
@@ -155,7 +168,7 @@ func sgdDense[T float](c *coef[T], w, g []T) {
 
 // sgdScalar: w += -eta * prep(g).
 func sgdScalar[T float](c *coef[T], w, g *T) {
-	gi := c.prepScalar(*g, *w)
+	gi := prepScalar(c, *g, *w)
 	upd := -c.eta * gi
 	*w += upd
 	*g = 0
@@ -165,10 +178,17 @@ func sgdScalar[T float](c *coef[T], w, g *T) {
 // w += vel; g = 0.
 func momentumDense[T float](c *coef[T], w, g, vel []T) {
 	g = g[:len(w)]
+	reg, sc := c.useL1 || c.useL2, c.useBatch || c.useClip
 	vel = vel[:len(w)]
 	for i := range w {
 		v := vel[i]
-		gi := c.prep(g[i], v)
+		gi := g[i]
+		if reg {
+			gi = regularise(c, gi, v)
+		}
+		if sc {
+			gi = scale(c, gi)
+		}
 		gi = T(gi * c.negEta)
 		v = T(v*c.momentum) + gi
 		vel[i] = v
@@ -180,7 +200,7 @@ func momentumDense[T float](c *coef[T], w, g, vel []T) {
 // momentumScalar: c = vel*momentum - eta*prep(g, w); w += c. Gorgonia's
 // scalar path never stores the new velocity, so vel is read, not written.
 func momentumScalar[T float](c *coef[T], w, g, vel *T) {
-	gi := c.prepScalar(*g, *w)
+	gi := prepScalar(c, *g, *w)
 	v := *vel*c.momentum - c.eta*gi
 	*w = *w + v
 	*g = 0
@@ -195,10 +215,17 @@ func momentumScalar[T float](c *coef[T], w, g, vel *T) {
 //	w += (mh * -eta) / vh; g = 0
 func adamDense[T float](c *coef[T], w, g, m, v []T) {
 	g = g[:len(w)]
+	reg, sc := c.useL1 || c.useL2, c.useBatch || c.useClip
 	m = m[:len(w)]
 	v = v[:len(w)]
 	for i := range w {
-		gi := c.prep(g[i], w[i])
+		gi := g[i]
+		if reg {
+			gi = regularise(c, gi, w[i])
+		}
+		if sc {
+			gi = scale(c, gi)
+		}
 		t1 := T(gi * c.omb1)
 		g2 := T(T(gi*gi) * c.omb2)
 		mi := t1 + m[i]*c.beta1 // tensor's MulIncr: incr[i] += a[i]*b
@@ -217,7 +244,7 @@ func adamDense[T float](c *coef[T], w, g, m, v []T) {
 // adamScalar mirrors AdamSolver.Step on *F32/*F64, whose second moment
 // multiplies (1-beta2)*g first and then g.
 func adamScalar[T float](c *coef[T], w, g, m, v *T) {
-	gi := c.prepScalar(*g, *w)
+	gi := prepScalar(c, *g, *w)
 	mi := c.beta1**m + c.omb1*gi
 	vi := c.beta2**v + c.omb2*gi*gi
 	*m = mi
