@@ -22,8 +22,9 @@
 // velocity of scalar parameters; the scalar paths take sign(0) as +1 in L1
 // and multiply Adam's (1-beta2)*g before *g.
 //
-// Two differences, both on paths where Gorgonia would not produce a useful
-// result: options are validated by the constructor (a learning rate must be
+// Three differences, all on paths where Gorgonia would not produce a useful
+// result: a *tensor.Dense of shape () takes the tensor path (Gorgonia's
+// Momentum and Adam panic on one); options are validated by the constructor (a learning rate must be
 // finite and >= 0, a clip > 0, betas in [0, 1), ...), and Step checks every
 // parameter (type, dtype, shape, count against the state) before it updates
 // any, so that a failed Step changes nothing.

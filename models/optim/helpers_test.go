@@ -26,7 +26,9 @@ func (p *param) Value() gorgonia.Value         { return p.v }
 func (p *param) Grad() (gorgonia.Value, error) { return p.g, nil }
 func (p *param) Name() string                  { return p.name }
 
-// shapes of the test parameters; nil is a scalar (*gorgonia.F32/F64).
+// shapes of the test parameters; nil is a scalar (*gorgonia.F32/F64), {} a
+// scalar *tensor.Dense (not in testShapes: Gorgonia's Momentum and Adam panic
+// on one).
 var testShapes = [][]int{{7, 5}, {13}, {1}, {3, 4, 2}, nil}
 
 // newModel returns parameters of testShapes with values from seed.
@@ -59,6 +61,12 @@ func makeValue(dt tensor.Dtype, shape []int, vals []float64) gorgonia.Value {
 		}
 		return gorgonia.NewF64(vals[0])
 	}
+	if len(shape) == 0 {
+		if dt == tensor.Float32 {
+			return tensor.New(tensor.FromScalar(float32(vals[0])))
+		}
+		return tensor.New(tensor.FromScalar(vals[0]))
+	}
 	if dt == tensor.Float32 {
 		f := make([]float32, len(vals))
 		for i, v := range vals {
@@ -89,14 +97,13 @@ func setGrads(model []gorgonia.ValueGrad, step int) {
 		k := 0
 		switch gv := g.(type) {
 		case *tensor.Dense:
-			if f, ok := gv.Data().([]float32); ok {
-				for i := range f {
+			if gv.Dtype() == tensor.Float32 {
+				for i, f := 0, gv.Float32s(); i < len(f); i++ {
 					f[i] = float32(next(k))
 					k++
 				}
 			} else {
-				f := gv.Data().([]float64)
-				for i := range f {
+				for i, f := 0, gv.Float64s(); i < len(f); i++ {
 					f[i] = next(k)
 					k++
 				}
@@ -115,12 +122,12 @@ func bits(model []gorgonia.ValueGrad) []uint64 {
 	add := func(v gorgonia.Value) {
 		switch x := v.(type) {
 		case *tensor.Dense:
-			if f, ok := x.Data().([]float32); ok {
-				for _, e := range f {
+			if x.Dtype() == tensor.Float32 {
+				for _, e := range x.Float32s() {
 					out = append(out, uint64(math.Float32bits(e)))
 				}
 			} else {
-				for _, e := range x.Data().([]float64) {
+				for _, e := range x.Float64s() {
 					out = append(out, math.Float64bits(e))
 				}
 			}

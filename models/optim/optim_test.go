@@ -3,6 +3,7 @@ package optim_test
 import (
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorgonia.org/gorgonia"
 
@@ -99,6 +100,39 @@ func TestResumeBitwise(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestScalarDense: a parameter that is a *tensor.Dense of shape () takes the
+// tensor path. Gorgonia's VanillaSolver handles it (its Momentum and Adam
+// panic on one), so SGD is compared with it; Adam must just step it.
+func TestScalarDense(t *testing.T) {
+	for _, dt := range dtypes {
+		mk := func() []gorgonia.ValueGrad {
+			return []gorgonia.ValueGrad{&param{name: "s", v: makeValue(dt, []int{}, []float64{0.75}), g: makeValue(dt, []int{}, []float64{0})}}
+		}
+		a, b := mk(), mk()
+		theirs := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(0.1), gorgonia.WithL1Reg(0.01), gorgonia.WithClip(1))
+		ours, err := optim.NewSGD(optim.WithLearnRate(0.1), optim.WithL1Reg(0.01), optim.WithClip(1))
+		require.NoError(t, err)
+		for step := range 20 {
+			setGrads(a, step)
+			setGrads(b, step)
+			require.NoError(t, theirs.Step(a))
+			require.NoError(t, ours.Step(b))
+			require.Equal(t, bits(a), bits(b), "step %d", step)
+		}
+		adam, err := optim.NewAdam()
+		require.NoError(t, err)
+		c := mk()
+		before := bits(c)
+		setGrads(c, 1)
+		require.NoError(t, adam.Step(c))
+		require.NotEqual(t, before, bits(c))
+		st := adam.State()
+		require.Len(t, st.Params, 1)
+		assert.Empty(t, st.Params[0].Shape)
+		assert.Equal(t, 1, st.Params[0].Slots[0].Len())
 	}
 }
 
