@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Runs examples/mnist for one epoch on 2 ranks under every launcher gdist
 # supports that can run on one machine — gdistrun, Slurm's srun and sbatch
-# (a one-node cluster started by deploy/slurm/one-node-cluster.sh), and Open
-# MPI's mpirun — and checks that each reaches the expected accuracy, that the
+# (a one-node cluster started by deploy/slurm/one-node-cluster.sh), Open
+# MPI's mpirun, and torchrun (Debian's python3-torch) — and checks that each reaches the expected accuracy, that the
 # ranks end with identical parameters, and that all launchers produce the
 # same parameters bit for bit (the same fnv64a hash).
 #
-#   sudo deploy/engines-test.sh            # all engines (installs slurm-wlm, munge, openmpi-bin)
+#   sudo deploy/engines-test.sh            # all engines (installs slurm-wlm, munge, openmpi-bin, python3-torch)
 #   deploy/engines-test.sh gdistrun openmpi
 #
 # Needs root for Slurm (its daemons) and installs missing Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 engines=("$@")
-[[ ${#engines[@]} -gt 0 ]] || engines=(gdistrun slurm openmpi)
+[[ ${#engines[@]} -gt 0 ]] || engines=(gdistrun slurm openmpi torchrun)
 work=$(mktemp -d /tmp/gdist-engines.XXXXXX)
 chmod 0755 "$work" # munged runs as the munge user and needs to reach its directory
 slurmdir=$work/slurm
@@ -78,8 +78,17 @@ for e in "${engines[@]}"; do
 		mpirun "${root[@]}" -np 2 -x GDIST_TOKEN -x GOMAXPROCS "$work/mnist" "${args[@]}" >"$log" 2>&1
 		hashes[$e]=$(check "mpirun -np 2 -x GDIST_TOKEN" "$log")
 		;;
+	torchrun)
+		# Debian's torch 1.13 on Python 3.11: its "--redirects 0" default
+		# trips over an enum change (AttributeError in to_map); 2 works.
+		/usr/bin/python3 -c 'import torch' 2>/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch >/dev/null; }
+		# --standalone: torchrun's store takes MASTER_PORT, gdist the next one.
+		/usr/bin/python3 /usr/bin/torchrun --standalone --nproc_per_node 2 --redirects 2 --tee 2 \
+			--no_python "$work/mnist" "${args[@]}" >"$log" 2>&1
+		hashes[$e]=$(check "torchrun --standalone --nproc_per_node 2" "$log")
+		;;
 	*)
-		echo "unknown engine $e (gdistrun, slurm, openmpi)" >&2
+		echo "unknown engine $e (gdistrun, slurm, openmpi, torchrun)" >&2
 		exit 2
 		;;
 	esac
