@@ -101,9 +101,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	}
 	var err error
 	bad := func(format string, a ...any) (options, error) {
-		err := fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
-		fmt.Fprintln(fs.Output(), err)
-		return o, err
+		return o, cli.Usagef(fs, errUsage, format, a...)
 	}
 	if o.minBytes, err = parseSize(*minB); err != nil {
 		return bad("-b: %v", err)

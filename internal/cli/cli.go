@@ -54,6 +54,16 @@ func Parse(fs *flag.FlagSet, args []string, errUsage error) error {
 	return nil
 }
 
+// Usagef prints "name: message" and the usage of fs to fs.Output() and
+// returns an error matching errUsage: for flag values that parse but make
+// no sense.
+func Usagef(fs *flag.FlagSet, errUsage error, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), msg)
+	fs.Usage()
+	return fmt.Errorf("%w: %s", errUsage, msg)
+}
+
 // RunFunc is a whole program: args are the command-line arguments without
 // the program name.
 type RunFunc func(ctx context.Context, args []string, stdout, stderr io.Writer) error

@@ -47,3 +47,15 @@ func TestParse(t *testing.T) {
 	assert.NoError(t, Parse(newFS(&out), []string{"-n", "3"}, errUsage))
 	assert.Empty(t, out.String())
 }
+
+func TestUsagef(t *testing.T) {
+	errUsage := errors.New("prog: usage")
+	var out bytes.Buffer
+	fs := flag.NewFlagSet("prog", flag.ContinueOnError)
+	fs.SetOutput(&out)
+	fs.Int("n", 1, "how many")
+	err := Usagef(fs, errUsage, "-n %d is too many", 7)
+	assert.ErrorIs(t, err, errUsage)
+	assert.Contains(t, out.String(), "prog: -n 7 is too many\n")
+	assert.Contains(t, out.String(), "-n int")
+}
