@@ -40,15 +40,9 @@ func resolveJob(cfg config, environ []string) (launch.Spec, error) {
 		Token:      lookupEnv(environ, launch.EnvToken),
 	}
 	switch {
-	case cfg.nproc < 1:
-		return j, fmt.Errorf("%w: -n must be at least 1, got %d", errUsage, cfg.nproc)
-	case cfg.nnodes < 1:
+	case cfg.nnodes < 1: // launch takes 0 for 1
 		return j, fmt.Errorf("%w: -nnodes must be at least 1, got %d", errUsage, cfg.nnodes)
-	case cfg.nodeRank < 0 || cfg.nodeRank >= cfg.nnodes:
-		return j, fmt.Errorf("%w: -node-rank must be in [0, %d), got %d", errUsage, cfg.nnodes, cfg.nodeRank)
-	case cfg.masterPort < 0 || cfg.masterPort > 65535:
-		return j, fmt.Errorf("%w: -master-port must be in [1, 65535], got %d", errUsage, cfg.masterPort)
-	case cfg.masterAddr == "":
+	case cfg.masterAddr == "": // launch takes "" for loopback
 		return j, fmt.Errorf("%w: -master-addr must not be empty", errUsage)
 	case cfg.timeout < 0:
 		return j, fmt.Errorf("%w: -timeout must not be negative, got %v", errUsage, cfg.timeout)
@@ -56,28 +50,21 @@ func resolveJob(cfg config, environ []string) (launch.Spec, error) {
 		return j, fmt.Errorf("%w: -kill-grace must not be negative, got %v", errUsage, cfg.killGrace)
 	case len(cfg.argv) == 0:
 		return j, fmt.Errorf("%w: %w", errUsage, errNoProgram)
+	case cfg.nnodes > 1 && cfg.masterPort == 0:
+		return j, fmt.Errorf("%w: %w", errUsage, errNeedPort)
+	case cfg.nnodes > 1 && j.Token == "":
+		return j, fmt.Errorf("%w: %w", errUsage, errNeedToken)
 	}
-	if cfg.nnodes > 1 {
-		if cfg.masterPort == 0 {
-			return j, fmt.Errorf("%w: %w", errUsage, errNeedPort)
-		}
-		if j.Token == "" {
-			return j, fmt.Errorf("%w: %w", errUsage, errNeedToken)
-		}
+	j, err := j.Resolve()
+	var se *launch.SpecError
+	if errors.As(err, &se) {
+		return j, fmt.Errorf("%w: %s must be %s, got %v", errUsage, specFlags[se.Field], se.Want, se.Value)
 	}
-	if j.Token == "" {
-		t, err := launch.NewToken()
-		if err != nil {
-			return j, err
-		}
-		j.Token = t
-	}
-	if j.MasterPort == 0 {
-		p, err := launch.FreePort(j.MasterAddr)
-		if err != nil {
-			return j, err
-		}
-		j.MasterPort = p
-	}
-	return j, nil
+	return j, err
+}
+
+// specFlags names the flag that sets each launch.Spec field.
+var specFlags = map[string]string{
+	"NProc": "-n", "NNodes": "-nnodes", "NodeRank": "-node-rank",
+	"MasterAddr": "-master-addr", "MasterPort": "-master-port", "Token": "GDIST_TOKEN",
 }

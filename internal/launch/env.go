@@ -112,26 +112,47 @@ func isLauncherVar(name string) bool {
 	return false
 }
 
-// resolve validates s and fills in its defaults: one node, the loopback
-// address, a fresh token and a free port.
-func (s Spec) resolve() (Spec, error) {
+// SpecError reports a field of a Spec out of range. It matches ErrJob.
+type SpecError struct {
+	Field string // the Spec field, e.g. "NProc"
+	Want  string // what it must be, e.g. "at least 1"
+	Value any    // what it is
+}
+
+func (e *SpecError) Error() string {
+	return fmt.Sprintf("launch: bad job: %s must be %s, got %v", e.Field, e.Want, e.Value)
+}
+
+// Unwrap returns ErrJob.
+func (e *SpecError) Unwrap() error { return ErrJob }
+
+// Resolve validates s, reporting the first field out of range as a
+// *SpecError, and returns it with its defaults filled in: one node, the
+// loopback address, a fresh token and a free port. Start calls it.
+func (s Spec) Resolve() (Spec, error) {
 	if s.NNodes == 0 {
 		s.NNodes = 1
 	}
 	if s.MasterAddr == "" {
 		s.MasterAddr = "127.0.0.1"
 	}
+	var bad *SpecError
 	switch {
 	case s.NProc < 1:
-		return s, fmt.Errorf("%w: NProc must be at least 1, got %d", ErrJob, s.NProc)
+		bad = &SpecError{"NProc", "at least 1", s.NProc}
 	case s.NNodes < 1:
-		return s, fmt.Errorf("%w: NNodes must be at least 1, got %d", ErrJob, s.NNodes)
+		bad = &SpecError{"NNodes", "at least 1", s.NNodes}
 	case s.NodeRank < 0 || s.NodeRank >= s.NNodes:
-		return s, fmt.Errorf("%w: NodeRank must be in [0, %d), got %d", ErrJob, s.NNodes, s.NodeRank)
+		bad = &SpecError{"NodeRank", fmt.Sprintf("in [0, %d)", s.NNodes), s.NodeRank}
 	case s.MasterPort < 0 || s.MasterPort > 65535:
-		return s, fmt.Errorf("%w: MasterPort must be in [0, 65535], got %d", ErrJob, s.MasterPort)
-	case s.NNodes > 1 && (s.MasterPort == 0 || s.Token == ""):
-		return s, fmt.Errorf("%w: a multi-node job needs MasterPort and Token, the same on every node", ErrJob)
+		bad = &SpecError{"MasterPort", "in [1, 65535], or 0 to pick a free one", s.MasterPort}
+	case s.NNodes > 1 && s.MasterPort == 0:
+		bad = &SpecError{"MasterPort", "set, the same on every node, in a multi-node job", s.MasterPort}
+	case s.NNodes > 1 && s.Token == "":
+		bad = &SpecError{"Token", "set, the same on every node, in a multi-node job", `""`}
+	}
+	if bad != nil {
+		return s, bad
 	}
 	if s.Token == "" {
 		t, err := NewToken()

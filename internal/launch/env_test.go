@@ -57,9 +57,9 @@ func TestSpecEnvMultiNode(t *testing.T) {
 }
 
 func TestResolveDefaults(t *testing.T) {
-	a, err := Spec{NProc: 2}.resolve()
+	a, err := Spec{NProc: 2}.Resolve()
 	require.NoError(t, err)
-	b, err := Spec{NProc: 2}.resolve()
+	b, err := Spec{NProc: 2}.Resolve()
 	require.NoError(t, err)
 	assert.Equal(t, 1, a.NNodes)
 	assert.Equal(t, "127.0.0.1", a.MasterAddr)
@@ -69,7 +69,7 @@ func TestResolveDefaults(t *testing.T) {
 	assert.NotEqual(t, a.Token, b.Token, "a fresh token per launch")
 	assert.Positive(t, a.MasterPort)
 
-	c, err := Spec{NProc: 1, MasterPort: 29500, Token: "given"}.resolve()
+	c, err := Spec{NProc: 1, MasterPort: 29500, Token: "given"}.Resolve()
 	require.NoError(t, err)
 	assert.Equal(t, 29500, c.MasterPort)
 	assert.Equal(t, "given", c.Token)
@@ -79,4 +79,24 @@ func TestFreePortFallsBack(t *testing.T) {
 	p, err := FreePort("192.0.2.1") // TEST-NET-1: not an address of this host
 	require.NoError(t, err)
 	assert.Positive(t, p)
+}
+
+func TestResolveRejects(t *testing.T) {
+	for name, tc := range map[string]struct {
+		s     Spec
+		field string
+	}{
+		"n=0":        {Spec{}, "NProc"},
+		"nnodes<0":   {Spec{NProc: 1, NNodes: -1}, "NNodes"},
+		"node-rank":  {Spec{NProc: 1, NNodes: 2, NodeRank: 2, MasterPort: 1, Token: "t"}, "NodeRank"},
+		"port":       {Spec{NProc: 1, MasterPort: 70000}, "MasterPort"},
+		"multi-port": {Spec{NProc: 1, NNodes: 2, Token: "t"}, "MasterPort"},
+		"multi-tok":  {Spec{NProc: 1, NNodes: 2, MasterPort: 29500}, "Token"},
+	} {
+		_, err := tc.s.Resolve()
+		var se *SpecError
+		require.ErrorAs(t, err, &se, name)
+		assert.Equal(t, tc.field, se.Field, name)
+		assert.ErrorIs(t, err, ErrJob, name)
+	}
 }

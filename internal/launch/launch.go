@@ -138,7 +138,7 @@ type Proc struct {
 // after KillGrace, SIGKILL. If a rank cannot be started, Start kills the
 // ones it started, reaps them and returns a *StartError.
 func Start(ctx context.Context, job Job) (*Run, error) {
-	spec, err := job.Spec.resolve()
+	spec, err := job.Spec.Resolve()
 	if err != nil {
 		return nil, err
 	}
