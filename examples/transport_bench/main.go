@@ -407,9 +407,8 @@ func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 }
 
 // rawExchange has both ranks send n messages of size bytes to each other
-// at the same time over the raw connection, a round at a time as a 2-rank
-// ring all-reduce moves data; it returns bytes per second in each
-// direction.
+// at the same time over the raw connection; it returns bytes per second in
+// each direction. A 2-rank ring all-reduce moves data the same way.
 func (b *bench) rawExchange(ctx context.Context, size, n int) (float64, error) {
 	d, err := b.raw.Exchange(ctx, size, n)
 	if err != nil {

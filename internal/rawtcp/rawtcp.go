@@ -2,8 +2,8 @@
 // (package net only, nothing of gdist on the path) between the same two
 // rank processes a benchmark measures, in the same run, so that its figures
 // can be printed as ratios to what the machine's loopback gives at that
-// moment. It measures ping-pong round trips, one-way streaming and the
-// both-ways exchange a 2-rank ring performs.
+// moment. It measures ping-pong round trips, one-way streaming, both-ways
+// streaming and the lock-step rounds of a 2-rank ring.
 //
 // The two sides must call the same methods in the same order with the same
 // arguments. The lower rank is the leader: it listens, initiates the
@@ -258,17 +258,39 @@ func (c *Conn) Stream(ctx context.Context, size, n int) (float64, error) {
 	return float64(size) * float64(n) / time.Since(t0).Seconds(), nil
 }
 
-// Exchange runs n rounds in which both sides send size bytes to each other
-// at once and each starts the next round once it has received the
-// current one: what a 2-rank ring moves, without the arithmetic. It
-// returns the time the rounds took on this side.
+// Exchange has both sides send n messages of size bytes to each other at
+// once, streaming (neither waits for the other's messages before sending
+// its next), and returns the time it took on this side: a both-ways
+// stream.
 func (c *Conn) Exchange(ctx context.Context, size, n int) (time.Duration, error) {
+	return c.exchange(ctx, "exchange", size, n, false)
+}
+
+// Rounds runs n rounds in which both sides send size bytes to each other at
+// once and each starts the next round only once it has received the
+// current one: what a 2-rank ring moves (a ring step waits for its input),
+// without the arithmetic. It returns the time the rounds took on this side.
+func (c *Conn) Rounds(ctx context.Context, size, n int) (time.Duration, error) {
+	return c.exchange(ctx, "rounds", size, n, true)
+}
+
+func (c *Conn) exchange(ctx context.Context, op string, size, n int, lockstep bool) (time.Duration, error) {
 	defer c.watch(ctx)()
 	if err := c.sync(); err != nil {
-		return 0, ctxErr(ctx, "exchange", err)
+		return 0, ctxErr(ctx, op, err)
 	}
 	out, in := make([]byte, size), make([]byte, size)
-	next := make(chan struct{}, 1)
+	// One token per message the writer may send: all at once when
+	// streaming, one per round in lock-step.
+	var next chan struct{}
+	if lockstep {
+		next = make(chan struct{}, 1)
+	} else {
+		next = make(chan struct{}, n)
+		for range n {
+			next <- struct{}{}
+		}
+	}
 	werr := make(chan error, 1)
 	go func() { // the writer, owned by this call: it ends when next is closed
 		var err error
@@ -282,7 +304,9 @@ func (c *Conn) Exchange(ctx context.Context, size, n int) (time.Duration, error)
 	t0 := time.Now()
 	var rerr error
 	for range n {
-		next <- struct{}{}
+		if lockstep {
+			next <- struct{}{}
+		}
 		if _, rerr = io.ReadFull(c.c, in); rerr != nil {
 			break
 		}
@@ -290,7 +314,7 @@ func (c *Conn) Exchange(ctx context.Context, size, n int) (time.Duration, error)
 	d := time.Since(t0)
 	close(next)
 	if err := errors.Join(rerr, <-werr); err != nil {
-		return 0, ctxErr(ctx, "exchange", err)
+		return 0, ctxErr(ctx, op, err)
 	}
 	return d, nil
 }
@@ -338,7 +362,7 @@ func (c *Conn) Measure(ctx context.Context, cfg Config) (Figures, error) {
 		f.StreamGBps = bw / 1e9
 	}
 	if cfg.ExchangeBytes > 0 {
-		d, err := c.Exchange(ctx, cfg.ExchangeBytes/2, 2*reps)
+		d, err := c.Rounds(ctx, cfg.ExchangeBytes/2, 2*reps)
 		if err != nil {
 			return f, err
 		}

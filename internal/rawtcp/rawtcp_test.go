@@ -119,7 +119,12 @@ func TestPingPongStreamExchange(t *testing.T) {
 			return err
 		}
 		assert.Positive(t, bw)
-		d, err := c.Exchange(ctx, 4<<20, 4)
+		d, err := c.Exchange(ctx, 1<<20, 8)
+		if err != nil {
+			return err
+		}
+		assert.Positive(t, d)
+		d, err = c.Rounds(ctx, 4<<20, 4)
 		assert.Positive(t, d)
 		return err
 	})
@@ -142,7 +147,7 @@ func TestContextEndsABlockedCall(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
-		_, err := c.Exchange(ctx, 1<<20, 1000)
+		_, err := c.Rounds(ctx, 1<<20, 1000)
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 		return nil
 	})
