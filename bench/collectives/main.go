@@ -392,7 +392,7 @@ const tagRawAddr = 1
 // rawBaseline measures plain TCP between ranks 0 and 1 of this job (the
 // same processes the collectives run in) with package rawtcp: the one-way
 // latency of an 8-byte ping-pong, the bandwidth of a 64 MiB stream and the
-// 2-rank ring exchange of 64 MiB, as seen by rank 0. Other ranks wait.
+// 2-rank ring exchange of 16 MiB, as seen by rank 0. Other ranks wait.
 func rawBaseline(ctx context.Context, g *dist.ProcessGroup) (rawtcp.Figures, error) {
 	var f rawtcp.Figures
 	if g.WorldSize() < 2 || g.Rank() > 1 {
@@ -403,7 +403,7 @@ func rawBaseline(ctx context.Context, g *dist.ProcessGroup) (rawtcp.Figures, err
 		return f, err
 	}
 	defer c.Close()
-	if f, err = c.Measure(ctx, rawtcp.Config{ExchangeBytes: 64 << 20, ExchangeReps: 2}); err != nil {
+	if f, err = c.Measure(ctx, rawtcp.Config{ExchangeBytes: 16 << 20, ExchangeReps: 4}); err != nil {
 		return f, err
 	}
 	return f, g.Barrier(ctx)
