@@ -30,25 +30,22 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
-	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/internal/benchutil"
+	"github.com/gdist/gdist/internal/cli"
+	"github.com/gdist/gdist/internal/launch"
+	"github.com/gdist/gdist/internal/rawtcp"
 )
 
 // childEnv marks a process started by the launcher as one rank.
@@ -66,32 +63,26 @@ type options struct {
 
 var validOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
+// errUsage reports bad command-line arguments (already printed).
+var errUsage = errors.New("collectives: usage")
 
-// run is the program: the launcher, or one rank when childEnv is set. It
-// returns the exit code.
-func run(args []string, stdout, stderr io.Writer) int {
+func main() { cli.Main("collectives", errUsage, run) }
+
+// run is the program: the launcher, or one rank when childEnv is set.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("collectives", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	opts, err := parseFlags(fs, args)
 	if err != nil {
-		fmt.Fprintln(stderr, "collectives:", err)
-		return 2
+		return err
 	}
 	if os.Getenv(childEnv) != "" {
-		if err := runRank(context.Background(), opts, stdout); err != nil {
-			fmt.Fprintf(stderr, "collectives: rank %s: %v\n", os.Getenv(dist.EnvRank), err)
-			return 1
+		if err := runRank(ctx, opts, stdout); err != nil {
+			return fmt.Errorf("rank %s: %w", os.Getenv(launch.EnvRank), err)
 		}
-		return 0
+		return nil
 	}
-	if err := launchAll(opts, args, stdout, stderr); err != nil {
-		fmt.Fprintln(stderr, "collectives:", err)
-		return 1
-	}
-	return 0
+	return launchAll(ctx, opts, args, stdout, stderr)
 }
 
 func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
@@ -105,45 +96,39 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	nps := fs.String("np", "2,3,4", "world sizes to run, comma-separated")
 	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes (-1: the default)")
 	fs.BoolVar(&o.check, "check", true, "check results against the reference (#wrong)")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return o, err
 	}
 	var err error
+	bad := func(format string, a ...any) (options, error) {
+		return o, cli.Usagef(fs, errUsage, format, a...)
+	}
 	if o.minBytes, err = parseSize(*minB); err != nil {
-		return o, err
+		return bad("-b: %v", err)
 	}
 	if o.maxBytes, err = parseSize(*maxB); err != nil {
-		return o, err
+		return bad("-e: %v", err)
 	}
 	if o.minBytes < 1 || o.maxBytes < o.minBytes {
-		return o, fmt.Errorf("need 1 <= -b <= -e, got %d and %d", o.minBytes, o.maxBytes)
+		return bad("need 1 <= -b <= -e, got %d and %d", o.minBytes, o.maxBytes)
 	}
 	if o.factor < 2 || o.iters < 1 || o.warmup < 0 {
-		return o, errors.New("need -f >= 2, -n >= 1, -w >= 0")
+		return bad("need -f >= 2, -n >= 1, -w >= 0")
 	}
 	for _, op := range strings.Split(*ops, ",") {
-		if !contains(validOps, op) {
-			return o, fmt.Errorf("unknown collective %q (want some of %s)", op, strings.Join(validOps, ","))
+		if !slices.Contains(validOps, op) {
+			return bad("unknown collective %q (want some of %s)", op, strings.Join(validOps, ","))
 		}
 		o.ops = append(o.ops, op)
 	}
 	for _, s := range strings.Split(*nps, ",") {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 64 {
-			return o, fmt.Errorf("bad -np entry %q", s)
+			return bad("bad -np entry %q", s)
 		}
 		o.nps = append(o.nps, n)
 	}
 	return o, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func parseSize(s string) (int64, error) {
@@ -164,108 +149,38 @@ func parseSize(s string) (int64, error) {
 }
 
 // launchAll runs one job per world size in opts.nps.
-func launchAll(opts options, args []string, stdout, stderr io.Writer) error {
+func launchAll(ctx context.Context, opts options, args []string, stdout, stderr io.Writer) error {
 	for _, np := range opts.nps {
-		if err := launch(np, args, stdout, stderr); err != nil {
+		if err := launchJob(ctx, np, args, stdout, stderr); err != nil {
 			return fmt.Errorf("np=%d: %w", np, err)
 		}
 	}
 	return nil
 }
 
-// launch starts np copies of this program as the ranks of one job and
-// relays rank 0's output. The job gets a fresh token and master port.
-func launch(np int, args []string, stdout, stderr io.Writer) error {
-	exe, err := os.Executable()
+// launchJob starts np copies of this program as the ranks of one job
+// (GOMAXPROCS=1 each, a fresh token and master port) and relays rank 0's
+// output and every rank's stderr, prefixed by rank.
+func launchJob(ctx context.Context, np int, args []string, stdout, stderr io.Writer) error {
+	errs := launch.Synced(stderr)
+	out := launch.Synced(stdout)
+	r, err := launch.Start(ctx, launch.Job{
+		Spec:  launch.Spec{NProc: np},
+		Args:  args,
+		Env:   []string{childEnv + "=1"},
+		Procs: 1,
+		Output: func(rank int) (io.Writer, io.Writer) {
+			e := launch.NewPrefixWriter(errs, fmt.Sprintf("[%d] ", rank))
+			if rank == 0 {
+				return launch.NewPrefixWriter(out, ""), e
+			}
+			return nil, e
+		},
+	})
 	if err != nil {
 		return err
 	}
-	port, err := benchutil.FreePort()
-	if err != nil {
-		return err
-	}
-	tok := make([]byte, 16)
-	if _, err := rand.Read(tok); err != nil {
-		return err
-	}
-	base := os.Environ()
-	if _, ok := stderr.(*os.File); !ok {
-		stderr = &syncWriter{w: stderr} // the ranks write to it concurrently
-	}
-	cmds := make([]*exec.Cmd, np)
-	var wg sync.WaitGroup
-	for r := range np {
-		cmd := exec.Command(exe, args...)
-		cmd.Env = append(base,
-			childEnv+"=1",
-			"GOMAXPROCS=1",
-			fmt.Sprintf("%s=%d", dist.EnvRank, r),
-			fmt.Sprintf("%s=%d", dist.EnvWorldSize, np),
-			fmt.Sprintf("%s=%d", dist.EnvLocalRank, r),
-			dist.EnvMasterAddr+"=127.0.0.1",
-			fmt.Sprintf("%s=%d", dist.EnvMasterPort, port),
-			dist.EnvToken+"="+hex.EncodeToString(tok),
-		)
-		cmd.Stderr = stderr
-		if r == 0 {
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				return err
-			}
-			wg.Go(func() { copyLines(stdout, out) })
-		}
-		cmds[r] = cmd
-	}
-	for r, cmd := range cmds {
-		if err := cmd.Start(); err != nil {
-			for _, c := range cmds[:r] {
-				c.Process.Kill()
-				c.Wait()
-			}
-			return err
-		}
-	}
-	errs := make([]error, np)
-	var wwg sync.WaitGroup
-	for r, cmd := range cmds {
-		wwg.Go(func() {
-			if r == 0 {
-				wg.Wait() // drain stdout before Wait closes the pipe
-			}
-			errs[r] = cmd.Wait()
-			if errs[r] != nil { // one rank failed: stop the job
-				for _, c := range cmds {
-					c.Process.Kill()
-				}
-			}
-		})
-	}
-	wwg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			return fmt.Errorf("rank %d: %w", r, err)
-		}
-	}
-	return nil
-}
-
-// syncWriter serialises writes to w.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func copyLines(w io.Writer, r io.Reader) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		fmt.Fprintln(w, sc.Text())
-	}
+	return r.Wait()
 }
 
 // runRank is one rank's side of the benchmark.
@@ -282,14 +197,16 @@ func runRank(ctx context.Context, o options, out io.Writer) error {
 	}
 	defer g.Close()
 	n := g.WorldSize()
-	lat, bw, err := rawBaseline(ctx, g)
+	raw, err := rawBaseline(ctx, g)
+	lat, bw := raw.LatencyUs/1e6, raw.StreamGBps*1e9
 	if err != nil {
 		return fmt.Errorf("raw TCP baseline: %w", err)
 	}
 	if g.Rank() == 0 {
 		fmt.Fprintf(out, "# gdist collectives: np=%d, TCP over loopback, one OS process per rank, GOMAXPROCS=1, float32, in place\n", n)
 		if n > 1 {
-			fmt.Fprintf(out, "# raw TCP baseline (ranks 0 <-> 1, same processes): one-way latency %.1f us, streaming %.2f GB/s\n", lat*1e6, bw/1e9)
+			fmt.Fprintf(out, "# raw TCP baseline (ranks 0 <-> 1, same processes): one-way latency %.1f us, streaming %.2f GB/s, 2-rank ring exchange of %d MiB %.1f ms\n",
+				raw.LatencyUs, raw.StreamGBps, raw.ExchangeBytes>>20, raw.ExchangeMs)
 		}
 		fmt.Fprintf(out, "#\n# %10s %12s %6s %6s %5s %10s %8s %8s %7s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "lat/raw", "bw/raw")
 		fmt.Fprintf(out, "# %10s %12s %6s %6s %5s %10s %8s %8s %7s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "")
@@ -469,80 +386,25 @@ func countWrong(op string, n, me int, dst []float32) int {
 	return wrong
 }
 
+// tagRawAddr carries the raw-socket baseline's listener address.
+const tagRawAddr = 1
+
 // rawBaseline measures plain TCP between ranks 0 and 1 of this job (the
-// same processes the collectives run in): the one-way latency of an 8-byte
-// ping-pong and the bandwidth of a 64 MiB stream, as seen by rank 0. Other
-// ranks wait.
-func rawBaseline(ctx context.Context, g *dist.ProcessGroup) (lat, bw float64, err error) {
-	const (
-		tag       = 1
-		pings     = 2000
-		streamLen = 64 << 20
-		chunk     = 1 << 20
-	)
+// same processes the collectives run in) with package rawtcp: the one-way
+// latency of an 8-byte ping-pong, the bandwidth of a 64 MiB stream and the
+// 2-rank ring exchange of 16 MiB, as seen by rank 0. Other ranks wait.
+func rawBaseline(ctx context.Context, g *dist.ProcessGroup) (rawtcp.Figures, error) {
+	var f rawtcp.Figures
 	if g.WorldSize() < 2 || g.Rank() > 1 {
-		return 0, 0, g.Barrier(ctx)
+		return f, g.Barrier(ctx)
 	}
-	var conn net.Conn
-	if g.Rank() == 1 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, 0, err
-		}
-		defer ln.Close()
-		if err := g.Send(ctx, 0, tag, []byte(ln.Addr().String())); err != nil {
-			return 0, 0, err
-		}
-		if conn, err = ln.Accept(); err != nil {
-			return 0, 0, err
-		}
-	} else {
-		addr, err := g.Recv(ctx, 1, tag)
-		if err != nil {
-			return 0, 0, err
-		}
-		if conn, err = net.Dial("tcp", string(addr)); err != nil {
-			return 0, 0, err
-		}
+	c, err := rawtcp.Connect(ctx, g, g.Rank(), 1-g.Rank(), tagRawAddr)
+	if err != nil {
+		return f, err
 	}
-	defer conn.Close()
-	buf := make([]byte, chunk)
-	if g.Rank() == 1 {
-		for range pings {
-			if _, err := io.ReadFull(conn, buf[:8]); err != nil {
-				return 0, 0, err
-			}
-			if _, err := conn.Write(buf[:8]); err != nil {
-				return 0, 0, err
-			}
-		}
-		if _, err := io.CopyN(io.Discard, conn, streamLen); err != nil {
-			return 0, 0, err
-		}
-		if _, err := conn.Write(buf[:1]); err != nil {
-			return 0, 0, err
-		}
-		return 0, 0, g.Barrier(ctx)
+	defer c.Close()
+	if f, err = c.Measure(ctx, rawtcp.Config{ExchangeBytes: 16 << 20, ExchangeReps: 4}); err != nil {
+		return f, err
 	}
-	start := time.Now()
-	for range pings {
-		if _, err := conn.Write(buf[:8]); err != nil {
-			return 0, 0, err
-		}
-		if _, err := io.ReadFull(conn, buf[:8]); err != nil {
-			return 0, 0, err
-		}
-	}
-	lat = time.Since(start).Seconds() / pings / 2
-	start = time.Now()
-	for sent := 0; sent < streamLen; sent += chunk {
-		if _, err := conn.Write(buf); err != nil {
-			return 0, 0, err
-		}
-	}
-	if _, err := io.ReadFull(conn, buf[:1]); err != nil {
-		return 0, 0, err
-	}
-	bw = streamLen / time.Since(start).Seconds()
-	return lat, bw, g.Barrier(ctx)
+	return f, g.Barrier(ctx)
 }

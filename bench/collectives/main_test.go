@@ -2,19 +2,23 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
+	"io"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/gdist/gdist/internal/cli"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" { // a rank started by TestSweep
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+		err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
+		os.Exit(cli.ExitCode("collectives", errUsage, err, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -24,8 +28,7 @@ func TestMain(m *testing.M) {
 func TestSweep(t *testing.T) {
 	args := []string{"-np", "2,3", "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1"}
 	var out, errb bytes.Buffer
-	code := run(args, &out, &errb)
-	require.Zero(t, code, "stderr:\n%s", errb.String())
+	require.NoError(t, run(context.Background(), args, &out, &errb), "stderr:\n%s", errb.String())
 	t.Log("\n" + out.String())
 	rows := map[string]int{}
 	op := ""
@@ -70,6 +73,21 @@ func TestCountWrong(t *testing.T) {
 	assert.Zero(t, countWrong("reduce_scatter", n, me, rs))
 }
 
+// TestHelp: -h and -help print the usage and exit 0; a bad flag exits 2.
+func TestHelp(t *testing.T) {
+	for _, h := range []string{"-h", "-help"} {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), []string{h}, &out, &errb)
+		assert.Equal(t, 0, cli.ExitCode("collectives", errUsage, err, &errb), h)
+		assert.Contains(t, errb.String(), "-np string", h)
+		assert.Empty(t, out.String(), "%s runs nothing", h)
+	}
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"-np", "0"}, &out, &errb)
+	assert.Equal(t, 2, cli.ExitCode("collectives", errUsage, err, &errb))
+	assert.Contains(t, errb.String(), "bad -np entry")
+}
+
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags(flag.NewFlagSet("x", flag.ContinueOnError), []string{"-b", "1K", "-e", "2M", "-ops", "broadcast", "-np", "4"})
 	require.NoError(t, err)
@@ -78,7 +96,9 @@ func TestParseFlags(t *testing.T) {
 	assert.Equal(t, []string{"broadcast"}, o.ops)
 	assert.Equal(t, []int{4}, o.nps)
 	for _, bad := range [][]string{{"-ops", "gather"}, {"-np", "0"}, {"-b", "2K", "-e", "1K"}, {"-f", "1"}, {"-b", "x"}} {
-		_, err := parseFlags(flag.NewFlagSet("x", flag.ContinueOnError), bad)
-		assert.Error(t, err, "%v", bad)
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		_, err := parseFlags(fs, bad)
+		assert.ErrorIs(t, err, errUsage, "%v", bad)
 	}
 }

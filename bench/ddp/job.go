@@ -17,6 +17,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/internal/benchutil"
+	"github.com/gdist/gdist/internal/rawtcp"
 	"github.com/gdist/gdist/models/mlp"
 )
 
@@ -51,13 +52,13 @@ type outcome struct {
 	Elapsed float64 `json:"elapsed"` // seconds for the timed steps
 	CPU     float64 `json:"cpu"`     // CPU seconds the process used during them
 	// Sums over the timed steps, in seconds.
-	Compute float64 `json:"compute"` // forward + backward (DDP's Stats.Compute; RunAll when plain)
-	Comm    float64 `json:"comm"`
-	Exposed float64 `json:"exposed"`
-	Buckets int     `json:"buckets"`
-	Bytes   int64   `json:"bytes"` // all-reduced bytes per step
-	Params  int     `json:"params"`
-	Raw     *raw    `json:"raw,omitempty"`
+	Compute float64         `json:"compute"` // forward + backward (DDP's Stats.Compute; RunAll when plain)
+	Comm    float64         `json:"comm"`
+	Exposed float64         `json:"exposed"`
+	Buckets int             `json:"buckets"`
+	Bytes   int64           `json:"bytes"` // all-reduced bytes per step
+	Params  int             `json:"params"`
+	Raw     *rawtcp.Figures `json:"raw,omitempty"`
 }
 
 // perStep returns a per-step mean in milliseconds.

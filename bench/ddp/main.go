@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,15 +12,11 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -30,7 +24,8 @@ import (
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
-	"github.com/gdist/gdist/internal/benchutil"
+	"github.com/gdist/gdist/internal/cli"
+	"github.com/gdist/gdist/internal/launch"
 )
 
 // envJob carries a rank's job (JSON) from the parent to the re-executed
@@ -40,23 +35,18 @@ const envJob = "GDIST_BENCH_JOB"
 // resultPrefix starts the line with a rank's outcome on its stdout.
 const resultPrefix = "GDIST_BENCH_RESULT "
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
+// errUsage reports bad command-line arguments (already printed).
+var errUsage = errors.New("bench/ddp: usage")
+
+func main() { cli.Main("bench/ddp", errUsage, program) }
+
+// program is the whole program: a rank when envJob is set, else the benchmark, which
+// starts the ranks.
+func program(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if spec, ok := os.LookupEnv(envJob); ok {
-		err = rankMain(ctx, spec, os.Stdout)
-	} else {
-		err = benchMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		return rankMain(ctx, spec, stdout)
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/ddp:", err)
-		stop()
-		os.Exit(1)
-	}
+	return benchMain(ctx, args, stdout, stderr)
 }
 
 // options are the benchmark's flags.
@@ -107,21 +97,23 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.sockBuf, "socket-buffer", 0, "kernel socket buffer size of the ranks' TCP connections in bytes (0: the kernel's auto-tuning)")
 	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes: recursive doubling below it, ring above (-1: dist.DefaultSmallThreshold)")
 	fs.IntVar(&o.oBucket, "overlap-bucket-cap", 0, "overlap: DDP bucket cap in bytes (0: one layer per bucket)")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	for _, f := range strings.Split(*linkList, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 		if err != nil || v < 0 {
-			return fmt.Errorf("-link %q: want comma-separated MB/s values >= 0", *linkList)
+			return cli.Usagef(fs, errUsage, "-link %q: want comma-separated MB/s values >= 0", *linkList)
 		}
 		o.links = append(o.links, v)
 	}
 	if o.procs < 1 || o.oProcs < 1 || o.steps < 1 || o.reps < 1 || o.oSteps < 1 || o.oReps < 1 || o.layers < 1 || o.width < 1 {
-		return errors.New("-procs, -overlap-procs, -steps, -reps, -overlap-steps, -overlap-reps, -layers and -width must be positive")
+		return cli.Usagef(fs, errUsage, "-procs, -overlap-procs, -steps, -reps, -overlap-steps, -overlap-reps, -layers and -width must be positive")
+	}
+	switch o.part {
+	case "all", "scaling", "overlap":
+	default:
+		return cli.Usagef(fs, errUsage, "-part %q: want scaling, overlap or all", o.part)
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
@@ -129,11 +121,6 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err := os.MkdirAll(o.profile, 0o755); err != nil {
 			return err
 		}
-	}
-	switch o.part {
-	case "all", "scaling", "overlap":
-	default:
-		return fmt.Errorf("-part %q: want scaling, overlap or all", o.part)
 	}
 	fmt.Fprintf(stdout, "bench/ddp: %s/%s, %d CPUs, %s; ranks are separate processes over loopback TCP; load average %s\n",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), loadAvg())
@@ -248,7 +235,7 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 			if o.profile != "" {
 				j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-rep%d", j.Name, rep))
 			}
-			r, err := launch(ctx, c.world, o.procs, j, stderr)
+			r, err := startRanks(ctx, c.world, o.procs, j, stderr)
 			if err != nil {
 				return fmt.Errorf("%s on %d rank(s): %w", c.label, c.world, err)
 			}
@@ -305,7 +292,7 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if rw := best[2][0].Raw; rw != nil {
 		comm := best[2].mean(func(o outcome) float64 { return o.Comm })
 		fmt.Fprintf(stdout, "raw sockets between the same 2 processes: latency %.1f us (half RTT, 8 B), stream %.2f GB/s, ring exchange of %d B (2 rounds of %d B each way) %.3f ms\n",
-			rw.LatencyUs, rw.StreamGBps, rw.Bytes, rw.Bytes/2, rw.ExchangeMs)
+			rw.LatencyUs, rw.StreamGBps, rw.ExchangeBytes, rw.ExchangeBytes/2, rw.ExchangeMs)
 		fmt.Fprintf(stdout, "DDP all-reduce per step %.3f ms = %.2fx the raw exchange\n", comm, comm/rw.ExchangeMs)
 	}
 	return nil
@@ -346,7 +333,7 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 				if o.profile != "" {
 					j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-link%g-rep%d", j.Name, link, rep))
 				}
-				r, err := launch(ctx, 2, o.oProcs, j, stderr)
+				r, err := startRanks(ctx, 2, o.oProcs, j, stderr)
 				if err != nil {
 					return fmt.Errorf("overlap %s: %w", c.label, err)
 				}
@@ -399,29 +386,12 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// launch runs j on world rank processes (this program, re-executed) and
-// returns their outcomes in rank order. If a rank fails the others are
-// killed.
-func launch(ctx context.Context, world, procs int, j job, stderr io.Writer) (run, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	port, err := benchutil.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	tok := make([]byte, 32)
-	if _, err := rand.Read(tok); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	var errMu sync.Mutex
-	outs := make([]bytes.Buffer, world)
-	errs := make([]error, world)
-	var wg sync.WaitGroup
+// startRanks runs j on world rank processes (this program, re-executed
+// through package launch, GOMAXPROCS=procs each) and returns their outcomes
+// in rank order. If a rank fails the others are stopped. The ranks' stderr
+// goes to stderr, prefixed by rank.
+func startRanks(ctx context.Context, world, procs int, j job, stderr io.Writer) (run, error) {
+	specs := make([]string, world)
 	for r := range world {
 		jr := j
 		if jr.CPUProfile != "" {
@@ -434,32 +404,24 @@ func launch(ctx context.Context, world, procs int, j job, stderr io.Writer) (run
 		if err != nil {
 			return nil, err
 		}
-		cmd := exec.CommandContext(ctx, exe)
-		cmd.Env = append(os.Environ(),
-			envJob+"="+string(spec),
-			"RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r),
-			"WORLD_SIZE="+strconv.Itoa(world), "LOCAL_WORLD_SIZE="+strconv.Itoa(world),
-			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
-			"GDIST_TOKEN="+hex.EncodeToString(tok),
-			"GOMAXPROCS="+strconv.Itoa(procs),
-		)
-		cmd.Stdout = &outs[r]
-		cmd.Stderr = &prefixWriter{mu: &errMu, w: stderr, prefix: fmt.Sprintf("[rank %d] ", r)}
-		cmd.WaitDelay = 5 * time.Second
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := cmd.Wait(); err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-				cancel() // a failed rank stops the job
-			}
-		}()
+		specs[r] = string(spec)
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	outs := make([]bytes.Buffer, world)
+	prefixed := launch.Prefixed(nil, stderr)
+	l, err := launch.Start(ctx, launch.Job{
+		Spec:    launch.Spec{NProc: world},
+		Procs:   procs,
+		RankEnv: func(r int) []string { return []string{envJob + "=" + specs[r]} },
+		Output: func(r int) (io.Writer, io.Writer) {
+			_, e := prefixed(r)
+			return &outs[r], e
+		},
+		KillGrace: 5 * time.Second,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Wait(); err != nil {
 		return nil, err
 	}
 	res := make(run, world)
@@ -480,35 +442,6 @@ func launch(ctx context.Context, world, procs int, j job, stderr io.Writer) (run
 		}
 	}
 	return res, nil
-}
-
-// prefixWriter prefixes every line written to w (a rank's stderr). The
-// ranks' writers share mu, which guards w.
-type prefixWriter struct {
-	mu     *sync.Mutex
-	w      io.Writer
-	prefix string
-	mid    bool // inside a line
-}
-
-func (p *prefixWriter) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []byte
-	for _, c := range b {
-		if !p.mid {
-			out = append(out, p.prefix...)
-			p.mid = true
-		}
-		out = append(out, c)
-		if c == '\n' {
-			p.mid = false
-		}
-	}
-	if _, err := p.w.Write(out); err != nil {
-		return 0, err
-	}
-	return len(b), nil
 }
 
 // smallThreshold is the -small flag for a job: nil for the default.

@@ -16,6 +16,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/cli"
 )
 
 // TestMain doubles as a rank: launch re-executes the test binary with the
@@ -170,7 +171,7 @@ func TestLaunch(t *testing.T) {
 	var stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r, err := launch(ctx, 2, 1, j, &stderr)
+	r, err := startRanks(ctx, 2, 1, j, &stderr)
 	require.NoError(t, err, "stderr: %s", stderr.String())
 	require.Len(t, r, 2)
 	for i, o := range r {
@@ -186,7 +187,7 @@ func TestLaunch(t *testing.T) {
 	// A failing rank fails the launch instead of hanging.
 	bad := j
 	bad.Steps = 0
-	_, err = launch(ctx, 2, 1, bad, &stderr)
+	_, err = startRanks(ctx, 2, 1, bad, &stderr)
 	assert.Error(t, err)
 }
 
@@ -200,7 +201,19 @@ func TestBenchFlags(t *testing.T) {
 	} {
 		var stdout, stderr bytes.Buffer
 		err := benchMain(context.Background(), args, &stdout, &stderr)
-		assert.Error(t, err, "%q", args)
+		assert.ErrorIs(t, err, errUsage, "%q", args)
+		assert.Equal(t, 2, cli.ExitCode("bench/ddp", errUsage, err, &stderr), "%q", args)
 		assert.Empty(t, stdout.String(), "%q: nothing runs", args)
+	}
+}
+
+// TestHelp: -h and -help print the usage and exit 0.
+func TestHelp(t *testing.T) {
+	for _, h := range []string{"-h", "-help"} {
+		var stdout, stderr bytes.Buffer
+		err := program(context.Background(), []string{h}, &stdout, &stderr)
+		assert.Equal(t, 0, cli.ExitCode("bench/ddp", errUsage, err, &stderr), h)
+		assert.Contains(t, stderr.String(), "-overlap-steps int", h)
+		assert.Empty(t, stdout.String(), "%s runs nothing", h)
 	}
 }

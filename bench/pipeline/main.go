@@ -40,7 +40,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,9 +47,7 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -65,6 +62,9 @@ import (
 	"github.com/gdist/gdist/dist/pipeline"
 	"github.com/gdist/gdist/dist/pipeline/pipelinetest"
 	"github.com/gdist/gdist/internal/benchutil"
+	"github.com/gdist/gdist/internal/cli"
+	"github.com/gdist/gdist/internal/launch"
+	"github.com/gdist/gdist/internal/rawtcp"
 )
 
 type options struct {
@@ -114,48 +114,63 @@ type commResult struct {
 	Samples int     `json:"samples"`
 }
 
-func main() {
-	var o options
-	var stages, micro, modes string
-	flag.BoolVar(&o.worker, "worker", false, "run as one rank (RANK, WORLD_SIZE, ... from the environment)")
-	flag.StringVar(&stages, "stages", "1,2,4", "numbers of stages to measure")
-	flag.StringVar(&micro, "micro", "1,2,4,8,16", "numbers of micro-batches to measure")
-	flag.StringVar(&modes, "modes", "gpipe,infer", "schedules: gpipe, 1f1b, recompute (GPipe with re-materialisation), infer")
-	flag.IntVar(&o.layers, "layers", 8, "MLP layers (divisible by every number of stages)")
-	flag.IntVar(&o.width, "width", 256, "MLP width")
-	flag.IntVar(&o.batch, "batch", 128, "samples per step (divisible by every number of micro-batches)")
-	flag.IntVar(&o.steps, "steps", 6, "timed steps per configuration")
-	flag.IntVar(&o.warmup, "warmup", 2, "untimed steps per configuration")
-	flag.IntVar(&o.repeat, "repeat", 3, "timed windows of -steps steps per configuration; the fastest is reported (the machine may be shared)")
-	flag.StringVar(&o.dtype, "dtype", "float32", "float32 or float64")
-	flag.BoolVar(&o.trace, "trace", false, "print every rank's compute intervals of its last timed step")
-	flag.Parse()
-	var err error
-	if o.stages, err = ints(stages); err == nil {
-		o.micro, err = ints(micro)
-	}
+// errUsage reports bad command-line arguments (already printed).
+var errUsage = errors.New("pipeline: usage")
+
+func main() { cli.Main("pipeline", errUsage, run) }
+
+// run is the program: the sweep, which starts the workers, or with -worker
+// one rank.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("pipeline", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o, err := parseFlags(fs, args)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	o.modes = strings.Split(modes, ",")
-	for _, m := range o.micro {
-		if o.batch%m != 0 {
-			fmt.Fprintf(os.Stderr, "batch %d is not divisible by %d micro-batches\n", o.batch, m)
-			os.Exit(2)
-		}
+		return err
 	}
 	if o.worker {
-		if err := worker(o); err != nil {
-			fmt.Fprintln(os.Stderr, "worker:", err)
-			os.Exit(1)
+		if err := worker(ctx, o); err != nil {
+			return fmt.Errorf("worker: %w", err)
 		}
-		return
+		return nil
 	}
-	if err := sweep(o); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	return sweep(ctx, o, stdout, stderr)
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
+	var o options
+	fs.BoolVar(&o.worker, "worker", false, "run as one rank (RANK, WORLD_SIZE, ... from the environment)")
+	stages := fs.String("stages", "1,2,4", "numbers of stages to measure")
+	micro := fs.String("micro", "1,2,4,8,16", "numbers of micro-batches to measure")
+	modes := fs.String("modes", "gpipe,infer", "schedules: gpipe, 1f1b, recompute (GPipe with re-materialisation), infer")
+	fs.IntVar(&o.layers, "layers", 8, "MLP layers (divisible by every number of stages)")
+	fs.IntVar(&o.width, "width", 256, "MLP width")
+	fs.IntVar(&o.batch, "batch", 128, "samples per step (divisible by every number of micro-batches)")
+	fs.IntVar(&o.steps, "steps", 6, "timed steps per configuration")
+	fs.IntVar(&o.warmup, "warmup", 2, "untimed steps per configuration")
+	fs.IntVar(&o.repeat, "repeat", 3, "timed windows of -steps steps per configuration; the fastest is reported (the machine may be shared)")
+	fs.StringVar(&o.dtype, "dtype", "float32", "float32 or float64")
+	fs.BoolVar(&o.trace, "trace", false, "print every rank's compute intervals of its last timed step")
+	if err := cli.Parse(fs, args, errUsage); err != nil {
+		return o, err
 	}
+	var err error
+	if o.stages, err = ints(*stages); err != nil {
+		return o, cli.Usagef(fs, errUsage, "-stages: %v", err)
+	}
+	if o.micro, err = ints(*micro); err != nil {
+		return o, cli.Usagef(fs, errUsage, "-micro: %v", err)
+	}
+	o.modes = strings.Split(*modes, ",")
+	for _, m := range o.micro {
+		if o.batch%m != 0 {
+			return o, cli.Usagef(fs, errUsage, "batch %d is not divisible by %d micro-batches", o.batch, m)
+		}
+	}
+	if o.dtype != "float32" && o.dtype != "float64" {
+		return o, cli.Usagef(fs, errUsage, "-dtype %q: want float32 or float64", o.dtype)
+	}
+	return o, nil
 }
 
 func ints(s string) ([]int, error) {
@@ -172,8 +187,8 @@ func ints(s string) ([]int, error) {
 
 // ---- orchestrator ----
 
-func sweep(o options) error {
-	fmt.Printf("# pipeline bench: MLP %d x %d %s (tanh, MSE), batch %d, %d timed steps (+%d warm-up), GOMAXPROCS=1 per rank, %d CPUs\n",
+func sweep(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	fmt.Fprintf(stdout, "# pipeline bench: MLP %d x %d %s (tanh, MSE), batch %d, %d timed steps (+%d warm-up), GOMAXPROCS=1 per rank, %d CPUs\n",
 		o.layers, o.width, o.dtype, o.batch, o.steps, o.warmup, runtime.NumCPU())
 	all := map[string][]result{} // mode -> results of every rank
 	var comm []commResult
@@ -181,7 +196,7 @@ func sweep(o options) error {
 		if o.layers%p != 0 {
 			return fmt.Errorf("%d layers do not split into %d equal stages", o.layers, p)
 		}
-		rs, cs, err := launch(o, p)
+		rs, cs, err := startWorkers(ctx, o, p, stderr)
 		if err != nil {
 			return fmt.Errorf("%d stages: %w", p, err)
 		}
@@ -191,22 +206,22 @@ func sweep(o options) error {
 		comm = append(comm, cs...)
 	}
 	for _, c := range comm {
-		fmt.Printf("# one activation (%d B) between ranks 0 and 1, one way: raw TCP %.1f us, dist p2p %.1f us (%.2fx raw), median of %d round trips\n",
+		fmt.Fprintf(stdout, "# one activation (%d B) between ranks 0 and 1, one way: raw TCP %.1f us, dist p2p %.1f us (%.2fx raw), median of %d round trips\n",
 			c.Bytes, c.RawUS, c.DistUS, c.DistUS/c.RawUS, c.Samples)
 	}
 	if plain := all["plain"]; len(plain) > 0 {
 		r := plain[0]
-		fmt.Printf("# plain Gorgonia, whole model and batch in one graph, one process: %.1f samples/s\n",
+		fmt.Fprintf(stdout, "# plain Gorgonia, whole model and batch in one graph, one process: %.1f samples/s\n",
 			float64(r.Steps*r.Batch)/r.Wall)
 	}
 	for _, mode := range o.modes {
-		report(mode, all[mode], o)
+		report(stdout, mode, all[mode], o)
 	}
 	return nil
 }
 
 // report prints one mode's table.
-func report(mode string, rs []result, o options) {
+func report(w io.Writer, mode string, rs []result, o options) {
 	type key struct{ p, m int }
 	wall := map[key]float64{}
 	held := map[key]float64{}
@@ -226,8 +241,8 @@ func report(mode string, rs []result, o options) {
 		cpu[k][r.Rank] = r.CPU / r.Wall
 	}
 	tput := func(k key) float64 { return float64(o.steps*o.batch) / wall[k] }
-	fmt.Printf("\n## %s\n", mode)
-	fmt.Printf("%3s %3s %12s %12s %12s %7s %9s %9s %8s  %-24s %s\n",
+	fmt.Fprintf(w, "\n## %s\n", mode)
+	fmt.Fprintf(w, "%3s %3s %12s %12s %12s %7s %9s %9s %8s  %-24s %s\n",
 		"p", "m", "samples/s", "T1(m)", "ideal", "ratio", "bubble", "GPipe", "held MB", "idle fraction per stage", "cpu/wall per stage")
 	for _, p := range o.stages {
 		for _, m := range o.micro {
@@ -250,88 +265,63 @@ func report(mode string, rs []result, o options) {
 				id := float64(p) * base * (1 - theory)
 				t1, ideal, ratio = fmt.Sprintf("%.1f", base), fmt.Sprintf("%.1f", id), fmt.Sprintf("%.2f", tput(k)/id)
 			}
-			fmt.Printf("%3d %3d %12.1f %12s %12s %7s %9.3f %9.3f %8.2f  %-24s %s\n",
+			fmt.Fprintf(w, "%3d %3d %12.1f %12s %12s %7s %9.3f %9.3f %8.2f  %-24s %s\n",
 				p, m, tput(k), t1, ideal, ratio, mean, theory, held[k], strings.Join(idle, " "), strings.Join(cpus, " "))
 		}
 	}
 }
 
-// launch runs p workers and collects their result lines.
-func launch(o options, p int) ([]result, []commResult, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, nil, err
-	}
-	port, err := benchutil.FreePort()
-	if err != nil {
-		return nil, nil, err
-	}
+// startWorkers runs p workers (this program with -worker, through package
+// launch, GOMAXPROCS=1 each) and collects their result lines; their other
+// output goes to stderr, prefixed by rank.
+func startWorkers(ctx context.Context, o options, p int, stderr io.Writer) ([]result, []commResult, error) {
 	args := []string{"-worker",
 		"-micro", join(o.micro), "-modes", strings.Join(o.modes, ","),
 		"-layers", strconv.Itoa(o.layers), "-width", strconv.Itoa(o.width), "-batch", strconv.Itoa(o.batch),
 		"-steps", strconv.Itoa(o.steps), "-warmup", strconv.Itoa(o.warmup), "-repeat", strconv.Itoa(o.repeat),
 		"-dtype", o.dtype, "-trace=" + strconv.FormatBool(o.trace)}
 	var (
-		mu   sync.Mutex
-		rs   []result
-		cs   []commResult
-		wg   sync.WaitGroup
-		cmds []*exec.Cmd
+		mu sync.Mutex
+		rs []result
+		cs []commResult
 	)
-	for r := range p {
-		cmd := exec.Command(exe, args...)
-		cmd.Env = append(os.Environ(), "GOMAXPROCS=1",
-			dist.EnvRank+"="+strconv.Itoa(r), dist.EnvWorldSize+"="+strconv.Itoa(p),
-			dist.EnvLocalRank+"="+strconv.Itoa(r),
-			dist.EnvMasterAddr+"=127.0.0.1", dist.EnvMasterPort+"="+strconv.Itoa(port),
-			dist.EnvToken+"=pipeline-bench")
-		if p == 1 {
-			cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-		}
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			return nil, nil, err
-		}
-		cmds = append(cmds, cmd)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				line := sc.Text()
-				switch {
-				case strings.HasPrefix(line, "RESULT "):
+	errs := launch.Synced(stderr)
+	r, err := launch.Start(ctx, launch.Job{
+		Spec:  launch.Spec{NProc: p},
+		Args:  args,
+		Procs: 1,
+		Output: func(rank int) (io.Writer, io.Writer) {
+			prefix := fmt.Sprintf("[p=%d rank %d] ", p, rank)
+			other := launch.NewPrefixWriter(errs, prefix)
+			stdout := launch.LineFunc(func(line string) {
+				mu.Lock()
+				defer mu.Unlock()
+				if v, ok := strings.CutPrefix(line, "RESULT "); ok {
 					var x result
-					if json.Unmarshal([]byte(line[7:]), &x) == nil {
-						mu.Lock()
+					if json.Unmarshal([]byte(v), &x) == nil {
 						rs = append(rs, x)
-						mu.Unlock()
+						return
 					}
-				case strings.HasPrefix(line, "COMM "):
-					var x commResult
-					if json.Unmarshal([]byte(line[5:]), &x) == nil {
-						mu.Lock()
-						cs = append(cs, x)
-						mu.Unlock()
-					}
-				default:
-					fmt.Fprintf(os.Stderr, "[p=%d rank %d] %s\n", p, r, line)
 				}
-			}
-		}()
+				if v, ok := strings.CutPrefix(line, "COMM "); ok {
+					var x commResult
+					if json.Unmarshal([]byte(v), &x) == nil {
+						cs = append(cs, x)
+						return
+					}
+				}
+				fmt.Fprintf(errs, "%s%s\n", prefix, line)
+			})
+			return stdout, other
+		},
+	})
+	if err != nil {
+		return nil, nil, err
 	}
-	wg.Wait() // every output read (Wait closes the pipes)
-	var firstErr error
-	for r, cmd := range cmds {
-		if err := cmd.Wait(); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("rank %d: %w", r, err)
-		}
-	}
-	return rs, cs, firstErr
+	err = r.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	return rs, cs, err
 }
 
 func join(xs []int) string {
@@ -344,8 +334,7 @@ func join(xs []int) string {
 
 // ---- worker ----
 
-func worker(o options) error {
-	ctx := context.Background()
+func worker(ctx context.Context, o options) error {
 	g, err := dist.InitFromEnv(ctx)
 	if err != nil {
 		return err
@@ -559,64 +548,34 @@ func plain(ctx context.Context, o options, dt tensor.Dtype) error {
 	return ctx.Err()
 }
 
+// tagAddr and tagPing are the baseline's tags.
+const tagAddr, tagPing = 1, 2
+
 // commBaseline measures, between ranks 0 and 1, the one-way time of one
-// message of `bytes` bytes over a plain TCP connection and over dist
-// point-to-point messages (half the median round trip).
+// message of `bytes` bytes over a plain TCP connection (package rawtcp)
+// and over dist point-to-point messages: half the median round trip. Rank
+// 0 reports both.
 func commBaseline(ctx context.Context, g *dist.ProcessGroup, bytes int) error {
 	const rounds = 200
-	const tagAddr, tagPing = 1, 2
 	rank := g.Rank()
 	if rank > 1 {
 		return g.Barrier(ctx)
 	}
 	peer := 1 - rank
+	c, err := rawtcp.Connect(ctx, g, rank, peer, tagAddr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	raw, err := c.PingPong(ctx, bytes, 0, rounds)
+	if err != nil {
+		return err
+	}
 	buf := make([]byte, bytes)
-	// Raw TCP: rank 0 listens, tells rank 1 where, and echoes.
-	var conn net.Conn
-	if rank == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		defer l.Close()
-		if err := g.Send(ctx, peer, tagAddr, []byte(l.Addr().String())); err != nil {
-			return err
-		}
-		if conn, err = l.Accept(); err != nil {
-			return err
-		}
-	} else {
-		addr, err := g.Recv(ctx, peer, tagAddr)
-		if err != nil {
-			return err
-		}
-		if conn, err = net.Dial("tcp", string(addr)); err != nil {
-			return err
-		}
-	}
-	defer conn.Close()
-	raw := make([]time.Duration, 0, rounds)
-	for range rounds {
-		start := time.Now()
-		if rank == 1 {
-			if _, err := conn.Write(buf); err != nil {
-				return err
-			}
-		}
-		if _, err := io.ReadFull(conn, buf); err != nil {
-			return err
-		}
-		if rank == 0 {
-			if _, err := conn.Write(buf); err != nil {
-				return err
-			}
-		}
-		raw = append(raw, time.Since(start))
-	}
 	dp := make([]time.Duration, 0, rounds)
 	for range rounds {
 		start := time.Now()
-		if rank == 1 {
+		if rank == 0 {
 			if err := g.Send(ctx, peer, tagPing, buf); err != nil {
 				return err
 			}
@@ -628,23 +587,21 @@ func commBaseline(ctx context.Context, g *dist.ProcessGroup, bytes int) error {
 		if len(b) != bytes {
 			return errors.New("short message")
 		}
-		if rank == 0 {
+		if rank == 1 {
 			if err := g.Send(ctx, peer, tagPing, buf); err != nil {
 				return err
 			}
 		}
 		dp = append(dp, time.Since(start))
 	}
-	if rank == 1 {
-		emit("COMM", commResult{Bytes: bytes, RawUS: median(raw) / 2, DistUS: median(dp) / 2, Samples: rounds})
+	if rank == 0 {
+		emit("COMM", commResult{Bytes: bytes, RawUS: us(raw.Median) / 2, DistUS: us(rawtcp.Summarize(dp).Median) / 2, Samples: rounds})
 	}
 	return g.Barrier(ctx)
 }
 
-func median(ds []time.Duration) float64 {
-	slices.Sort(ds)
-	return float64(ds[len(ds)/2].Nanoseconds()) / 1e3
-}
+// us returns d in microseconds.
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // ---- model ----
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
+	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/mnist"
 )
 
@@ -142,6 +143,17 @@ func TestRunBadFlags(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), args, &stdout, &stderr)
 		assert.ErrorIs(t, err, errUsage, "%q", args)
+	}
+}
+
+// TestHelp: -h and -help print the usage and exit 0 without running.
+func TestHelp(t *testing.T) {
+	for _, h := range []string{"-h", "-help"} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), []string{h}, &stdout, &stderr)
+		assert.Equal(t, 0, cli.ExitCode("mnist", errUsage, err, &stderr), h)
+		assert.Contains(t, stderr.String(), "-epochs int", h)
+		assert.Empty(t, stdout.String(), "%s runs nothing", h)
 	}
 }
 

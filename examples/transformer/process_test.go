@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/procjob"
 )
 
@@ -92,4 +94,15 @@ func TestTrainProcesses(t *testing.T) {
 	assert.Empty(t, procs[1].Output())
 	_, err := os.Stat(ckpt)
 	require.NoError(t, err)
+}
+
+// TestHelp: -h on the program and on each command prints the usage and
+// exits 0 without running.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"-help"}, {"train", "-h"}, {"generate", "-help"}} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), args, &stdout, &stderr)
+		assert.Equal(t, 0, cli.ExitCode("transformer", errUsage, err, &stderr), "%q", args)
+		assert.Contains(t, stdout.String()+stderr.String(), "Usage", "%q", args)
+	}
 }

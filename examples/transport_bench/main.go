@@ -2,15 +2,17 @@
 // between the same two processes, in the same run, and prints absolute
 // numbers and ratios to raw:
 //
-//   - raw TCP (package net only): ping-pong RTT of an 8-byte message
+//   - raw TCP (package net only, through internal/rawtcp, the baseline every
+//     benchmark shares): ping-pong RTT of an 8-byte message
 //     (median and mean) and one-way streaming bandwidth at 1 KiB, 64 KiB,
 //     1 MiB and 16 MiB messages (the receiver acks at the end);
 //   - the gdist tcp transport: the same ping-pong and streams;
 //   - dist all-reduce (sum) latency at 4096 and 32768 float32 and the bus
 //     bandwidth of a 16 MiB ring all-reduce.
 //
-// Run alone, it re-executes itself as rank 1 and both processes meet over
-// loopback. Under a launcher (RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT,
+// Run alone, it starts both ranks itself (re-executed twice through
+// internal/launch, with a fresh job token) and prints rank 0's report; the
+// ranks meet over loopback. Under a launcher (RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT,
 // GDIST_TOKEN set, as gdistrun does) it uses those instead. Each rank runs
 // with GOMAXPROCS=1 unless -gomaxprocs says otherwise.
 //
@@ -23,17 +25,14 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log"
 	"math"
 	"net"
 	"os"
-	"os/exec"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -44,6 +43,9 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/cli"
+	"github.com/gdist/gdist/internal/launch"
+	"github.com/gdist/gdist/internal/rawtcp"
 )
 
 // config is what both ranks must agree on; rank 0 sends its own to rank 1.
@@ -63,19 +65,27 @@ type config struct {
 
 var (
 	cfg        config
-	cpuprofile = flag.String("cpuprofile", "", "write each rank's CPU profile to `file`.rankN")
+	cpuprofile string
 )
 
-func init() {
-	flag.IntVar(&cfg.Procs, "gomaxprocs", 1, "GOMAXPROCS of each rank")
-	flag.IntVar(&cfg.PingPongIters, "pingpong-iters", 20000, "timed ping-pong round trips per round")
-	flag.IntVar(&cfg.Warmup, "warmup", 2000, "untimed ping-pong round trips before each timed run")
-	flag.IntVar(&cfg.StreamMiB, "stream-mib", 256, "MiB sent per streaming measurement (at least 8 messages)")
-	flag.IntVar(&cfg.Rounds, "rounds", 5, "rounds per measurement; raw and gdist run back to back in each")
-	flag.IntVar(&cfg.ARIters, "allreduce-iters", 1000, "timed all-reduces at 4096 and 32768 float32")
-	flag.IntVar(&cfg.ARBigIters, "allreduce-big-iters", 10, "timed 16 MiB all-reduces")
-	flag.BoolVar(&cfg.NoAllReduce, "no-allreduce", false, "skip the dist all-reduce measurements")
-	flag.Func("sizes", "comma-separated stream message sizes in bytes (default 1024,65536,1048576,16777216)", func(v string) error {
+// errUsage reports bad command-line arguments (already printed).
+var errUsage = errors.New("transport_bench: usage")
+
+// parseFlags parses args into cfg and cpuprofile.
+func parseFlags(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("transport_bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg = config{Sizes: defaultSizes}
+	fs.StringVar(&cpuprofile, "cpuprofile", "", "write each rank's CPU profile to `file`.rankN")
+	fs.IntVar(&cfg.Procs, "gomaxprocs", 1, "GOMAXPROCS of each rank")
+	fs.IntVar(&cfg.PingPongIters, "pingpong-iters", 20000, "timed ping-pong round trips per round")
+	fs.IntVar(&cfg.Warmup, "warmup", 2000, "untimed ping-pong round trips before each timed run")
+	fs.IntVar(&cfg.StreamMiB, "stream-mib", 256, "MiB sent per streaming measurement (at least 8 messages)")
+	fs.IntVar(&cfg.Rounds, "rounds", 5, "rounds per measurement; raw and gdist run back to back in each")
+	fs.IntVar(&cfg.ARIters, "allreduce-iters", 1000, "timed all-reduces at 4096 and 32768 float32")
+	fs.IntVar(&cfg.ARBigIters, "allreduce-big-iters", 10, "timed 16 MiB all-reduces")
+	fs.BoolVar(&cfg.NoAllReduce, "no-allreduce", false, "skip the dist all-reduce measurements")
+	fs.Func("sizes", "comma-separated stream message sizes in bytes (default 1024,65536,1048576,16777216)", func(v string) error {
 		cfg.Sizes = nil
 		for _, f := range strings.Split(v, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -86,8 +96,15 @@ func init() {
 		}
 		return nil
 	})
-	flag.IntVar(&cfg.QueueMiB, "queue-mib", 0, "gdist receive queue limit per peer in MiB (0: the transport's default)")
-	flag.IntVar(&cfg.SockBuf, "sockbuf", 0, "kernel socket buffer size for both raw and gdist connections (0: kernel default)")
+	fs.IntVar(&cfg.QueueMiB, "queue-mib", 0, "gdist receive queue limit per peer in MiB (0: the transport's default)")
+	fs.IntVar(&cfg.SockBuf, "sockbuf", 0, "kernel socket buffer size for both raw and gdist connections (0: kernel default)")
+	if err := cli.Parse(fs, args, errUsage); err != nil {
+		return err
+	}
+	if cfg.Procs < 1 || cfg.PingPongIters < 1 || cfg.Rounds < 1 || cfg.StreamMiB < 1 || cfg.Warmup < 0 {
+		return cli.Usagef(fs, errUsage, "-gomaxprocs, -pingpong-iters, -rounds and -stream-mib must be positive, -warmup not negative")
+	}
+	return nil
 }
 
 var defaultSizes = []int{1 << 10, 64 << 10, 1 << 20, 16 << 20}
@@ -100,76 +117,44 @@ const (
 	tagAck    = 4
 )
 
-func main() {
-	log.SetFlags(0)
-	cfg.Sizes = defaultSizes
-	flag.Parse()
-	child, err := ensureEnv()
-	if err != nil {
-		log.Fatal(err)
-	}
-	err = run()
-	if child != nil {
-		if err != nil {
-			child.Process.Kill()
-		}
-		if werr := child.Wait(); werr != nil && err == nil {
-			err = fmt.Errorf("rank 1: %w", werr)
-		}
-	}
-	if err != nil {
-		log.Fatal(err)
-	}
-}
+func main() { cli.Main("transport_bench", errUsage, run) }
 
-// ensureEnv starts rank 1 as a child process when no launcher did, and sets
-// this process up as rank 0.
-func ensureEnv() (*exec.Cmd, error) {
-	if os.Getenv("RANK") != "" {
-		return nil, nil
+// run is the program. Run alone, it starts both ranks (itself, re-executed
+// through package launch) and relays rank 0's report; under a launcher
+// (RANK set) it is one rank.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if err := parseFlags(args, stderr); err != nil {
+		return err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if os.Getenv(launch.EnvRank) != "" {
+		return runRank(ctx, stdout)
+	}
+	errs := launch.Synced(stderr)
+	r, err := launch.Start(ctx, launch.Job{
+		Spec: launch.Spec{NProc: 2},
+		Args: args,
+		Output: func(rank int) (io.Writer, io.Writer) {
+			e := launch.NewPrefixWriter(errs, fmt.Sprintf("[%d] ", rank))
+			if rank == 0 {
+				return launch.NewPrefixWriter(stdout, ""), e
+			}
+			return launch.NewPrefixWriter(errs, fmt.Sprintf("[%d] ", rank)), e
+		},
+	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-	tok := make([]byte, 32)
-	rand.Read(tok)
-	env := []string{"WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "GDIST_TOKEN=" + hex.EncodeToString(tok)}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(exe, os.Args[1:]...)
-	cmd.Env = append(append(os.Environ(), env...), "RANK=1")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	for _, kv := range append(env, "RANK=0") {
-		k, v, _ := cut(kv)
-		os.Setenv(k, v)
-	}
-	return cmd, nil
-}
-
-func cut(kv string) (string, string, bool) {
-	for i := range kv {
-		if kv[i] == '=' {
-			return kv[:i], kv[i+1:], true
-		}
-	}
-	return kv, "", false
+	return r.Wait()
 }
 
 type bench struct {
 	rank int
 	tr   *tcp.Transport
-	raw  *net.TCPConn
+	raw  *rawtcp.Conn
 }
 
-func run() error {
+// runRank is one rank of the benchmark; rank 0 writes the report to stdout.
+func runRank(ctx context.Context, stdout io.Writer) error {
 	rank, err := strconv.Atoi(os.Getenv("RANK"))
 	if err != nil {
 		return fmt.Errorf("RANK: %w", err)
@@ -178,7 +163,7 @@ func run() error {
 		return fmt.Errorf("transport_bench needs exactly 2 ranks, WORLD_SIZE=%q", w)
 	}
 	host, port := os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
 
 	opts := []tcp.Option{tcp.WithToken([]byte(os.Getenv("GDIST_TOKEN")))}
@@ -198,8 +183,8 @@ func run() error {
 		return err
 	}
 	runtime.GOMAXPROCS(cfg.Procs)
-	if *cpuprofile != "" {
-		f, err := os.Create(fmt.Sprintf("%s.rank%d", *cpuprofile, rank))
+	if cpuprofile != "" {
+		f, err := os.Create(fmt.Sprintf("%s.rank%d", cpuprofile, rank))
 		if err != nil {
 			return err
 		}
@@ -218,7 +203,7 @@ func run() error {
 		}
 	}
 	if rank == 0 {
-		res.print(os.Stdout)
+		res.print(stdout)
 	}
 	return nil
 }
@@ -228,7 +213,7 @@ func run() error {
 // address over the transport; nothing of gdist is on the raw path).
 func (b *bench) agree(ctx context.Context, host string) error {
 	if b.rank == 0 {
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		ln, err := rawtcp.Listen(host)
 		if err != nil {
 			return err
 		}
@@ -236,15 +221,13 @@ func (b *bench) agree(ctx context.Context, host string) error {
 		msg, _ := json.Marshal(struct {
 			Cfg  config
 			Addr string
-		}{cfg, ln.Addr().String()})
+		}{cfg, ln.Addr()})
 		if err := b.tr.Send(ctx, 1, tagSetup, transport.Meta{}, msg); err != nil {
 			return err
 		}
-		c, err := ln.Accept()
-		if err != nil {
+		if b.raw, err = ln.Accept(ctx); err != nil {
 			return err
 		}
-		b.raw = c.(*net.TCPConn)
 	} else {
 		m, err := b.tr.Recv(ctx, 0, tagSetup)
 		if err != nil {
@@ -258,52 +241,18 @@ func (b *bench) agree(ctx context.Context, host string) error {
 			return err
 		}
 		cfg = setup.Cfg
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", setup.Addr)
-		if err != nil {
+		if b.raw, err = rawtcp.Dial(ctx, setup.Addr); err != nil {
 			return err
 		}
-		b.raw = c.(*net.TCPConn)
 	}
-	b.raw.SetNoDelay(true)
 	if cfg.SockBuf > 0 {
-		b.raw.SetReadBuffer(cfg.SockBuf)
-		b.raw.SetWriteBuffer(cfg.SockBuf)
+		return b.raw.SetBuffers(cfg.SockBuf)
 	}
 	return nil
 }
 
-// sync lines both ranks up on the raw connection.
-func (b *bench) sync() error {
-	var x [1]byte
-	if b.rank == 0 {
-		if _, err := b.raw.Write(x[:]); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(b.raw, x[:])
-		return err
-	}
-	if _, err := io.ReadFull(b.raw, x[:]); err != nil {
-		return err
-	}
-	_, err := b.raw.Write(x[:])
-	return err
-}
-
-type latency struct{ median, mean time.Duration }
-
-func summarize(d []time.Duration) latency {
-	if len(d) == 0 {
-		return latency{}
-	}
-	var sum time.Duration
-	for _, x := range d {
-		sum += x
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return latency{median: s[len(s)/2], mean: sum / time.Duration(len(s))}
-}
+// latency is a run's round-trip times.
+type latency = rawtcp.Latency
 
 type results struct {
 	rawPP, gdistPP []latency         // per round
@@ -335,7 +284,7 @@ func (b *bench) measure(ctx context.Context, res *results) error {
 		var err error
 		for k := range 2 {
 			if (k == 0) == rawFirst {
-				raw, err = b.rawPingPong()
+				raw, err = b.rawPingPong(ctx)
 			} else {
 				gd, err = b.gdistPingPong(ctx)
 			}
@@ -353,7 +302,7 @@ func (b *bench) measure(ctx context.Context, res *results) error {
 			var err error
 			for k := range 2 {
 				if (k == 0) == rawFirst {
-					raw, err = b.rawStream(size, n)
+					raw, err = b.rawStream(ctx, size, n)
 				} else {
 					gd, err = b.gdistStream(ctx, size, n)
 				}
@@ -368,38 +317,12 @@ func (b *bench) measure(ctx context.Context, res *results) error {
 	return nil
 }
 
-func (b *bench) rawPingPong() (latency, error) {
-	if err := b.sync(); err != nil {
-		return latency{}, err
-	}
-	buf := make([]byte, 8)
-	lat := make([]time.Duration, 0, cfg.PingPongIters)
-	for i := range cfg.Warmup + cfg.PingPongIters {
-		if b.rank == 0 {
-			t0 := time.Now()
-			if _, err := b.raw.Write(buf); err != nil {
-				return latency{}, err
-			}
-			if _, err := io.ReadFull(b.raw, buf); err != nil {
-				return latency{}, err
-			}
-			if i >= cfg.Warmup {
-				lat = append(lat, time.Since(t0))
-			}
-		} else {
-			if _, err := io.ReadFull(b.raw, buf); err != nil {
-				return latency{}, err
-			}
-			if _, err := b.raw.Write(buf); err != nil {
-				return latency{}, err
-			}
-		}
-	}
-	return summarize(lat), nil
+func (b *bench) rawPingPong(ctx context.Context) (latency, error) {
+	return b.raw.PingPong(ctx, 8, cfg.Warmup, cfg.PingPongIters)
 }
 
 func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
-	if err := b.sync(); err != nil {
+	if err := b.raw.Sync(ctx); err != nil {
 		return latency{}, err
 	}
 	buf := make([]byte, 8)
@@ -431,51 +354,23 @@ func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
 			}
 		}
 	}
-	return summarize(lat), nil
+	return rawtcp.Summarize(lat), nil
 }
 
 // rawStream sends n messages of size bytes from rank 0 to rank 1, which acks
-// once it has read them all; it returns bytes per second.
-func (b *bench) rawStream(size, n int) (float64, error) {
-	buf := make([]byte, size)
-	var ack [1]byte
-	once := func(n int) (time.Duration, error) {
-		if err := b.sync(); err != nil {
-			return 0, err
-		}
-		t0 := time.Now()
-		if b.rank == 0 {
-			for range n {
-				if _, err := b.raw.Write(buf); err != nil {
-					return 0, err
-				}
-			}
-			if _, err := io.ReadFull(b.raw, ack[:]); err != nil {
-				return 0, err
-			}
-		} else {
-			for range n {
-				if _, err := io.ReadFull(b.raw, buf); err != nil {
-					return 0, err
-				}
-			}
-			if _, err := b.raw.Write(ack[:]); err != nil {
-				return 0, err
-			}
-		}
-		return time.Since(t0), nil
-	}
-	if _, err := once(max(n/10, 2)); err != nil { // warm-up
+// once it has read them all, after a warm-up of a tenth as many; it returns
+// bytes per second.
+func (b *bench) rawStream(ctx context.Context, size, n int) (float64, error) {
+	if _, err := b.raw.Stream(ctx, size, max(n/10, 2)); err != nil { // warm-up
 		return 0, err
 	}
-	d, err := once(n)
-	return float64(size) * float64(n) / d.Seconds(), err
+	return b.raw.Stream(ctx, size, n)
 }
 
 func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 	buf := make([]byte, size)
 	once := func(n int) (time.Duration, error) {
-		if err := b.sync(); err != nil {
+		if err := b.raw.Sync(ctx); err != nil {
 			return 0, err
 		}
 		t0 := time.Now()
@@ -514,32 +409,9 @@ func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 // rawExchange has both ranks send n messages of size bytes to each other
 // at the same time over the raw connection; it returns bytes per second in
 // each direction. A 2-rank ring all-reduce moves data the same way.
-func (b *bench) rawExchange(size, n int) (float64, error) {
-	out, in := make([]byte, size), make([]byte, size)
-	if err := b.sync(); err != nil {
-		return 0, err
-	}
-	t0 := time.Now()
-	werr := make(chan error, 1)
-	go func() {
-		for range n {
-			if _, err := b.raw.Write(out); err != nil {
-				werr <- err
-				return
-			}
-		}
-		werr <- nil
-	}()
-	for range n {
-		if _, err := io.ReadFull(b.raw, in); err != nil {
-			return 0, err
-		}
-	}
-	if err := <-werr; err != nil {
-		return 0, err
-	}
-	d := time.Since(t0)
-	if err := b.sync(); err != nil {
+func (b *bench) rawExchange(ctx context.Context, size, n int) (float64, error) {
+	d, err := b.raw.Exchange(ctx, size, n)
+	if err != nil {
 		return 0, err
 	}
 	return float64(size) * float64(n) / d.Seconds(), nil
@@ -561,7 +433,7 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 		var rawMed, arMed []float64
 		perRound := max(cfg.ARIters/max(cfg.Rounds, 1), 50)
 		for round := range cfg.Rounds {
-			raw, err := b.rawPingPong()
+			raw, err := b.rawPingPong(ctx)
 			if err != nil {
 				return fmt.Errorf("raw ping-pong: %w", err)
 			}
@@ -585,10 +457,10 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 				return fmt.Errorf("all-reduce %d: got %v, want 2", count, data[0])
 			}
 			lat = append(lat, rl...)
-			rawMed = append(rawMed, float64(raw.median))
-			arMed = append(arMed, float64(summarize(rl).median))
+			rawMed = append(rawMed, float64(raw.Median))
+			arMed = append(arMed, float64(rawtcp.Summarize(rl).Median))
 		}
-		a := arResult{count: count, lat: summarize(lat)}
+		a := arResult{count: count, lat: rawtcp.Summarize(lat)}
 		if b.rank == 0 {
 			a.pairedRTT = medianRatio(arMed, rawMed)
 		}
@@ -604,7 +476,7 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 	var all []time.Duration
 	perRound := max(cfg.ARBigIters/max(cfg.Rounds, 1), 3)
 	for round := range cfg.Rounds {
-		bw, err := b.rawExchange(16<<20, max(cfg.StreamMiB/16, 4))
+		bw, err := b.rawExchange(ctx, 16<<20, max(cfg.StreamMiB/16, 4))
 		if err != nil {
 			return fmt.Errorf("raw exchange: %w", err)
 		}
@@ -623,10 +495,10 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 			}
 		}
 		all = append(all, lat...)
-		res.arBusbw = append(res.arBusbw, busbw(summarize(lat).median))
+		res.arBusbw = append(res.arBusbw, busbw(rawtcp.Summarize(lat).Median))
 	}
-	l := summarize(all)
-	res.ar = append(res.ar, arResult{count: big, lat: l, busbw: busbw(l.median), isBand: true})
+	l := rawtcp.Summarize(all)
+	res.ar = append(res.ar, arResult{count: big, lat: l, busbw: busbw(l.Median), isBand: true})
 	return nil
 }
 
@@ -646,7 +518,7 @@ func medianRatio(gdist, raw []float64) float64 {
 func medians(ls []latency) []float64 {
 	out := make([]float64, len(ls))
 	for i, l := range ls {
-		out[i] = float64(l.median)
+		out[i] = float64(l.Median)
 	}
 	return out
 }
@@ -654,7 +526,7 @@ func medians(ls []latency) []float64 {
 func means(ls []latency) []float64 {
 	out := make([]float64, len(ls))
 	for i, l := range ls {
-		out[i] = float64(l.mean)
+		out[i] = float64(l.Mean)
 	}
 	return out
 }
@@ -662,8 +534,8 @@ func means(ls []latency) []float64 {
 func bestLatency(ls []latency) latency {
 	b := ls[0]
 	for _, l := range ls[1:] {
-		b.median = min(b.median, l.median)
-		b.mean = min(b.mean, l.mean)
+		b.Median = min(b.Median, l.Median)
+		b.Mean = min(b.Mean, l.Mean)
 	}
 	return b
 }
@@ -689,8 +561,8 @@ func (r *results) print(w io.Writer) {
 	raw, gd := bestLatency(r.rawPP), bestLatency(r.gdistPP)
 	fmt.Fprintf(w, "ping-pong RTT, 8 B messages, %d timed round trips per round (us)\n", cfg.PingPongIters)
 	fmt.Fprintf(w, "  %-8s %10s %10s\n", "", "median", "mean")
-	fmt.Fprintf(w, "  %-8s %10s %10s\n", "raw", us(raw.median), us(raw.mean))
-	fmt.Fprintf(w, "  %-8s %10s %10s\n", "gdist", us(gd.median), us(gd.mean))
+	fmt.Fprintf(w, "  %-8s %10s %10s\n", "raw", us(raw.Median), us(raw.Mean))
+	fmt.Fprintf(w, "  %-8s %10s %10s\n", "gdist", us(gd.Median), us(gd.Mean))
 	rttRatio := medianRatio(medians(r.gdistPP), medians(r.rawPP))
 	fmt.Fprintf(w, "  %-8s %9.2fx %9.2fx   (gdist/raw; target <= 1.30x: %s)\n\n", "ratio",
 		rttRatio, medianRatio(means(r.gdistPP), means(r.rawPP)), verdict(rttRatio <= 1.3))
@@ -721,15 +593,15 @@ func (r *results) print(w io.Writer) {
 		if a.isBand {
 			continue
 		}
-		fmt.Fprintf(w, "  %-10d %12d %10s %10s %15.2fx %21.2fx\n", a.count, 4*a.count, us(a.lat.median), us(a.lat.mean),
-			float64(a.lat.median)/float64(raw.median), a.pairedRTT)
+		fmt.Fprintf(w, "  %-10d %12d %10s %10s %15.2fx %21.2fx\n", a.count, 4*a.count, us(a.lat.Median), us(a.lat.Mean),
+			float64(a.lat.Median)/float64(raw.Median), a.pairedRTT)
 	}
 	fmt.Fprintln(w, "  (paired ratio: each round a raw ping-pong, then the all-reduces; target for 4096 f32 <= 2.0x the raw RTT)")
 	for _, a := range r.ar {
 		if !a.isBand {
 			continue
 		}
-		fmt.Fprintf(w, "  ring all-reduce %s (%d float32): median %s us, mean %s us\n", sizeName(4*a.count), a.count, us(a.lat.median), us(a.lat.mean))
+		fmt.Fprintf(w, "  ring all-reduce %s (%d float32): median %s us, mean %s us\n", sizeName(4*a.count), a.count, us(a.lat.Median), us(a.lat.Mean))
 		fmt.Fprintf(w, "  busbw %.2f GB/s (busbw = algbw x 2(n-1)/n)\n", a.busbw/1e9)
 		if raw16, ok := r.rawBW[16<<20]; ok {
 			fmt.Fprintf(w, "    = %.2fx the best raw one-way 16 MiB stream (%.2f GB/s)\n", a.busbw/slices.Max(raw16), slices.Max(raw16)/1e9)

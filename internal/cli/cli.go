@@ -1,7 +1,7 @@
-// Package cli holds the main() boilerplate the example programs share: a
-// context cancelled by SIGINT or SIGTERM, exit codes (0 for -h, 2 for bad
-// usage, 1 for any other error, printed as "<name>: error: ...") and the
-// per-rank GOMAXPROCS share.
+// Package cli holds the main() boilerplate the programs under examples/ and
+// bench/ share: a context cancelled by SIGINT or SIGTERM, flag parsing and
+// exit codes (0 for -h and -help, 2 for bad usage, 1 for any other error,
+// printed as "<name>: error: ...") and the per-rank GOMAXPROCS share.
 //
 // # Usage
 //
@@ -10,7 +10,12 @@
 //	func main() { cli.Main("prog", errUsage, run) }
 //
 //	func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-//		// parse flags; return flag.ErrHelp, errUsage or the failure
+//		fs := flag.NewFlagSet("prog", flag.ContinueOnError)
+//		fs.SetOutput(stderr)
+//		n := fs.Int("n", 1, "how many")
+//		if err := cli.Parse(fs, args, errUsage); err != nil {
+//			return err // flag.ErrHelp (exit 0) or errUsage (exit 2)
+//		}
 //		cli.SetProcs()
 //		...
 //	}
@@ -28,6 +33,36 @@ import (
 	"strconv"
 	"syscall"
 )
+
+// Parse parses args with fs (which must use flag.ContinueOnError) and
+// returns nil, an error matching flag.ErrHelp for -h and -help (fs has
+// printed the usage), or one matching errUsage for a bad flag (fs has
+// printed why) or a positional argument (Parse prints it and the usage).
+// With Main, -h exits 0 and bad usage 2.
+func Parse(fs *flag.FlagSet, args []string, errUsage error) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected arguments %q\n", fs.Name(), fs.Args())
+		fs.Usage()
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return nil
+}
+
+// Usagef prints "name: message" and the usage of fs to fs.Output() and
+// returns an error matching errUsage: for flag values that parse but make
+// no sense.
+func Usagef(fs *flag.FlagSet, errUsage error, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), msg)
+	fs.Usage()
+	return fmt.Errorf("%w: %s", errUsage, msg)
+}
 
 // RunFunc is a whole program: args are the command-line arguments without
 // the program name.

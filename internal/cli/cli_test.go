@@ -20,3 +20,42 @@ func TestExitCode(t *testing.T) {
 	assert.Equal(t, 1, ExitCode("prog", errUsage, errors.New("boom"), &buf))
 	assert.Equal(t, "prog: error: boom\n", buf.String())
 }
+
+func TestParse(t *testing.T) {
+	errUsage := errors.New("prog: usage")
+	newFS := func(out *bytes.Buffer) *flag.FlagSet {
+		fs := flag.NewFlagSet("prog", flag.ContinueOnError)
+		fs.SetOutput(out)
+		fs.Int("n", 1, "how many")
+		return fs
+	}
+	for _, h := range []string{"-h", "-help", "--help"} {
+		var out bytes.Buffer
+		err := Parse(newFS(&out), []string{h}, errUsage)
+		assert.ErrorIs(t, err, flag.ErrHelp, h)
+		assert.Equal(t, 0, ExitCode("prog", errUsage, err, &out), h)
+		assert.Contains(t, out.String(), "-n int", "%s prints the usage", h)
+	}
+	for _, bad := range [][]string{{"-x"}, {"-n", "many"}, {"extra"}} {
+		var out bytes.Buffer
+		err := Parse(newFS(&out), bad, errUsage)
+		assert.ErrorIs(t, err, errUsage, "%q", bad)
+		assert.Equal(t, 2, ExitCode("prog", errUsage, err, &out), "%q", bad)
+		assert.Contains(t, out.String(), "-n int", "%q prints the usage", bad)
+	}
+	var out bytes.Buffer
+	assert.NoError(t, Parse(newFS(&out), []string{"-n", "3"}, errUsage))
+	assert.Empty(t, out.String())
+}
+
+func TestUsagef(t *testing.T) {
+	errUsage := errors.New("prog: usage")
+	var out bytes.Buffer
+	fs := flag.NewFlagSet("prog", flag.ContinueOnError)
+	fs.SetOutput(&out)
+	fs.Int("n", 1, "how many")
+	err := Usagef(fs, errUsage, "-n %d is too many", 7)
+	assert.ErrorIs(t, err, errUsage)
+	assert.Contains(t, out.String(), "prog: -n 7 is too many\n")
+	assert.Contains(t, out.String(), "-n int")
+}

@@ -1,10 +1,13 @@
-// Package procjob starts a test binary (or any program) as the N ranks of a
-// multi-process job on loopback, the way gdistrun does: each process gets
-// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-// and GDIST_TOKEN, plus an environment variable naming its role, which the
-// test's TestMain checks to run the rank instead of the tests. procjob
-// collects each process's output line by line and its exit status, and kills
-// whatever is still running when the test ends.
+// Package procjob is the test-facing face of package launch: it starts a
+// test binary (or any program) as the N ranks of a multi-process job on
+// loopback, the way gdistrun does, with an environment variable naming each
+// process's role, which the test's TestMain checks to run the rank instead
+// of the tests. procjob collects each process's output line by line, lets a
+// test await a line, and kills whatever is still running when the test ends.
+//
+// Unlike a launcher for real jobs, a failing rank does not stop the others
+// (launch.Job.KeepGoing): tests kill ranks on purpose and watch the
+// survivors.
 //
 // It does not import package dist, so dist's own (internal) tests can use it.
 //
@@ -26,34 +29,16 @@
 package procjob
 
 import (
-	"bufio"
-	"crypto/rand"
-	"encoding/hex"
+	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/gdist/gdist/internal/benchutil"
-)
-
-// The environment variables a rank is started with (package dist's
-// Env* constants; a test in this package checks that they agree).
-const (
-	EnvRank           = "RANK"
-	EnvWorldSize      = "WORLD_SIZE"
-	EnvLocalRank      = "LOCAL_RANK"
-	EnvLocalWorldSize = "LOCAL_WORLD_SIZE"
-	EnvMasterAddr     = "MASTER_ADDR"
-	EnvMasterPort     = "MASTER_PORT"
-	EnvToken          = "GDIST_TOKEN"
+	"github.com/gdist/gdist/internal/launch"
 )
 
 // Errors of Proc.Wait and Proc.Await.
@@ -73,12 +58,10 @@ type Config struct {
 	// Env holds extra "KEY=value" entries for every process (after the
 	// rank environment, so they win).
 	Env []string
-	// Exe is the program (default: os.Executable()), Args its arguments
-	// (default: "-test.run=^$", which runs no test).
+	// Exe is the program (default: the running test binary), Args its
+	// arguments (default: "-test.run=^$", which runs no test).
 	Exe  string
 	Args []string
-	// Token is the job token (default: 16 random bytes, hex).
-	Token string
 	// MergeStderr puts stderr lines into Lines as well; otherwise stderr is
 	// kept apart (Proc.Stderr).
 	MergeStderr bool
@@ -89,115 +72,68 @@ type Config struct {
 // Proc is one rank's process.
 type Proc struct {
 	Rank int
-	Cmd  *exec.Cmd
+
+	p *launch.Proc
 
 	mu      sync.Mutex
 	lines   []string        // stdout (and with MergeStderr, stderr) lines
 	stderr  strings.Builder // stderr, unless MergeStderr
 	changed chan struct{}   // closed and replaced when lines grows
-	readers sync.WaitGroup
-	done    chan struct{} // closed once the process has exited
-	err     error         // Cmd.Wait's result, after done
-	ended   time.Time
 }
 
-// Start starts n ranks as cfg says and returns them, rank r's at index r. A
+// Start starts n ranks as cfg says (each with a fresh job token and master
+// port, through package launch) and returns them, rank r's at index r. A
 // process still running when t ends is killed; t's cleanup waits for every
 // process. Start fails t if a process cannot start.
 func Start(t testing.TB, n int, cfg Config) []*Proc {
 	t.Helper()
-	exe := cfg.Exe
-	if exe == "" {
-		var err error
-		if exe, err = os.Executable(); err != nil {
-			t.Fatalf("procjob: %v", err)
-		}
-	}
 	args := cfg.Args
 	if args == nil {
 		args = []string{"-test.run=^$"}
 	}
-	tok := cfg.Token
-	if tok == "" {
-		b := make([]byte, 16)
-		_, _ = rand.Read(b)
-		tok = hex.EncodeToString(b)
+	var env []string
+	if cfg.RoleEnv != "" {
+		env = append(env, cfg.RoleEnv+"="+cfg.Role)
 	}
-	port, err := benchutil.FreePort()
+	procs := make([]*Proc, n)
+	for r := range procs {
+		procs[r] = &Proc{Rank: r, changed: make(chan struct{})}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	run, err := launch.Start(ctx, launch.Job{
+		Spec:      launch.Spec{NProc: n},
+		Program:   cfg.Exe,
+		Args:      args,
+		Env:       append(env, cfg.Env...),
+		KeepGoing: true,
+		Output: func(r int) (io.Writer, io.Writer) {
+			p := procs[r]
+			return launch.LineFunc(p.addLine), launch.LineFunc(func(l string) {
+				if cfg.LogStderr {
+					t.Logf("rank %d: %s", r, l)
+				}
+				if cfg.MergeStderr {
+					p.addLine(l)
+					return
+				}
+				p.mu.Lock()
+				p.stderr.WriteString(l + "\n")
+				p.mu.Unlock()
+			})
+		},
+	})
 	if err != nil {
+		cancel()
 		t.Fatalf("procjob: %v", err)
 	}
-	procs := make([]*Proc, 0, n)
 	t.Cleanup(func() {
-		for _, p := range procs {
-			select {
-			case <-p.done:
-			default:
-				_ = p.Cmd.Process.Kill()
-				<-p.done
-			}
-		}
+		cancel() // kills what is still running
+		_ = run.Wait()
 	})
-	for r := range n {
-		cmd := exec.Command(exe, args...)
-		cmd.Env = append(os.Environ(),
-			EnvRank+"="+strconv.Itoa(r), EnvWorldSize+"="+strconv.Itoa(n),
-			EnvLocalRank+"="+strconv.Itoa(r), EnvLocalWorldSize+"="+strconv.Itoa(n),
-			EnvMasterAddr+"=127.0.0.1", EnvMasterPort+"="+strconv.Itoa(port),
-			EnvToken+"="+tok)
-		if cfg.RoleEnv != "" {
-			cmd.Env = append(cmd.Env, cfg.RoleEnv+"="+cfg.Role)
-		}
-		cmd.Env = append(cmd.Env, cfg.Env...)
-		p := &Proc{Rank: r, Cmd: cmd, changed: make(chan struct{}), done: make(chan struct{})}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatalf("procjob: rank %d: %v", r, err)
-		}
-		var stderr io.ReadCloser
-		if cfg.MergeStderr && !cfg.LogStderr {
-			cmd.Stderr = cmd.Stdout
-		} else if stderr, err = cmd.StderrPipe(); err != nil {
-			t.Fatalf("procjob: rank %d: %v", r, err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("procjob: rank %d: %v", r, err)
-		}
-		procs = append(procs, p)
-		p.readers.Go(func() { p.read(stdout, func(l string) { p.addLine(l) }) })
-		if stderr != nil {
-			p.readers.Go(func() {
-				p.read(stderr, func(l string) {
-					if cfg.LogStderr {
-						t.Logf("rank %d: %s", r, l)
-					}
-					if cfg.MergeStderr {
-						p.addLine(l)
-						return
-					}
-					p.mu.Lock()
-					p.stderr.WriteString(l + "\n")
-					p.mu.Unlock()
-				})
-			})
-		}
-		go func() {
-			p.readers.Wait() // Wait closes the pipes: read them to EOF first
-			p.err = cmd.Wait()
-			p.ended = time.Now()
-			close(p.done)
-		}()
+	for i, lp := range run.Procs() {
+		procs[i].p = lp
 	}
 	return procs
-}
-
-func (p *Proc) read(r io.Reader, line func(string)) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line(sc.Text())
-	}
-	_, _ = io.Copy(io.Discard, r)
 }
 
 func (p *Proc) addLine(l string) {
@@ -209,41 +145,36 @@ func (p *Proc) addLine(l string) {
 }
 
 // Done is closed once the process has exited and its output is read.
-func (p *Proc) Done() <-chan struct{} { return p.done }
+func (p *Proc) Done() <-chan struct{} { return p.p.Done() }
 
 // Err is the process's exit error (nil for exit status 0); valid after Done.
-func (p *Proc) Err() error { <-p.done; return p.err }
+func (p *Proc) Err() error { return p.p.Err() }
 
 // ExitCode is the process's exit status, or -1 if it did not exit normally
-// (killed by a signal, or never waited for); valid after Done.
-func (p *Proc) ExitCode() int {
-	<-p.done
-	var ee *exec.ExitError
-	switch {
-	case p.err == nil:
-		return 0
-	case errors.As(p.err, &ee):
-		return ee.ExitCode()
-	}
-	return -1
-}
+// (killed by a signal); valid after Done.
+func (p *Proc) ExitCode() int { return p.p.ExitCode() }
 
 // Ended is when the process was seen to exit; valid after Done.
-func (p *Proc) Ended() time.Time { <-p.done; return p.ended }
+func (p *Proc) Ended() time.Time { return p.p.Ended() }
 
 // Wait waits up to timeout for the process to exit and returns its exit
 // error, or an error wrapping ErrTimeout.
 func (p *Proc) Wait(timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
 	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(timeout):
+	case <-p.p.Done():
+		return p.p.Err()
+	case <-t.C:
 		return fmt.Errorf("%w: rank %d still running after %v", ErrTimeout, p.Rank, timeout)
 	}
 }
 
-// Kill sends the process SIGKILL.
-func (p *Proc) Kill() error { return p.Cmd.Process.Signal(syscall.SIGKILL) }
+// Kill sends the process (its process group) SIGKILL.
+func (p *Proc) Kill() error {
+	p.p.Kill()
+	return nil
+}
 
 // Lines returns a copy of the output lines so far (the caller owns it).
 func (p *Proc) Lines() []string {
@@ -289,12 +220,12 @@ func (p *Proc) Await(from int, timeout time.Duration, match func(line string) bo
 		p.mu.Unlock()
 		select {
 		case <-changed:
-		case <-p.done:
+		case <-p.p.Done():
 			p.mu.Lock()
 			more := from < len(p.lines)
 			p.mu.Unlock()
 			if !more {
-				return from, fmt.Errorf("%w: rank %d (%v)", ErrExited, p.Rank, p.err)
+				return from, fmt.Errorf("%w: rank %d (%v)", ErrExited, p.Rank, p.p.Err())
 			}
 		case <-deadline.C:
 			return from, fmt.Errorf("%w: rank %d after %v", ErrTimeout, p.Rank, timeout)

@@ -39,15 +39,6 @@ func child(role string) int {
 	return 0
 }
 
-func TestEnvNamesMatchDist(t *testing.T) {
-	assert.Equal(t, dist.EnvRank, procjob.EnvRank)
-	assert.Equal(t, dist.EnvWorldSize, procjob.EnvWorldSize)
-	assert.Equal(t, dist.EnvLocalRank, procjob.EnvLocalRank)
-	assert.Equal(t, dist.EnvMasterAddr, procjob.EnvMasterAddr)
-	assert.Equal(t, dist.EnvMasterPort, procjob.EnvMasterPort)
-	assert.Equal(t, dist.EnvToken, procjob.EnvToken)
-}
-
 func TestStart(t *testing.T) {
 	procs := procjob.Start(t, 2, procjob.Config{RoleEnv: childEnv, Role: "env", Env: []string{"EXTRA=x"}})
 	for r, p := range procs {

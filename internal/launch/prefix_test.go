@@ -1,4 +1,4 @@
-package main
+package launch
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ func (r *recorder) Write(p []byte) (int, error) {
 
 func (r *recorder) String() string { return strings.Join(r.chunks, "") }
 
-func writeAll(t *testing.T, w *prefixWriter, parts ...string) {
+func writeAll(t *testing.T, w *PrefixWriter, parts ...string) {
 	t.Helper()
 	for _, p := range parts {
 		n, err := w.Write([]byte(p))
@@ -53,7 +53,7 @@ func TestPrefixWriterLines(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var rec recorder
-			w := newPrefixWriter(&rec, "[0] ")
+			w := NewPrefixWriter(&rec, "[0] ")
 			writeAll(t, w, tc.parts...)
 			require.NoError(t, w.Flush())
 			assert.Equal(t, tc.chunks, rec.chunks)
@@ -63,7 +63,7 @@ func TestPrefixWriterLines(t *testing.T) {
 
 func TestPrefixWriterHugeLine(t *testing.T) {
 	var rec recorder
-	w := newPrefixWriter(&rec, "[7] ")
+	w := NewPrefixWriter(&rec, "[7] ")
 	huge := strings.Repeat("x", 5*maxPending+123)
 	// Feed it in uneven pieces, then a normal line.
 	for rest := huge; rest != ""; {
@@ -89,7 +89,7 @@ func TestPrefixWriterHugeLine(t *testing.T) {
 
 func TestPrefixWriterHugeSingleWrite(t *testing.T) {
 	var buf bytes.Buffer
-	w := newPrefixWriter(&buf, "[1] ")
+	w := NewPrefixWriter(&buf, "[1] ")
 	huge := strings.Repeat("y", 3*maxPending)
 	writeAll(t, w, "a\n"+huge+"\nb\n")
 	require.NoError(t, w.Flush())
@@ -105,7 +105,7 @@ func (f *failWriter) Write(p []byte) (int, error) {
 
 func TestPrefixWriterKeepsAcceptingAfterDstFails(t *testing.T) {
 	f := &failWriter{}
-	w := newPrefixWriter(f, "[0] ")
+	w := NewPrefixWriter(f, "[0] ")
 	writeAll(t, w, "a\n", "b\n", "c")
 	assert.Equal(t, 1, f.n, "no writes after the first failure")
 	assert.EqualError(t, w.Flush(), "broken pipe")

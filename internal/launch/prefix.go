@@ -1,17 +1,21 @@
-package main
+package launch
 
 import (
 	"io"
 	"sync"
 )
 
-// maxPending is how many bytes of an unterminated line prefixWriter holds
+// maxPending is how many bytes of an unterminated line a PrefixWriter holds
 // before writing them out. Longer lines are written in pieces, the prefix
 // only before the first; another rank's line may then land between pieces.
 const maxPending = 1 << 20
 
-// syncWriter serialises Write calls to w so that lines from different ranks
+// Synced returns a writer that serialises Write calls to w, so that lines
+// from different ranks (each written whole by a PrefixWriter or LineFunc)
 // never interleave within one Write.
+func Synced(w io.Writer) io.Writer { return &syncWriter{w: w} }
+
+// syncWriter serialises Write calls to w.
 type syncWriter struct {
 	mu sync.Mutex
 	w  io.Writer
@@ -24,16 +28,16 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	return s.w.Write(p)
 }
 
-// prefixWriter puts prefix in front of every line written through it and
+// PrefixWriter puts prefix in front of every line written through it and
 // writes each line (prefix, text and terminator) to dst with one Write call.
 //
 // A line ends at '\n' or at '\r', so progress bars that redraw with '\r'
 // keep working: each redraw is prefixed and written when the next '\r'
 // arrives. "\r\n" is one line end, even when split across Writes. Bytes of
 // an unterminated line are held until the line ends, until maxPending bytes
-// are held, or until Flush. prefixWriter is not safe for concurrent use
+// are held, or until Flush. A PrefixWriter is not safe for concurrent use
 // (each child stream has its own); dst must be if it is shared.
-type prefixWriter struct {
+type PrefixWriter struct {
 	dst    io.Writer
 	prefix []byte
 
@@ -43,15 +47,15 @@ type prefixWriter struct {
 	err    error  // first error from dst; later writes are discarded
 }
 
-// newPrefixWriter returns a prefixWriter writing to dst.
-func newPrefixWriter(dst io.Writer, prefix string) *prefixWriter {
-	return &prefixWriter{dst: dst, prefix: []byte(prefix)}
+// NewPrefixWriter returns a PrefixWriter writing to dst.
+func NewPrefixWriter(dst io.Writer, prefix string) *PrefixWriter {
+	return &PrefixWriter{dst: dst, prefix: []byte(prefix)}
 }
 
 // Write prefixes and forwards every complete line in p and keeps the rest.
 // It always reports len(p) written so that a broken destination never
 // blocks the child: after dst fails, output is discarded.
-func (w *prefixWriter) Write(p []byte) (int, error) {
+func (w *PrefixWriter) Write(p []byte) (int, error) {
 	n := len(p)
 	for len(p) > 0 {
 		if w.lastCR && p[0] == '\n' {
@@ -83,7 +87,7 @@ func (w *prefixWriter) Write(p []byte) (int, error) {
 
 // Flush writes any unterminated line, followed by '\n' so that the next
 // line of another rank starts on a line of its own.
-func (w *prefixWriter) Flush() error {
+func (w *PrefixWriter) Flush() error {
 	if len(w.buf) > 0 || w.midway {
 		w.line([]byte{'\n'})
 	}
@@ -91,7 +95,7 @@ func (w *prefixWriter) Flush() error {
 }
 
 // line appends the end of the current line and writes it out.
-func (w *prefixWriter) line(p []byte) {
+func (w *PrefixWriter) line(p []byte) {
 	w.start()
 	w.buf = append(w.buf, p...)
 	w.emit(w.buf)
@@ -104,7 +108,7 @@ func (w *prefixWriter) line(p []byte) {
 
 // hold keeps p as part of the current, unterminated line, writing out the
 // pending bytes once there are maxPending of them.
-func (w *prefixWriter) hold(p []byte) {
+func (w *PrefixWriter) hold(p []byte) {
 	w.start()
 	w.buf = append(w.buf, p...)
 	if len(w.buf) >= maxPending {
@@ -115,13 +119,13 @@ func (w *prefixWriter) hold(p []byte) {
 }
 
 // start puts the prefix in the buffer if a new line begins.
-func (w *prefixWriter) start() {
+func (w *PrefixWriter) start() {
 	if len(w.buf) == 0 && !w.midway {
 		w.buf = append(w.buf, w.prefix...)
 	}
 }
 
-func (w *prefixWriter) emit(b []byte) {
+func (w *PrefixWriter) emit(b []byte) {
 	if w.err != nil {
 		return
 	}
