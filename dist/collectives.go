@@ -144,23 +144,30 @@ func typedCall(data []byte, dt DType, op ReduceOp) (call, error) {
 // AllReduceAsync starts AllReduce on the group's worker and returns at once.
 // data must not be touched until the Work is done. The collective takes its
 // place in the group's order now, so a later sync collective waits for it.
-// It runs with the group's default timeout (see WithTimeout).
-func (g *ProcessGroup) AllReduceAsync(data []float32, op ReduceOp) *Work {
-	return g.enqueue(call{kind: kAllReduce, dt: F32, op: op, count: len(data), data: f32Bytes(data)})
+//
+// ctx governs the collective exactly as it governs AllReduce: if it ends
+// while the collective is queued or running, the collective fails with an
+// error wrapping ctx.Err() and the group is aborted; a ctx without a
+// deadline gets the group's default timeout (WithTimeout). A ctx that is
+// already done fails the Work at once without aborting the group. Watching
+// a cancellable ctx costs a few small allocations per call;
+// context.Background() costs none.
+func (g *ProcessGroup) AllReduceAsync(ctx context.Context, data []float32, op ReduceOp) *Work {
+	return g.enqueue(ctx, call{kind: kAllReduce, dt: F32, op: op, count: len(data), data: f32Bytes(data)})
 }
 
 // AllReduceF64Async is AllReduceAsync for float64 data.
-func (g *ProcessGroup) AllReduceF64Async(data []float64, op ReduceOp) *Work {
-	return g.enqueue(call{kind: kAllReduce, dt: F64, op: op, count: len(data), data: f64Bytes(data)})
+func (g *ProcessGroup) AllReduceF64Async(ctx context.Context, data []float64, op ReduceOp) *Work {
+	return g.enqueue(ctx, call{kind: kAllReduce, dt: F64, op: op, count: len(data), data: f64Bytes(data)})
 }
 
 // AllReduceTypedAsync is AllReduceTyped run like AllReduceAsync.
-func (g *ProcessGroup) AllReduceTypedAsync(data []byte, dt DType, op ReduceOp) *Work {
+func (g *ProcessGroup) AllReduceTypedAsync(ctx context.Context, data []byte, dt DType, op ReduceOp) *Work {
 	c, err := typedCall(data, dt, op)
 	if err != nil {
 		return doneWork(err)
 	}
-	return g.enqueue(c)
+	return g.enqueue(ctx, c)
 }
 
 // AllGather concatenates every rank's src into dst, in rank order: rank r's
@@ -265,9 +272,12 @@ func (g *ProcessGroup) Barrier(ctx context.Context) error {
 // Work is the handle of an async collective.
 type Work struct {
 	c    call
+	ctx  context.Context
 	seq  uint64
+	stop func() bool // unregisters the watch on ctx; nil if none
 	done chan struct{}
 	err  error
+	at   time.Time // when it finished; set before done is closed
 }
 
 func doneWork(err error) *Work {
@@ -276,14 +286,22 @@ func doneWork(err error) *Work {
 	return w
 }
 
+// finish records the outcome and the finish time and closes done. It is
+// called once, by whoever removed w from the group's queue (the worker, or
+// the watch on w's context).
 func (w *Work) finish(err error) {
+	if w.stop != nil {
+		w.stop()
+	}
 	w.err = err
+	w.at = time.Now()
 	close(w.done)
 }
 
 // Wait waits for the collective to finish and returns its error. If ctx ends
 // first, Wait returns an error wrapping ctx.Err() but the collective goes on
-// (its buffer is still in use until Done is closed).
+// (its buffer is still in use until Done is closed): to stop the collective
+// itself, cancel the context it was started with.
 func (w *Work) Wait(ctx context.Context) error {
 	select {
 	case <-w.done:
@@ -303,5 +321,17 @@ func (w *Work) Err() error {
 		return w.err
 	default:
 		return nil
+	}
+}
+
+// Finished returns when the collective finished (successfully or not), as
+// recorded just before Done was closed, and the zero time while it runs. It
+// spares a caller that times collectives a goroutine waiting on Done.
+func (w *Work) Finished() time.Time {
+	select {
+	case <-w.done:
+		return w.at
+	default:
+		return time.Time{}
 	}
 }

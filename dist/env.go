@@ -49,12 +49,9 @@ var rankVars = [][3]string{
 // missing or malformed variable gives an error matching ErrEnv that names
 // it. opts configure the group as in New.
 func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.err != nil {
-		return nil, cfg.err
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	rank, world, local, err := rankFromEnv()
 	if err != nil {
