@@ -286,8 +286,18 @@ func TestAsyncAllocs(t *testing.T) {
 
 // BenchmarkAllReduceAsync4096 is the steady-state async all-reduce of 4096
 // float32s between two in-process ranks: every rank starts it and waits for
-// its Work. Run with -benchmem: the Work itself is the allocation.
+// its Work, under context.Background() and under a cancellable context
+// (watched per call). Run with -benchmem.
 func BenchmarkAllReduceAsync4096(b *testing.B) {
+	b.Run("background", func(b *testing.B) { benchAsync(b, bg) })
+	b.Run("cancellable", func(b *testing.B) {
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		benchAsync(b, ctx)
+	})
+}
+
+func benchAsync(b *testing.B, ctx context.Context) {
 	const n, length = 2, 4096
 	c := newCluster(b, n)
 	bufs := make([][]float32, n)
@@ -295,7 +305,7 @@ func BenchmarkAllReduceAsync4096(b *testing.B) {
 		bufs[r] = make([]float32, length)
 	}
 	step, stop := lockstep(b, c, func(r int, g *ProcessGroup) error {
-		return g.AllReduceAsync(bg, bufs[r], Sum).Wait(bg)
+		return g.AllReduceAsync(ctx, bufs[r], Sum).Wait(bg)
 	})
 	defer stop()
 	for range 5 {
