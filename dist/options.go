@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/gdist/gdist/internal/options"
 )
 
 // DefaultTimeout is the per-collective timeout applied when the caller's
@@ -80,13 +82,8 @@ func defaultConfig() config {
 // newConfig applies opts, in order, to the defaults.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for i, o := range opts {
-		if o == nil {
-			return config{}, fmt.Errorf("%w: option %d is nil", ErrInvalidArgument, i)
-		}
-		if err := o(&cfg); err != nil {
-			return config{}, err
-		}
+	if err := options.Apply(&cfg, opts, "dist", ErrInvalidArgument); err != nil {
+		return config{}, err
 	}
 	return cfg, nil
 }

@@ -8,35 +8,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorgonia.org/gorgonia"
-	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
 )
 
-// closeModel builds a small f64 MLP wrapped on pg, one bucket per
-// parameter, and its machine.
+// closeModel is smallModel with every parameter hooked; the machine is
+// closed when the test ends.
 func closeModel(t *testing.T, pg *dist.ProcessGroup) (*DDP, gorgonia.Nodes, gorgonia.VM) {
 	t.Helper()
-	buildMu.Lock()
-	g := gorgonia.NewGraph()
-	ps := newParams(g, tensor.Float64, []int{3, 4, 2}, 0)
-	buildMu.Unlock()
-	d, err := Wrap(t.Context(), pg, ps, WithBucketCap(1))
-	require.NoError(t, err)
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	x := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(2, 3), gorgonia.WithName("x"))
-	y := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(2, 2), gorgonia.WithName("y"))
-	out, err := forward(x, len(ps), func(i int) (*gorgonia.Node, error) { return d.Hook(ps[i]) }, nil)
-	require.NoError(t, err)
-	loss, err := mseLoss(out, y)
-	require.NoError(t, err)
-	_, err = gorgonia.Grad(loss, ps...)
-	require.NoError(t, err)
-	xv, yv := batch(tensor.Float64, 0, 0, 2, 3, 2)
-	require.NoError(t, gorgonia.Let(x, xv))
-	require.NoError(t, gorgonia.Let(y, yv))
-	vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(ps...))
+	d, ps, _, _, vm := smallModel(t, pg, -1)
 	t.Cleanup(func() { vm.Close() })
 	return d, ps, vm
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Defaults of the bucket options (the same as PyTorch's DistributedDataParallel).
@@ -44,13 +45,8 @@ func defaultConfig() config {
 // newConfig applies opts, in order, to the defaults.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for i, o := range opts {
-		if o == nil {
-			return config{}, fmt.Errorf("ddp: option %d is nil: %w", i, dist.ErrInvalidArgument)
-		}
-		if err := o(&cfg); err != nil {
-			return config{}, err
-		}
+	if err := options.Apply(&cfg, opts, "ddp", dist.ErrInvalidArgument); err != nil {
+		return config{}, err
 	}
 	return cfg, nil
 }

@@ -8,6 +8,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Schedule orders the forward and backward passes of a training step's
@@ -86,13 +87,8 @@ func defaultConfig() config {
 // newConfig applies opts, in order, to the defaults.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for i, o := range opts {
-		if o == nil {
-			return config{}, fmt.Errorf("%w: option %d is nil", ErrInvalidArgument, i)
-		}
-		if err := o(&cfg); err != nil {
-			return config{}, err
-		}
+	if err := options.Apply(&cfg, opts, "pipeline", ErrInvalidArgument); err != nil {
+		return config{}, err
 	}
 	return cfg, nil
 }
