@@ -60,7 +60,7 @@ var ddpIDs atomic.Uint64
 // before each optimiser step. See the package documentation.
 //
 // A DDP serves one TapeMachine running one graph; its methods are safe to
-// call from any goroutine.
+// call from any goroutine. Close it when training ends, before the group.
 type DDP struct {
 	pg     *dist.ProcessGroup
 	id     uint64
