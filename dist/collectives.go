@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/gdist/gdist/dist/transport"
 )
@@ -87,6 +88,74 @@ func (g *ProcessGroup) dispatch(ctx context.Context, c *call) error {
 	return fmt.Errorf("dist: unknown collective %v", c.kind)
 }
 
+// elem is the element types of the collectives on typed slices. One generic
+// body per collective serves the float32 methods and their F64 twins (see
+// the package documentation on why the exported API keeps methods).
+type elem interface{ float32 | float64 }
+
+// elemBytes returns s's dtype and its bytes (no copy).
+func elemBytes[T elem](s []T) (DType, []byte) {
+	size := int(unsafe.Sizeof(*new(T)))
+	dt := F64
+	if size == 4 {
+		dt = F32
+	}
+	if len(s) == 0 {
+		return dt, []byte{}
+	}
+	return dt, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), size*len(s))
+}
+
+// run checks c and runs it on the caller's goroutine.
+func (g *ProcessGroup) run(ctx context.Context, c *call) error {
+	if err := c.check(g); err != nil {
+		return err
+	}
+	return g.runSync(ctx, c)
+}
+
+func allReduceCall[T elem](data []T, op ReduceOp) call {
+	dt, b := elemBytes(data)
+	return call{kind: kAllReduce, dt: dt, op: op, count: len(data), data: b}
+}
+
+func allReduce[T elem](ctx context.Context, g *ProcessGroup, data []T, op ReduceOp) error {
+	c := allReduceCall(data, op)
+	return g.run(ctx, &c)
+}
+
+func allGather[T elem](ctx context.Context, g *ProcessGroup, dst, src []T) error {
+	if len(dst) != g.world*len(src) {
+		return &LengthMismatchError{Op: kAllGather.String(), Want: g.world * len(src), Got: len(dst)}
+	}
+	dt, d := elemBytes(dst)
+	_, s := elemBytes(src)
+	c := call{kind: kAllGather, dt: dt, count: len(src), data: d, src: s}
+	return g.run(ctx, &c)
+}
+
+func reduceScatter[T elem](ctx context.Context, g *ProcessGroup, dst, src []T, op ReduceOp) error {
+	if len(src) != g.world*len(dst) {
+		return &LengthMismatchError{Op: kReduceScatter.String(), Want: g.world * len(dst), Got: len(src)}
+	}
+	dt, d := elemBytes(dst)
+	_, s := elemBytes(src)
+	c := call{kind: kReduceScatter, dt: dt, op: op, count: len(dst), data: d, src: s}
+	return g.run(ctx, &c)
+}
+
+func broadcast[T elem](ctx context.Context, g *ProcessGroup, data []T, root int) error {
+	dt, b := elemBytes(data)
+	c := call{kind: kBroadcast, dt: dt, root: root, count: len(data), data: b}
+	return g.run(ctx, &c)
+}
+
+func reduce[T elem](ctx context.Context, g *ProcessGroup, data []T, op ReduceOp, root int) error {
+	dt, b := elemBytes(data)
+	c := call{kind: kReduce, dt: dt, op: op, root: root, count: len(data), data: b}
+	return g.run(ctx, &c)
+}
+
 // AllReduce combines data element by element across all ranks with op and
 // leaves the result in data on every rank, bitwise identical everywhere
 // (except for the payload bits of NaNs). It accumulates in float32. data is
@@ -97,20 +166,12 @@ func (g *ProcessGroup) dispatch(ctx context.Context, c *call) error {
 // so do its peers) instead of wrong numbers or a hang. A collective that
 // fails aborts the group: later collectives fail too (see ErrAborted).
 func (g *ProcessGroup) AllReduce(ctx context.Context, data []float32, op ReduceOp) error {
-	c := call{kind: kAllReduce, dt: F32, op: op, count: len(data), data: f32Bytes(data)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return allReduce(ctx, g, data, op)
 }
 
 // AllReduceF64 is AllReduce for float64 data, accumulating in float64.
 func (g *ProcessGroup) AllReduceF64(ctx context.Context, data []float64, op ReduceOp) error {
-	c := call{kind: kAllReduce, dt: F64, op: op, count: len(data), data: f64Bytes(data)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return allReduce(ctx, g, data, op)
 }
 
 // AllReduceTyped is AllReduce on raw little-endian elements of type dt (see
@@ -125,10 +186,7 @@ func (g *ProcessGroup) AllReduceTyped(ctx context.Context, data []byte, dt DType
 	if err != nil {
 		return err
 	}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return g.run(ctx, &c)
 }
 
 func typedCall(data []byte, dt DType, op ReduceOp) (call, error) {
@@ -144,23 +202,30 @@ func typedCall(data []byte, dt DType, op ReduceOp) (call, error) {
 // AllReduceAsync starts AllReduce on the group's worker and returns at once.
 // data must not be touched until the Work is done. The collective takes its
 // place in the group's order now, so a later sync collective waits for it.
-// It runs with the group's default timeout (see WithTimeout).
-func (g *ProcessGroup) AllReduceAsync(data []float32, op ReduceOp) *Work {
-	return g.enqueue(call{kind: kAllReduce, dt: F32, op: op, count: len(data), data: f32Bytes(data)})
+//
+// ctx governs the collective exactly as it governs AllReduce: if it ends
+// while the collective is queued or running, the collective fails with an
+// error wrapping ctx.Err() and the group is aborted; a ctx without a
+// deadline gets the group's default timeout (WithTimeout). A ctx that is
+// already done fails the Work at once without aborting the group. Watching
+// a cancellable ctx costs a few small allocations per call;
+// context.Background() costs none.
+func (g *ProcessGroup) AllReduceAsync(ctx context.Context, data []float32, op ReduceOp) *Work {
+	return g.enqueue(ctx, allReduceCall(data, op))
 }
 
 // AllReduceF64Async is AllReduceAsync for float64 data.
-func (g *ProcessGroup) AllReduceF64Async(data []float64, op ReduceOp) *Work {
-	return g.enqueue(call{kind: kAllReduce, dt: F64, op: op, count: len(data), data: f64Bytes(data)})
+func (g *ProcessGroup) AllReduceF64Async(ctx context.Context, data []float64, op ReduceOp) *Work {
+	return g.enqueue(ctx, allReduceCall(data, op))
 }
 
 // AllReduceTypedAsync is AllReduceTyped run like AllReduceAsync.
-func (g *ProcessGroup) AllReduceTypedAsync(data []byte, dt DType, op ReduceOp) *Work {
+func (g *ProcessGroup) AllReduceTypedAsync(ctx context.Context, data []byte, dt DType, op ReduceOp) *Work {
 	c, err := typedCall(data, dt, op)
 	if err != nil {
 		return doneWork(err)
 	}
-	return g.enqueue(c)
+	return g.enqueue(ctx, c)
 }
 
 // AllGather concatenates every rank's src into dst, in rank order: rank r's
@@ -168,26 +233,12 @@ func (g *ProcessGroup) AllReduceTypedAsync(data []byte, dt DType, op ReduceOp) *
 // *LengthMismatchError). src may be that part of dst. Both slices stay the
 // caller's.
 func (g *ProcessGroup) AllGather(ctx context.Context, dst, src []float32) error {
-	if len(dst) != g.world*len(src) {
-		return &LengthMismatchError{Op: kAllGather.String(), Want: g.world * len(src), Got: len(dst)}
-	}
-	c := call{kind: kAllGather, dt: F32, count: len(src), data: f32Bytes(dst), src: f32Bytes(src)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return allGather(ctx, g, dst, src)
 }
 
 // AllGatherF64 is AllGather for float64 data.
 func (g *ProcessGroup) AllGatherF64(ctx context.Context, dst, src []float64) error {
-	if len(dst) != g.world*len(src) {
-		return &LengthMismatchError{Op: kAllGather.String(), Want: g.world * len(src), Got: len(dst)}
-	}
-	c := call{kind: kAllGather, dt: F64, count: len(src), data: f64Bytes(dst), src: f64Bytes(src)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return allGather(ctx, g, dst, src)
 }
 
 // ReduceScatter reduces src element by element across ranks with op and
@@ -196,64 +247,34 @@ func (g *ProcessGroup) AllGatherF64(ctx context.Context, dst, src []float64) err
 // rank's src[r*len(dst):(r+1)*len(dst)]. src is not modified. Both slices
 // stay the caller's and must not overlap.
 func (g *ProcessGroup) ReduceScatter(ctx context.Context, dst, src []float32, op ReduceOp) error {
-	if len(src) != g.world*len(dst) {
-		return &LengthMismatchError{Op: kReduceScatter.String(), Want: g.world * len(dst), Got: len(src)}
-	}
-	c := call{kind: kReduceScatter, dt: F32, op: op, count: len(dst), data: f32Bytes(dst), src: f32Bytes(src)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return reduceScatter(ctx, g, dst, src, op)
 }
 
 // ReduceScatterF64 is ReduceScatter for float64 data.
 func (g *ProcessGroup) ReduceScatterF64(ctx context.Context, dst, src []float64, op ReduceOp) error {
-	if len(src) != g.world*len(dst) {
-		return &LengthMismatchError{Op: kReduceScatter.String(), Want: g.world * len(dst), Got: len(src)}
-	}
-	c := call{kind: kReduceScatter, dt: F64, op: op, count: len(dst), data: f64Bytes(dst), src: f64Bytes(src)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return reduceScatter(ctx, g, dst, src, op)
 }
 
 // Broadcast copies root's data into data on every other rank. data stays the
 // caller's; on the root it is only read.
 func (g *ProcessGroup) Broadcast(ctx context.Context, data []float32, root int) error {
-	c := call{kind: kBroadcast, dt: F32, root: root, count: len(data), data: f32Bytes(data)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return broadcast(ctx, g, data, root)
 }
 
 // BroadcastF64 is Broadcast for float64 data.
 func (g *ProcessGroup) BroadcastF64(ctx context.Context, data []float64, root int) error {
-	c := call{kind: kBroadcast, dt: F64, root: root, count: len(data), data: f64Bytes(data)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return broadcast(ctx, g, data, root)
 }
 
 // Reduce combines data across ranks with op and leaves the result in root's
 // data. Other ranks' data is left unchanged. data stays the caller's.
 func (g *ProcessGroup) Reduce(ctx context.Context, data []float32, op ReduceOp, root int) error {
-	c := call{kind: kReduce, dt: F32, op: op, root: root, count: len(data), data: f32Bytes(data)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return reduce(ctx, g, data, op, root)
 }
 
 // ReduceF64 is Reduce for float64 data.
 func (g *ProcessGroup) ReduceF64(ctx context.Context, data []float64, op ReduceOp, root int) error {
-	c := call{kind: kReduce, dt: F64, op: op, root: root, count: len(data), data: f64Bytes(data)}
-	if err := c.check(g); err != nil {
-		return err
-	}
-	return g.runSync(ctx, &c)
+	return reduce(ctx, g, data, op, root)
 }
 
 // Barrier returns once every rank has entered it.
@@ -265,9 +286,12 @@ func (g *ProcessGroup) Barrier(ctx context.Context) error {
 // Work is the handle of an async collective.
 type Work struct {
 	c    call
+	ctx  context.Context
 	seq  uint64
+	stop func() bool // unregisters the watch on ctx; nil if none
 	done chan struct{}
 	err  error
+	at   time.Time // when it finished; set before done is closed
 }
 
 func doneWork(err error) *Work {
@@ -276,14 +300,22 @@ func doneWork(err error) *Work {
 	return w
 }
 
+// finish records the outcome and the finish time and closes done. It is
+// called once, by whoever removed w from the group's queue (the worker, or
+// the watch on w's context).
 func (w *Work) finish(err error) {
+	if w.stop != nil {
+		w.stop()
+	}
 	w.err = err
+	w.at = time.Now()
 	close(w.done)
 }
 
 // Wait waits for the collective to finish and returns its error. If ctx ends
 // first, Wait returns an error wrapping ctx.Err() but the collective goes on
-// (its buffer is still in use until Done is closed).
+// (its buffer is still in use until Done is closed): to stop the collective
+// itself, cancel the context it was started with.
 func (w *Work) Wait(ctx context.Context) error {
 	select {
 	case <-w.done:
@@ -303,5 +335,17 @@ func (w *Work) Err() error {
 		return w.err
 	default:
 		return nil
+	}
+}
+
+// Finished returns when the collective finished (successfully or not), as
+// recorded just before Done was closed, and the zero time while it runs. It
+// spares a caller that times collectives a goroutine waiting on Done.
+func (w *Work) Finished() time.Time {
+	select {
+	case <-w.done:
+		return w.at
+	default:
+		return time.Time{}
 	}
 }

@@ -417,3 +417,45 @@ func TestUnalignedTypedBuffers(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestCollectivesZeroAllocs: every typed-slice collective, float32 and
+// float64 (one generic body each), allocates nothing in steady state on the
+// in-process transport.
+func TestCollectivesZeroAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	const n, length = 2, 1024
+	type bufs struct {
+		a32, b32 []float32
+		a64, b64 []float64
+	}
+	for _, tc := range []struct {
+		name string
+		op   func(g *ProcessGroup, b *bufs) error
+	}{
+		{"all_reduce/f64", func(g *ProcessGroup, b *bufs) error { return g.AllReduceF64(bg, b.a64, Sum) }},
+		{"all_gather/f32", func(g *ProcessGroup, b *bufs) error { return g.AllGather(bg, b.b32, b.a32) }},
+		{"all_gather/f64", func(g *ProcessGroup, b *bufs) error { return g.AllGatherF64(bg, b.b64, b.a64) }},
+		{"reduce_scatter/f32", func(g *ProcessGroup, b *bufs) error { return g.ReduceScatter(bg, b.a32, b.b32, Sum) }},
+		{"reduce_scatter/f64", func(g *ProcessGroup, b *bufs) error { return g.ReduceScatterF64(bg, b.a64, b.b64, Sum) }},
+		{"broadcast/f32", func(g *ProcessGroup, b *bufs) error { return g.Broadcast(bg, b.a32, 1) }},
+		{"broadcast/f64", func(g *ProcessGroup, b *bufs) error { return g.BroadcastF64(bg, b.a64, 1) }},
+		{"reduce/f32", func(g *ProcessGroup, b *bufs) error { return g.Reduce(bg, b.a32, Max, 0) }},
+		{"reduce/f64", func(g *ProcessGroup, b *bufs) error { return g.ReduceF64(bg, b.a64, Max, 0) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, n)
+			bs := make([]bufs, n)
+			for r := range bs {
+				bs[r] = bufs{make([]float32, length), make([]float32, n*length), make([]float64, length), make([]float64, n*length)}
+			}
+			step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error { return tc.op(g, &bs[r]) })
+			defer stop()
+			for range 5 {
+				step()
+			}
+			require.Zero(t, testing.AllocsPerRun(50, step))
+		})
+	}
+}

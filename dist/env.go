@@ -53,12 +53,9 @@ const (
 // missing or malformed variable gives an error matching ErrEnv that names
 // it. opts configure the group as in New.
 func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.err != nil {
-		return nil, cfg.err
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	job, err := launchenv.FromEnv(os.LookupEnv)
 	if err != nil {

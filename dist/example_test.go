@@ -44,17 +44,18 @@ func ExampleProcessGroup_AllReduce() {
 
 func ExampleProcessGroup_AllReduceAsync() {
 	world(2, func(g *dist.ProcessGroup) {
+		ctx := context.Background() // no deadline: the group's WithTimeout applies
 		bucket := []float32{float32(g.Rank() + 1)}
-		w := g.AllReduceAsync(bucket, dist.Mean)
+		w := g.AllReduceAsync(ctx, bucket, dist.Mean)
 		// ... compute the next bucket while this one travels ...
-		if err := w.Wait(context.Background()); err != nil {
+		if err := w.Wait(ctx); err != nil {
 			panic(err)
 		}
 		if g.IsLeader() {
-			fmt.Println(bucket)
+			fmt.Println(bucket, !w.Finished().IsZero())
 		}
 	})
-	// Output: [1.5]
+	// Output: [1.5] true
 }
 
 func ExampleProcessGroup_AllReduceTyped() {

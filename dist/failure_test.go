@@ -176,10 +176,10 @@ func TestBadArgumentsDoNotAbort(t *testing.T) {
 		assert.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 3), F16, Sum), ErrInvalidArgument)
 		assert.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 4), DType(0), Sum), ErrUnsupportedDType)
 		assert.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 4), DType(9), Sum), ErrUnsupportedDType)
-		assert.ErrorIs(t, g.AllReduceTypedAsync(make([]byte, 4), DType(9), Sum).Wait(ctx), ErrUnsupportedDType)
-		assert.ErrorIs(t, g.AllReduceTypedAsync(make([]byte, 5), F32, Sum).Wait(ctx), ErrInvalidArgument)
+		assert.ErrorIs(t, g.AllReduceTypedAsync(ctx, make([]byte, 4), DType(9), Sum).Wait(ctx), ErrUnsupportedDType)
+		assert.ErrorIs(t, g.AllReduceTypedAsync(ctx, make([]byte, 5), F32, Sum).Wait(ctx), ErrInvalidArgument)
 		assert.ErrorIs(t, g.AllReduce(ctx, make([]float32, 4), ReduceOp(17)), ErrInvalidArgument)
-		assert.ErrorIs(t, g.AllReduceAsync(make([]float32, 4), ReduceOp(17)).Wait(ctx), ErrInvalidArgument)
+		assert.ErrorIs(t, g.AllReduceAsync(ctx, make([]float32, 4), ReduceOp(17)).Wait(ctx), ErrInvalidArgument)
 		var lm *LengthMismatchError
 		assert.ErrorAs(t, g.AllGather(ctx, make([]float32, 5), make([]float32, 3)), &lm)
 		assert.Equal(t, &LengthMismatchError{Op: "all_gather", Want: 6, Got: 5}, lm)
@@ -256,12 +256,12 @@ func TestCancelledContext(t *testing.T) {
 		err := c.gs[1].Barrier(bg)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Less(t, time.Since(start), 2*time.Second)
-		w := c.gs[1].AllReduceAsync(make([]float32, 2), Sum)
+		w := c.gs[1].AllReduceAsync(bg, make([]float32, 2), Sum)
 		require.ErrorIs(t, w.Wait(bg), ErrAborted)
 	})
 	t.Run("waiting for turn", func(t *testing.T) {
 		c := newCluster(t, 2)
-		w := c.gs[0].AllReduceAsync(make([]float32, 4), Sum) // rank 1 never joins
+		w := c.gs[0].AllReduceAsync(bg, make([]float32, 4), Sum) // rank 1 never joins
 		ctx, cancel := context.WithTimeout(bg, 30*time.Millisecond)
 		defer cancel()
 		err := c.gs[0].Barrier(ctx)
@@ -283,7 +283,7 @@ func TestClose(t *testing.T) {
 	blocked := make(chan error, 1)
 	go func() { blocked <- g.AllReduce(bg, make([]float32, 4), Sum) }()
 	time.Sleep(20 * time.Millisecond)
-	w := g.AllReduceAsync(make([]float32, 4), Sum)
+	w := g.AllReduceAsync(bg, make([]float32, 4), Sum)
 	require.NoError(t, g.Close())
 	require.NoError(t, g.Close(), "idempotent")
 	select {
@@ -298,7 +298,7 @@ func TestClose(t *testing.T) {
 	require.ErrorIs(t, g.AllReduce(ctx, make([]float32, 4), Sum), ErrClosed)
 	require.ErrorIs(t, g.AllReduceF64(ctx, make([]float64, 4), Sum), ErrClosed)
 	require.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 4), F16, Sum), ErrClosed)
-	require.ErrorIs(t, g.AllReduceAsync(make([]float32, 4), Sum).Wait(ctx), ErrClosed)
+	require.ErrorIs(t, g.AllReduceAsync(ctx, make([]float32, 4), Sum).Wait(ctx), ErrClosed)
 	require.ErrorIs(t, g.AllGather(ctx, make([]float32, 2), make([]float32, 1)), ErrClosed)
 	require.ErrorIs(t, g.ReduceScatter(ctx, make([]float32, 1), make([]float32, 2), Sum), ErrClosed)
 	require.ErrorIs(t, g.Broadcast(ctx, make([]float32, 1), 0), ErrClosed)

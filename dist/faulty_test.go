@@ -87,7 +87,7 @@ func TestRandomCuts(t *testing.T) {
 					case 0:
 						err = g.AllReduce(bg, small, Sum)
 					case 1:
-						err = g.AllReduceAsync(big, Max).Wait(bg)
+						err = g.AllReduceAsync(bg, big, Max).Wait(bg)
 					case 2:
 						err = g.Broadcast(bg, big, i%n)
 					case 3:

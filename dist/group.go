@@ -83,12 +83,9 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 	if t == nil {
 		return nil, fmt.Errorf("%w: nil transport", ErrInvalidArgument)
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.err != nil {
-		return nil, cfg.err
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	world, rank := t.WorldSize(), t.Rank()
 	if world < 1 || world > MaxWorldSize {

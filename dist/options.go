@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/gdist/gdist/internal/options"
 )
 
 // DefaultTimeout is the per-collective timeout applied when the caller's
@@ -53,8 +55,12 @@ const DefaultSmallThreshold = 128 << 10
 // ranks over TCP, paired runs).
 const defaultSegment = 4 << 20
 
-// Option configures New and InitFromEnv.
-type Option func(*config)
+// Option configures New and InitFromEnv. Each option checks its value when
+// the constructor applies it, and the constructor fails with the first
+// refusal: an error wrapping ErrInvalidArgument that names the option. A
+// nil Option is refused the same way. Options not given keep their
+// documented defaults.
+type Option func(*config) error
 
 type config struct {
 	timeout   time.Duration
@@ -62,7 +68,6 @@ type config struct {
 	segment   int
 	logger    *slog.Logger
 	loggerSet bool
-	err       error
 }
 
 func defaultConfig() config {
@@ -74,22 +79,30 @@ func defaultConfig() config {
 	}
 }
 
-func (c *config) fail(format string, args ...any) {
-	if c.err == nil {
-		c.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+// newConfig applies opts, in order, to the defaults.
+func newConfig(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	if err := options.Apply(&cfg, opts, "dist", ErrInvalidArgument); err != nil {
+		return config{}, err
 	}
+	return cfg, nil
 }
 
-// WithTimeout sets the timeout of a collective whose context has no deadline
-// (and of async collectives, which have no context). d must be positive; the
-// default is DefaultTimeout. A collective that times out aborts the group.
+// invalidOption is the error of an option that refuses its value.
+func invalidOption(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// WithTimeout sets the timeout of a collective whose context has no
+// deadline, sync or async. d must be positive; the default is
+// DefaultTimeout. A collective that times out aborts the group.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if d <= 0 {
-			c.fail("WithTimeout(%v): must be positive", d)
-			return
+			return invalidOption("WithTimeout(%v): must be positive", d)
 		}
 		c.timeout = d
+		return nil
 	}
 }
 
@@ -97,35 +110,36 @@ func WithTimeout(d time.Duration) Option {
 // latency-optimal algorithms are used (see DefaultSmallThreshold). 0 makes
 // every message use the bandwidth-optimal ones. bytes must not be negative.
 func WithSmallThreshold(bytes int) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if bytes < 0 {
-			c.fail("WithSmallThreshold(%d): must not be negative", bytes)
-			return
+			return invalidOption("WithSmallThreshold(%d): must not be negative", bytes)
 		}
 		c.small = bytes
+		return nil
 	}
 }
 
 // withSegment sets the pipelining segment size (tests and benchmarks).
 func withSegment(bytes int) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if bytes < 8 || bytes%8 != 0 {
-			c.fail("segment %d: must be a positive multiple of 8", bytes)
-			return
+			return invalidOption("withSegment(%d): must be a positive multiple of 8", bytes)
 		}
 		c.segment = bytes
+		return nil
 	}
 }
 
 // WithLogger sets where the group logs aborts (desyncs, lost peers,
 // timeouts). The default discards the group's messages; InitFromEnv also
 // hands l to the TCP transport, which otherwise logs to slog.Default().
+// l must not be nil.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if l == nil {
-			c.fail("WithLogger(nil)")
-			return
+			return invalidOption("WithLogger(nil)")
 		}
 		c.logger, c.loggerSet = l, true
+		return nil
 	}
 }

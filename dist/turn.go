@@ -107,7 +107,9 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work) e
 
 	g.timer.Reset(time.Until(deadline))
 	if ctx.Done() != nil {
-		g.watchCtx(ctx)
+		if w == nil { // an async call's ctx is watched from enqueue on
+			g.watchCtx(ctx)
+		}
 		if ctx.Err() != nil { // ended before the watch could see it running
 			g.onCancel()
 		}
@@ -151,23 +153,36 @@ func (g *ProcessGroup) waitTurn(ctx context.Context, seq uint64, kind opKind) er
 		err = ErrClosed
 	}
 	g.mu.Lock()
-	i := slices.IndexFunc(g.waiters, func(w turnWaiter) bool { return w.seq == seq })
-	if i < 0 {
-		g.endTurnLocked(seq) // the turn came as we gave up: pass it on
-	} else {
+	if i := slices.IndexFunc(g.waiters, func(w turnWaiter) bool { return w.seq == seq }); i >= 0 {
 		g.waiters = slices.Delete(g.waiters, i, i+1)
-		if g.abandoned == nil {
-			g.abandoned = make(map[uint64]struct{})
-		}
-		g.abandoned[seq] = struct{}{}
 	}
+	g.abandonLocked(seq)
 	g.mu.Unlock()
 	if errors.Is(err, ErrClosed) {
 		return fmt.Errorf("dist: %s: %w", kind, ErrClosed)
 	}
-	cause := fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", kind, seq, err)
+	cause := giveUpError(kind, seq, err)
 	g.poison(cause, g.otherAbort(cause))
 	return cause
+}
+
+// giveUpError is the cause of the abort when collective seq's context ends
+// before its turn came.
+func giveUpError(kind opKind, seq uint64, err error) error {
+	return fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", kind, seq, err)
+}
+
+// abandonLocked gives up turn seq, which nobody waits for: if it has come
+// already it is passed on, else it is skipped when it comes.
+func (g *ProcessGroup) abandonLocked(seq uint64) {
+	if g.serving == seq {
+		g.endTurnLocked(seq)
+		return
+	}
+	if g.abandoned == nil {
+		g.abandoned = make(map[uint64]struct{})
+	}
+	g.abandoned[seq] = struct{}{}
 }
 
 // endTurnLocked passes the turn from seq to the next collective that has not

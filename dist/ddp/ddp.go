@@ -7,14 +7,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/internal/vec"
 )
+
+// This file holds the DDP's lifetime: Wrap, the initial broadcast, the
+// accessors, its error state and Close. Bucket layout is in bucket.go, the
+// hooks in hook.go, the launch of all-reduces during backprop in launch.go
+// and the wait for them in sync.go.
 
 // Errors of package ddp. Errors raised while a machine runs (in a hook op)
 // reach RunAll wrapped by Gorgonia, which does not support errors.Is; the
@@ -43,6 +46,10 @@ var (
 	// ErrDuplicateGradient is returned when a parameter's gradient arrives
 	// twice in one backward pass (for example two machines running one graph).
 	ErrDuplicateGradient = errors.New("ddp: gradient produced twice in one backward pass")
+	// ErrClosed is returned by every call of a closed DDP (Hook, Sync,
+	// Solver.Step) and reaches RunAll from a backward pass through its
+	// hooks. It wraps dist.ErrClosed, so either sentinel matches.
+	ErrClosed = fmt.Errorf("ddp: closed: %w", dist.ErrClosed)
 )
 
 // ddpIDs numbers DDP instances so that their hook ops hash differently.
@@ -53,7 +60,7 @@ var ddpIDs atomic.Uint64
 // before each optimiser step. See the package documentation.
 //
 // A DDP serves one TapeMachine running one graph; its methods are safe to
-// call from any goroutine.
+// call from any goroutine. Close it when training ends, before the group.
 type DDP struct {
 	pg     *dist.ProcessGroup
 	id     uint64
@@ -80,32 +87,13 @@ type DDP struct {
 	sync          bool      // SetSync
 	stepCalls     int       // Solver.Step calls skipped in this accumulation cycle
 	err           error     // first hard failure; sticks
+	closed        bool      // Close has begun
 	cur           Stats     // being accumulated
 	last          Stats     // of the last Sync
 	trace         func(ev event)
-}
 
-// slot locates a parameter's gradient inside its bucket.
-type slot struct {
-	bucket, off, n int
-}
-
-// bucket is a group of consecutive parameters (in reverse order) whose
-// gradients are all-reduced together.
-type bucket struct {
-	params  []int // parameter indices
-	f32     []float32
-	f64     []float64
-	scratch []float32 // F64 parameters with compression: float32 staging
-	wire    []byte    // compressed payload
-	nGrad   int       // parameters of the bucket with a gradient node
-	pending int       // of those, gradients not yet arrived in this pass
-
-	work     *dist.Work // nil at world size 1
-	launched bool       // work started (or skipped at world size 1) this step
-	launchAt time.Time
-	doneAt   time.Time     // set by the watcher before it closes finished
-	finished chan struct{} // closed once the all-reduce is done and doneAt set
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // event is what the trace hook of tests sees.
@@ -125,14 +113,9 @@ type event struct {
 // params is copied; the nodes stay the caller's. Use Hook for every use of a
 // parameter in the forward pass.
 func Wrap(ctx context.Context, pg *dist.ProcessGroup, params gorgonia.Nodes, opts ...Option) (*DDP, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	if pg == nil {
 		return nil, fmt.Errorf("ddp: nil process group: %w", dist.ErrInvalidArgument)
@@ -192,61 +175,6 @@ func checkParam(p, first *gorgonia.Node) error {
 	return nil
 }
 
-// numel is the number of elements of p.
-func numel(p *gorgonia.Node) int {
-	if p.IsScalar() {
-		return 1
-	}
-	return p.Shape().TotalSize()
-}
-
-// buildBuckets assigns parameters, in reverse order, to buckets of at most
-// firstBucketCap (the first) or bucketCap bytes and of one dtype.
-func (d *DDP) buildBuckets() {
-	var cur *bucket
-	var curDT tensor.Dtype
-	var curBytes, curN int
-	flush := func() {
-		if cur == nil {
-			return
-		}
-		if curDT == tensor.Float32 {
-			cur.f32 = make([]float32, curN)
-		} else {
-			cur.f64 = make([]float64, curN)
-			if d.cfg.compress {
-				cur.scratch = make([]float32, curN)
-			}
-		}
-		if d.cfg.compress {
-			cur.wire = make([]byte, curN*d.cfg.wire.Size())
-		}
-		d.bkts = append(d.bkts, cur)
-		cur = nil
-	}
-	for i := len(d.params) - 1; i >= 0; i-- {
-		p := d.params[i]
-		n := numel(p)
-		size := n * int(p.Dtype().Size())
-		limit := d.cfg.bucketCap
-		if len(d.bkts) == 0 {
-			limit = d.cfg.firstBucketCap
-		}
-		if cur != nil && (p.Dtype() != curDT || curBytes+size > limit) {
-			flush()
-			limit = d.cfg.bucketCap
-		}
-		if cur == nil {
-			cur, curDT, curBytes, curN = &bucket{}, p.Dtype(), 0, 0
-		}
-		d.slots[i] = slot{bucket: len(d.bkts), off: curN, n: n}
-		cur.params = append(cur.params, i)
-		curBytes += size
-		curN += n
-	}
-	flush()
-}
-
 // broadcast copies rank 0's parameter values to every rank, one collective
 // per bucket.
 func (d *DDP) broadcast(ctx context.Context) error {
@@ -276,27 +204,6 @@ func (d *DDP) broadcast(ctx context.Context) error {
 	return nil
 }
 
-// copyParam copies parameter i's value into its bucket slot (toBucket) or
-// back.
-func (d *DDP) copyParam(i int, b *bucket, toBucket bool) error {
-	s := d.slots[i]
-	f32, f64, err := floatsOf(d.params[i].Value())
-	if err != nil {
-		return fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), err)
-	}
-	switch {
-	case b.f32 != nil && toBucket:
-		copy(b.f32[s.off:s.off+s.n], f32)
-	case b.f32 != nil:
-		copy(f32, b.f32[s.off:s.off+s.n])
-	case toBucket:
-		copy(b.f64[s.off:s.off+s.n], f64)
-	default:
-		copy(f64, b.f64[s.off:s.off+s.n])
-	}
-	return nil
-}
-
 // Params returns the wrapped parameters in the order given to Wrap. The
 // slice is new; the nodes are the caller's.
 func (d *DDP) Params() gorgonia.Nodes { return append(gorgonia.Nodes(nil), d.params...) }
@@ -313,68 +220,6 @@ func (d *DDP) Buckets() [][]int {
 
 // ProcessGroup returns the group the DDP communicates on.
 func (d *DDP) ProcessGroup() *dist.ProcessGroup { return d.pg }
-
-// Hook returns hook(p), the node to use in the forward pass in place of the
-// parameter p. It is the identity on values; the gradient that flows back
-// through it is p's gradient, and the hook's gradient op hands it to the DDP,
-// which all-reduces a bucket as soon as its last gradient has arrived.
-//
-// For that all-reduce to overlap the rest of the backward pass, call Hook
-// where p is used, right before the op that consumes it, not for all
-// parameters up front: the TapeMachine executes nodes in creation order and
-// gorgonia.Backpropagate creates the hook's gradient op when it reaches the
-// hook node, walking the graph in reverse creation order — a hook created
-// before the whole forward pass is reached last, so its gradient op would
-// run at the very end of backprop. Results are the same either way.
-//
-// The hook and its gradient op copy their input into an output buffer that
-// every pass reuses, so a training step allocates nothing per parameter:
-// hook(p).Value() and the gradient node's value are valid until the next
-// pass, like any value a TapeMachine may reuse.
-//
-// Hook returns the same node for every call with the same parameter, so a
-// parameter used twice (weight tying) has one hook, created at its first use.
-// Like all graph construction it must not run concurrently with other
-// Gorgonia graph building.
-func (d *DDP) Hook(p *gorgonia.Node) (*gorgonia.Node, error) {
-	i, ok := d.index[p]
-	if !ok {
-		return nil, fmt.Errorf("ddp: hook of %v: %w", p, ErrNotParam)
-	}
-	d.mu.Lock()
-	h := d.hooks[i]
-	d.mu.Unlock()
-	if h != nil {
-		return h, nil
-	}
-	h, err := gorgonia.ApplyOp(&hookOp{d: d, i: i}, p)
-	if err != nil {
-		return nil, fmt.Errorf("ddp: hook of %s: %w", p.Name(), err)
-	}
-	d.mu.Lock()
-	d.hooks[i] = h
-	if d.firstHook < 0 {
-		d.firstHook = i
-	}
-	d.mu.Unlock()
-	return h, nil
-}
-
-// Hooked returns Hook(p) for every parameter, in parameter order. It suits
-// models that take all their parameters up front (for example
-// mlp.Model.ForwardWith); the training result is the same as with Hook at
-// every use, but the all-reduces cannot overlap backprop (see Hook).
-func (d *DDP) Hooked() (gorgonia.Nodes, error) {
-	out := make(gorgonia.Nodes, len(d.params))
-	for i, p := range d.params {
-		h, err := d.Hook(p)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = h
-	}
-	return out, nil
-}
 
 // SetSync turns gradient synchronisation of the following backward passes on
 // (the default) or off, like PyTorch's no_sync. Passes run with sync off only
@@ -412,222 +257,53 @@ func (d *DDP) emitLocked(kind string, param, bucket int, at time.Time) {
 	}
 }
 
-// forwardSeen is called by parameter i's hook when the forward pass runs it.
-func (d *DDP) forwardSeen(i int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	now := time.Now()
-	if i == d.firstHook && d.nReady == 0 {
-		d.passStart = now
-	}
-	d.emitLocked("forward", i, -1, now)
-}
-
-// gradReady is called by parameter i's hook gradient op with the gradient g
-// of this backward pass. It reports whether it started an all-reduce.
-func (d *DDP) gradReady(i int, g gorgonia.Value) (launched bool, err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.err != nil {
-		return false, d.err
-	}
-	first := d.nextLaunch
-	defer func() { launched = d.nextLaunch > first && d.pg.WorldSize() > 1 }()
-	now := time.Now()
-	if d.nReady == 0 {
-		if d.syncedPending {
-			return false, d.failLocked(ErrSyncPending)
-		}
-		d.syncPass = d.sync && (d.cfg.accumulation == 1 || d.stepCalls == d.cfg.accumulation-1)
-		d.launchNow = d.cfg.overlap && d.syncPass
+// Close releases the DDP. It waits for the bucket all-reduces in flight —
+// each bounded like every collective the DDP starts, by the group's timeout
+// (dist.WithTimeout), or ended sooner if the group is aborted or closed —
+// and then drops the DDP's gradient buffers. From the moment Close is
+// called, Hook, Hooked, Sync and Solver.Step fail with an error matching
+// ErrClosed (and dist.ErrClosed), as does a backward pass through the
+// DDP's hooks, and no further all-reduce starts.
+//
+// Close returns the error of an in-flight all-reduce that failed, else
+// nil. It does not close the ProcessGroup, which stays the caller's. It is
+// idempotent: a concurrent call waits for the first, and later calls
+// return nil.
+func (d *DDP) Close() error {
+	first := false
+	d.closeOnce.Do(func() {
+		first = true
+		d.mu.Lock()
+		d.closed = true
+		var inFlight []*dist.Work
 		for _, b := range d.bkts {
-			b.pending = b.nGrad
+			if b.work != nil {
+				inFlight = append(inFlight, b.work)
+			}
 		}
-		if d.passStart.IsZero() {
-			d.passStart = now
+		d.mu.Unlock()
+		for bi, w := range inFlight {
+			<-w.Done()
+			if err := w.Err(); err != nil && d.closeErr == nil {
+				d.closeErr = fmt.Errorf("ddp: close: all-reduce of bucket %d: %w", bi, err)
+			}
 		}
-	}
-	if d.ready[i] {
-		return false, d.failLocked(fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), ErrDuplicateGradient))
-	}
-	s := d.slots[i]
-	b := d.bkts[s.bucket]
-	// The first pass since the last Sync overwrites the slot (the buckets
-	// keep the previous step's averages); later passes add to it.
-	if err := addInto(b, s, g, d.passes == 0); err != nil {
-		return false, d.failLocked(fmt.Errorf("ddp: gradient of %s: %w", d.params[i].Name(), err))
-	}
-	d.ready[i] = true
-	d.nReady++
-	b.pending--
-	d.emitLocked("grad", i, s.bucket, now)
-	if d.launchNow {
-		d.launchReadyLocked(false)
-	}
-	if d.nReady == d.nGrad {
-		d.cur.Compute += now.Sub(d.passStart)
-		d.passes++
-		d.cur.Passes++
-		clear(d.ready)
-		d.nReady = 0
-		d.passStart = time.Time{}
-		d.syncedPending = d.syncPass
-		if d.launchNow {
-			d.launchReadyLocked(true)
+		d.mu.Lock()
+		for _, b := range d.bkts {
+			b.release()
 		}
-		d.emitLocked("pass", -1, -1, now)
+		d.mu.Unlock()
+	})
+	if !first {
+		return nil
 	}
-	return false, nil
+	return d.closeErr
 }
 
-// addInto adds gradient g into slot s of bucket b, or copies it there if
-// overwrite is set.
-func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
-	f32, f64, err := floatsOf(g)
-	if err != nil {
-		return err
-	}
-	if len(f32)+len(f64) != s.n {
-		return fmt.Errorf("%d gradient elements, want %d: %w", len(f32)+len(f64), s.n, dist.ErrInvalidArgument)
-	}
-	switch {
-	case b.f32 != nil && f32 != nil && overwrite:
-		copy(b.f32[s.off:s.off+s.n], f32)
-	case b.f64 != nil && f64 != nil && overwrite:
-		copy(b.f64[s.off:s.off+s.n], f64)
-	case b.f32 != nil && f32 != nil:
-		vec.AddF32(b.f32[s.off:s.off+s.n], f32)
-	case b.f64 != nil && f64 != nil:
-		vec.AddF64(b.f64[s.off:s.off+s.n], f64)
-	default:
-		return fmt.Errorf("gradient dtype %v differs from the parameter's: %w", g.Dtype(), dist.ErrUnsupportedDType)
+// closedLocked returns ErrClosed, wrapped for op, once Close has begun.
+func (d *DDP) closedLocked(op string) error {
+	if d.closed {
+		return fmt.Errorf("ddp: %s: %w", op, ErrClosed)
 	}
 	return nil
-}
-
-// launchReadyLocked starts the all-reduce of every bucket, in order, whose
-// gradients are complete (all of them if all is set), stopping at the first
-// incomplete one so that every rank issues them in the same order.
-func (d *DDP) launchReadyLocked(all bool) {
-	for d.nextLaunch < len(d.bkts) {
-		b := d.bkts[d.nextLaunch]
-		if !all && b.pending > 0 {
-			return
-		}
-		d.launchLocked(d.nextLaunch)
-		d.nextLaunch++
-	}
-}
-
-// divisorLocked is what the summed gradients are divided by: the world size,
-// times the number of accumulated passes under WithAccumulation. inPass
-// counts a pass in progress (a launch from the backward pass).
-func (d *DDP) divisorLocked(inPass bool) float64 {
-	div := float64(d.pg.WorldSize())
-	if d.cfg.accumulation > 1 {
-		p := d.passes
-		if inPass {
-			p++
-		}
-		div *= float64(max(p, 1))
-	}
-	return div
-}
-
-// closedChan is the finished channel of a bucket with nothing to wait for.
-var closedChan = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
-
-// launchLocked starts the all-reduce of bucket bi (at world size 1 there is
-// nothing to exchange and the bucket is done at once).
-func (d *DDP) launchLocked(bi int) {
-	b := d.bkts[bi]
-	now := time.Now()
-	b.launchAt = now
-	var w *dist.Work
-	var bytes int
-	switch {
-	case d.cfg.compress:
-		// Divide before narrowing so that F16 sums stay in range.
-		div := d.divisorLocked(d.nReady > 0)
-		var src []float32
-		if b.f32 != nil {
-			src = b.f32
-			for k, v := range src {
-				src[k] = float32(float64(v) / div)
-			}
-		} else {
-			src = b.scratch
-			for k, v := range b.f64 {
-				src[k] = float32(v / div)
-			}
-		}
-		if err := dist.EncodeFloat32(b.wire, src, d.cfg.wire); err != nil {
-			d.failLocked(fmt.Errorf("ddp: compress bucket %d: %w", bi, err))
-			b.finished = closedChan
-			return
-		}
-		if d.pg.WorldSize() > 1 {
-			w = d.pg.AllReduceTypedAsync(b.wire, d.cfg.wire, dist.Sum)
-		}
-		bytes = len(b.wire)
-	case d.pg.WorldSize() == 1:
-		// Nothing to exchange: the sum over one rank is the bucket.
-		bytes = 4*len(b.f32) + 8*len(b.f64)
-	case b.f32 != nil:
-		w = d.pg.AllReduceAsync(b.f32, dist.Sum)
-		bytes = 4 * len(b.f32)
-	default:
-		w = d.pg.AllReduceF64Async(b.f64, dist.Sum)
-		bytes = 8 * len(b.f64)
-	}
-	b.work, b.launched = w, true
-	d.cur.Buckets++
-	d.cur.Bytes += int64(bytes)
-	d.emitLocked("launch", -1, bi, now)
-	if w == nil { // world size 1: done already
-		b.doneAt = now
-		b.finished = closedChan
-		return
-	}
-	b.finished = make(chan struct{})
-	// The watcher records when the all-reduce finished; it exits when the
-	// Work completes, which every collective does (at the latest when the
-	// group's timeout fires or the group closes).
-	go func(b *bucket, w *dist.Work) {
-		<-w.Done()
-		t := time.Now()
-		d.mu.Lock()
-		b.doneAt = t
-		d.mu.Unlock()
-		close(b.finished)
-	}(b, w)
-}
-
-// floatsOf returns the backing slice of a Float32 or Float64 tensor or scalar
-// value (exactly one of f32, f64 is non-nil).
-func floatsOf(v gorgonia.Value) (f32 []float32, f64 []float64, err error) {
-	switch x := v.(type) {
-	case *gorgonia.F32:
-		return unsafe.Slice((*float32)(x), 1), nil, nil
-	case *gorgonia.F64:
-		return nil, unsafe.Slice((*float64)(x), 1), nil
-	case tensor.Tensor:
-		if x.RequiresIterator() {
-			return nil, nil, fmt.Errorf("value is a non-contiguous view: %w", dist.ErrInvalidArgument)
-		}
-		switch data := x.Data().(type) {
-		case []float32:
-			return data[:x.Size()], nil, nil
-		case []float64:
-			return nil, data[:x.Size()], nil
-		}
-	}
-	if v == nil {
-		return nil, nil, fmt.Errorf("no value: %w", dist.ErrInvalidArgument)
-	}
-	return nil, nil, fmt.Errorf("value of type %T (%v): %w", v, v.Dtype(), dist.ErrUnsupportedDType)
 }

@@ -187,11 +187,29 @@ func TestOptionsValidated(t *testing.T) {
 		noValue := gorgonia.NewVector(g, tensor.Float64, gorgonia.WithShape(2), gorgonia.WithName("nv"))
 		buildMu.Unlock()
 		ctx := t.Context()
-		for _, o := range []Option{WithBucketCap(0), WithFirstBucketCap(-1), WithAccumulation(0), WithCompression(dist.F64), WithCompression(0)} {
-			_, err := Wrap(ctx, pg, ps, o)
+		for _, tc := range []struct {
+			o    Option
+			name string
+		}{
+			{WithBucketCap(0), "WithBucketCap(0)"},
+			{WithBucketCap(-5), "WithBucketCap(-5)"},
+			{WithFirstBucketCap(-1), "WithFirstBucketCap(-1)"},
+			{WithFirstBucketCap(0), "WithFirstBucketCap(0)"},
+			{WithAccumulation(0), "WithAccumulation(0)"},
+			{WithCompression(dist.F64), "WithCompression(f64)"},
+			{WithCompression(0), "WithCompression("},
+			{nil, "option 0 is nil"},
+		} {
+			_, err := Wrap(ctx, pg, ps, tc.o)
 			assert.ErrorIs(t, err, dist.ErrInvalidArgument)
+			if assert.Error(t, err) {
+				assert.Contains(t, err.Error(), tc.name)
+			}
 		}
-		_, err := Wrap(ctx, pg, nil)
+		// The first refusal wins; valid options before it do not matter.
+		_, err := Wrap(ctx, pg, ps, WithOverlap(false), WithAccumulation(-1), WithBucketCap(0))
+		assert.ErrorContains(t, err, "WithAccumulation(-1)")
+		_, err = Wrap(ctx, pg, nil)
 		assert.ErrorIs(t, err, dist.ErrInvalidArgument)
 		_, err = Wrap(ctx, nil, ps)
 		assert.ErrorIs(t, err, dist.ErrInvalidArgument)

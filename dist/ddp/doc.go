@@ -14,7 +14,10 @@
 // the identity; its gradient op, which gorgonia.Grad creates next to the
 // gradient of hook(w), adds w's gradient into its bucket, and when a bucket
 // is complete starts its all-reduce asynchronously (dist's AllReduce*Async)
-// while the rest of backprop runs. Sync (or the Solver wrapper's Step) then
+// while the rest of backprop runs. No caller's context reaches a backward
+// pass, so these all-reduces run under context.Background(): the group's
+// default timeout (dist.WithTimeout) bounds each of them. Their finish times
+// (dist.Work.Finished) give Stats.Comm; the DDP starts no goroutines. Sync (or the Solver wrapper's Step) then
 // waits for the buckets and writes the averaged gradients into each
 // parameter's gradient — param.Grad(), the dual value that every Gorgonia
 // solver reads — before the inner solver steps.
@@ -49,6 +52,11 @@
 // one, and Err, Sync and Step return it matchably. A DDP whose all-reduce
 // failed stays failed.
 //
+// Close waits for the all-reduces in flight and drops the DDP's gradient
+// buffers; afterwards every call fails with ErrClosed (which matches
+// dist.ErrClosed too). The ProcessGroup stays the caller's: close the DDP,
+// then the group.
+//
 // # Usage
 //
 // On every rank (pg from dist.InitFromEnv, or dist.New over a transport):
@@ -56,6 +64,7 @@
 //	g := gorgonia.NewGraph()
 //	params := ... // the model's learnable nodes, with values
 //	d, err := ddp.Wrap(ctx, pg, params)
+//	defer d.Close() // before pg.Close
 //	x := gorgonia.NewMatrix(g, gorgonia.Float32, gorgonia.WithShape(localBatch, in))
 //	h := x
 //	for l := range layers {

@@ -42,6 +42,7 @@ func Example() {
 			if err != nil {
 				log.Fatal(err)
 			}
+			defer d.Close() // runs before pg.Close: the group outlives the DDP
 
 			mu.Lock()
 			x := gorgonia.NewVector(g, tensor.Float64, gorgonia.WithShape(local), gorgonia.WithName("x"),

@@ -336,3 +336,35 @@ func initialParams(dt tensor.Dtype, sizes []int) [][]float64 {
 	}
 	return out
 }
+
+// smallModel builds a (3, 4, 2) f64 tanh MLP wrapped on pg, one bucket per
+// parameter, with its data bound, and its machine (the caller closes it).
+// Parameter direct (if >= 0) is used without its hook.
+func smallModel(t *testing.T, pg *dist.ProcessGroup, direct int) (*DDP, gorgonia.Nodes, *gorgonia.Node, *gorgonia.Node, gorgonia.VM) {
+	t.Helper()
+	buildMu.Lock()
+	g := gorgonia.NewGraph()
+	ps := newParams(g, tensor.Float64, []int{3, 4, 2}, 0)
+	buildMu.Unlock()
+	d, err := Wrap(t.Context(), pg, ps, WithBucketCap(1))
+	require.NoError(t, err)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	x := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(2, 3), gorgonia.WithName("x"))
+	y := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(2, 2), gorgonia.WithName("y"))
+	out, err := forward(x, len(ps), func(i int) (*gorgonia.Node, error) {
+		if i == direct {
+			return ps[i], nil
+		}
+		return d.Hook(ps[i])
+	}, nil)
+	require.NoError(t, err)
+	loss, err := mseLoss(out, y)
+	require.NoError(t, err)
+	_, err = gorgonia.Grad(loss, ps...)
+	require.NoError(t, err)
+	xv, yv := batch(tensor.Float64, 0, 0, 2, 3, 2)
+	require.NoError(t, gorgonia.Let(x, xv))
+	require.NoError(t, gorgonia.Let(y, yv))
+	return d, ps, x, y, gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(ps...))
+}

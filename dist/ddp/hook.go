@@ -13,6 +13,71 @@ import (
 	"github.com/gdist/gdist/dist"
 )
 
+// Hook returns hook(p), the node to use in the forward pass in place of the
+// parameter p. It is the identity on values; the gradient that flows back
+// through it is p's gradient, and the hook's gradient op hands it to the DDP,
+// which all-reduces a bucket as soon as its last gradient has arrived.
+//
+// For that all-reduce to overlap the rest of the backward pass, call Hook
+// where p is used, right before the op that consumes it, not for all
+// parameters up front: the TapeMachine executes nodes in creation order and
+// gorgonia.Backpropagate creates the hook's gradient op when it reaches the
+// hook node, walking the graph in reverse creation order — a hook created
+// before the whole forward pass is reached last, so its gradient op would
+// run at the very end of backprop. Results are the same either way.
+//
+// The hook and its gradient op copy their input into an output buffer that
+// every pass reuses, so a training step allocates nothing per parameter:
+// hook(p).Value() and the gradient node's value are valid until the next
+// pass, like any value a TapeMachine may reuse.
+//
+// Hook returns the same node for every call with the same parameter, so a
+// parameter used twice (weight tying) has one hook, created at its first use.
+// Like all graph construction it must not run concurrently with other
+// Gorgonia graph building.
+func (d *DDP) Hook(p *gorgonia.Node) (*gorgonia.Node, error) {
+	i, ok := d.index[p]
+	if !ok {
+		return nil, fmt.Errorf("ddp: hook of %v: %w", p, ErrNotParam)
+	}
+	d.mu.Lock()
+	h, err := d.hooks[i], d.closedLocked("hook of "+p.Name())
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if h != nil {
+		return h, nil
+	}
+	h, err = gorgonia.ApplyOp(&hookOp{d: d, i: i}, p)
+	if err != nil {
+		return nil, fmt.Errorf("ddp: hook of %s: %w", p.Name(), err)
+	}
+	d.mu.Lock()
+	d.hooks[i] = h
+	if d.firstHook < 0 {
+		d.firstHook = i
+	}
+	d.mu.Unlock()
+	return h, nil
+}
+
+// Hooked returns Hook(p) for every parameter, in parameter order. It suits
+// models that take all their parameters up front (for example
+// mlp.Model.ForwardWith); the training result is the same as with Hook at
+// every use, but the all-reduces cannot overlap backprop (see Hook).
+func (d *DDP) Hooked() (gorgonia.Nodes, error) {
+	out := make(gorgonia.Nodes, len(d.params))
+	for i, p := range d.params {
+		h, err := d.Hook(p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = h
+	}
+	return out, nil
+}
+
 // hookOp is hook(w): the identity on values, whose gradient op reports w's
 // gradient to the DDP.
 type hookOp struct {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Defaults of the bucket options (the same as PyTorch's DistributedDataParallel).
@@ -17,8 +18,10 @@ const (
 	DefaultFirstBucketCap = 1 << 20
 )
 
-// Option configures Wrap. Options are validated by Wrap, which fails with an
-// error wrapping dist.ErrInvalidArgument for a bad value.
+// Option configures Wrap. Each option checks its value when Wrap applies
+// it, and Wrap fails with the first refusal: an error wrapping
+// dist.ErrInvalidArgument that names the option. A nil Option is refused
+// the same way. Options not given keep their documented defaults.
 type Option func(*config) error
 
 type config struct {
@@ -39,13 +42,22 @@ func defaultConfig() config {
 	}
 }
 
+// newConfig applies opts, in order, to the defaults.
+func newConfig(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	if err := options.Apply(&cfg, opts, "ddp", dist.ErrInvalidArgument); err != nil {
+		return config{}, err
+	}
+	return cfg, nil
+}
+
 // WithBucketCap sets the size cap of a gradient bucket in bytes (of the
 // parameters' dtype); bytes must be positive. A parameter larger than the
 // cap gets a bucket of its own. The default is DefaultBucketCap.
 func WithBucketCap(bytes int) Option {
 	return func(c *config) error {
 		if bytes <= 0 {
-			return fmt.Errorf("ddp: bucket cap %d bytes: %w", bytes, dist.ErrInvalidArgument)
+			return fmt.Errorf("ddp: WithBucketCap(%d): must be positive: %w", bytes, dist.ErrInvalidArgument)
 		}
 		c.bucketCap = bytes
 		return nil
@@ -57,7 +69,7 @@ func WithBucketCap(bytes int) Option {
 func WithFirstBucketCap(bytes int) Option {
 	return func(c *config) error {
 		if bytes <= 0 {
-			return fmt.Errorf("ddp: first bucket cap %d bytes: %w", bytes, dist.ErrInvalidArgument)
+			return fmt.Errorf("ddp: WithFirstBucketCap(%d): must be positive: %w", bytes, dist.ErrInvalidArgument)
 		}
 		c.firstBucketCap = bytes
 		return nil
@@ -89,7 +101,7 @@ func WithCompression(dt dist.DType) Option {
 		switch dt {
 		case dist.F16, dist.BF16, dist.F32:
 		default:
-			return fmt.Errorf("ddp: compression to %v (want f16, bf16 or f32): %w", dt, dist.ErrInvalidArgument)
+			return fmt.Errorf("ddp: WithCompression(%v): want f16, bf16 or f32: %w", dt, dist.ErrInvalidArgument)
 		}
 		c.compress, c.wire = true, dt
 		return nil
@@ -107,7 +119,7 @@ func WithCompression(dt dist.DType) Option {
 func WithAccumulation(k int) Option {
 	return func(c *config) error {
 		if k < 1 {
-			return fmt.Errorf("ddp: accumulation over %d passes: %w", k, dist.ErrInvalidArgument)
+			return fmt.Errorf("ddp: WithAccumulation(%d): must be at least 1: %w", k, dist.ErrInvalidArgument)
 		}
 		c.accumulation = k
 		return nil

@@ -55,6 +55,10 @@ func (d *DDP) Stats() Stats {
 // all-reduces go on. A failed all-reduce breaks the DDP (see Err).
 func (d *DDP) Sync(ctx context.Context) error {
 	d.mu.Lock()
+	if err := d.closedLocked("sync"); err != nil {
+		d.mu.Unlock()
+		return err
+	}
 	if d.err != nil {
 		defer d.mu.Unlock()
 		return d.err
@@ -79,7 +83,7 @@ func (d *DDP) Sync(ctx context.Context) error {
 	start := time.Now()
 	for _, b := range d.bkts {
 		select {
-		case <-b.finished:
+		case <-b.done():
 		case <-ctx.Done():
 			return fmt.Errorf("ddp: sync: %w", ctx.Err())
 		}
@@ -88,6 +92,9 @@ func (d *DDP) Sync(ctx context.Context) error {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := d.closedLocked("sync"); err != nil { // closed while we waited
+		return err
+	}
 	for bi, b := range d.bkts {
 		if !b.launched { // failed before launch; d.err is set
 			return d.err
@@ -110,8 +117,9 @@ func (d *DDP) Sync(ctx context.Context) error {
 		if prevDone.After(s) {
 			s = prevDone
 		}
-		comm += b.doneAt.Sub(s)
-		prevDone = b.doneAt
+		at := b.doneAt()
+		comm += at.Sub(s)
+		prevDone = at
 	}
 	d.cur.Comm = comm
 	d.cur.Exposed = exposed
@@ -123,7 +131,7 @@ func (d *DDP) Sync(ctx context.Context) error {
 	// The buckets keep the averages: the next pass overwrites them (see
 	// gradReady), which saves clearing them here.
 	for _, b := range d.bkts {
-		b.work, b.finished, b.launched = nil, nil, false
+		b.work, b.launched = nil, false
 	}
 	return nil
 }
@@ -247,6 +255,12 @@ var _ gorgonia.Solver = (*Solver)(nil)
 // ErrNotParam: its gradient would not be averaged).
 func (s *Solver) Step(model []gorgonia.ValueGrad) error {
 	d := s.d
+	d.mu.Lock()
+	err := d.closedLocked("solver step")
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	for _, vg := range model {
 		if n, ok := vg.(*gorgonia.Node); ok {
 			if _, ok := d.index[n]; !ok {

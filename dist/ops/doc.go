@@ -21,7 +21,9 @@
 // local loss, which is what data- and model-parallel training optimise
 // (divide by the world size in the loss if a mean is wanted). Max, Min and
 // Prod reductions run forward but have no gradient: differentiating through
-// them fails with ErrNotDifferentiable.
+// them fails. The op's SymDiff error matches ErrNotDifferentiable, but
+// gorgonia.Grad returns it inside a gorgonia.SymDiffError, which does not
+// unwrap; detect it with IsNotDifferentiable(err), which understands both.
 //
 // Rules that come from running collectives inside graphs:
 //

@@ -16,8 +16,10 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 )
 
-// ErrNotDifferentiable is returned, wrapped, when a graph is differentiated
-// through a collective whose reduction has no gradient here (Max, Min, Prod).
+// ErrNotDifferentiable is wrapped by the error of the SymDiff of a
+// collective whose reduction has no gradient here (Max, Min, Prod).
+// gorgonia.Grad does not pass it on matchably (see IsNotDifferentiable,
+// which recognises its error).
 var ErrNotDifferentiable = errors.New("ops: collective has no gradient for this reduction")
 
 // nextID numbers op instances so that every instance hashes differently.
@@ -185,13 +187,13 @@ func (op *collectiveOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 	switch in := inputs[0].(type) {
 	case *gorgonia.F64:
 		buf := []float64{float64(*in)}
-		if err := op.run64(ctx, buf, buf); err != nil {
+		if err := run(ctx, op, f64, buf, buf); err != nil {
 			return nil, err
 		}
 		return gorgonia.NewF64(buf[0]), nil
 	case *gorgonia.F32:
 		buf := []float32{float32(*in)}
-		if err := op.run32(ctx, buf, buf); err != nil {
+		if err := run(ctx, op, f32, buf, buf); err != nil {
 			return nil, err
 		}
 		return gorgonia.NewF32(buf[0]), nil
@@ -208,9 +210,9 @@ func (op *collectiveOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 		out := tensor.New(tensor.WithShape(shape...), tensor.Of(in.Dtype()))
 		switch src := in.Data().(type) {
 		case []float64:
-			err = op.run64(ctx, out.Data().([]float64), src)
+			err = run(ctx, op, f64, out.Data().([]float64), src)
 		case []float32:
-			err = op.run32(ctx, out.Data().([]float32), src)
+			err = run(ctx, op, f32, out.Data().([]float32), src)
 		default:
 			err = fmt.Errorf("ops: %v of %v: %w", op, in.Dtype(), dist.ErrUnsupportedDType)
 		}
@@ -223,59 +225,57 @@ func (op *collectiveOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 	}
 }
 
-// run64 computes the collective of src into dst (which may be src for the
-// in-place collectives). src is only read. Every in-place collective works on
-// dst, never on the caller's input register.
-func (op *collectiveOp) run64(ctx context.Context, dst, src []float64) error {
-	g := op.g
-	var err error
-	switch op.kind {
-	case kindAllReduce:
-		copy(dst, src)
-		err = g.AllReduceF64(ctx, dst, op.reduce)
-	case kindAllGather:
-		err = g.AllGatherF64(ctx, dst, src)
-	case kindReduceScatter:
-		err = g.ReduceScatterF64(ctx, dst, src, op.reduce)
-	case kindBroadcast:
-		copy(dst, src)
-		err = g.BroadcastF64(ctx, dst, op.root)
-	case kindReduce:
-		copy(dst, src)
-		err = g.ReduceF64(ctx, dst, op.reduce, op.root)
-		if err == nil && g.Rank() != op.root {
-			clear(dst)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("ops: %v: %w", op, err)
-	}
-	if op.scale != 0 {
-		for i := range dst {
-			dst[i] *= op.scale
-		}
-	}
-	return nil
+// float is the element types the ops run on.
+type float interface{ float32 | float64 }
+
+// collectives are the ProcessGroup methods for one element type, as method
+// expressions, so that one kernel (run) serves float32 and float64.
+type collectives[T float] struct {
+	allReduce     func(*dist.ProcessGroup, context.Context, []T, dist.ReduceOp) error
+	allGather     func(g *dist.ProcessGroup, ctx context.Context, dst, src []T) error
+	reduceScatter func(g *dist.ProcessGroup, ctx context.Context, dst, src []T, op dist.ReduceOp) error
+	broadcast     func(g *dist.ProcessGroup, ctx context.Context, data []T, root int) error
+	reduce        func(g *dist.ProcessGroup, ctx context.Context, data []T, op dist.ReduceOp, root int) error
 }
 
-// run32 is run64 for float32.
-func (op *collectiveOp) run32(ctx context.Context, dst, src []float32) error {
+var (
+	f32 = &collectives[float32]{
+		allReduce:     (*dist.ProcessGroup).AllReduce,
+		allGather:     (*dist.ProcessGroup).AllGather,
+		reduceScatter: (*dist.ProcessGroup).ReduceScatter,
+		broadcast:     (*dist.ProcessGroup).Broadcast,
+		reduce:        (*dist.ProcessGroup).Reduce,
+	}
+	f64 = &collectives[float64]{
+		allReduce:     (*dist.ProcessGroup).AllReduceF64,
+		allGather:     (*dist.ProcessGroup).AllGatherF64,
+		reduceScatter: (*dist.ProcessGroup).ReduceScatterF64,
+		broadcast:     (*dist.ProcessGroup).BroadcastF64,
+		reduce:        (*dist.ProcessGroup).ReduceF64,
+	}
+)
+
+// run computes op's collective of src into dst (which may be src for the
+// in-place collectives) with c, the group's methods for T. src is only read:
+// every in-place collective works on dst, never on the caller's input
+// register.
+func run[T float](ctx context.Context, op *collectiveOp, c *collectives[T], dst, src []T) error {
 	g := op.g
 	var err error
 	switch op.kind {
 	case kindAllReduce:
 		copy(dst, src)
-		err = g.AllReduce(ctx, dst, op.reduce)
+		err = c.allReduce(g, ctx, dst, op.reduce)
 	case kindAllGather:
-		err = g.AllGather(ctx, dst, src)
+		err = c.allGather(g, ctx, dst, src)
 	case kindReduceScatter:
-		err = g.ReduceScatter(ctx, dst, src, op.reduce)
+		err = c.reduceScatter(g, ctx, dst, src, op.reduce)
 	case kindBroadcast:
 		copy(dst, src)
-		err = g.Broadcast(ctx, dst, op.root)
+		err = c.broadcast(g, ctx, dst, op.root)
 	case kindReduce:
 		copy(dst, src)
-		err = g.Reduce(ctx, dst, op.reduce, op.root)
+		err = c.reduce(g, ctx, dst, op.reduce, op.root)
 		if err == nil && g.Rank() != op.root {
 			clear(dst)
 		}
@@ -284,7 +284,7 @@ func (op *collectiveOp) run32(ctx context.Context, dst, src []float32) error {
 		return fmt.Errorf("ops: %v: %w", op, err)
 	}
 	if op.scale != 0 {
-		s := float32(op.scale)
+		s := T(op.scale)
 		for i := range dst {
 			dst[i] *= s
 		}
@@ -346,35 +346,27 @@ func (op *collectiveOp) SymDiff(inputs gorgonia.Nodes, output, grad *gorgonia.No
 		gx  *gorgonia.Node
 		err error
 	)
+	if !op.differentiable() {
+		return nil, op.notDifferentiable()
+	}
 	switch op.kind {
 	case kindAllReduce:
-		switch op.reduce {
-		case dist.Sum, dist.Mean:
-			gx, err = apply(op.g, grad, kindAllReduce, op.reduce, 0, op.scale)
-		default:
-			return nil, op.notDifferentiable()
-		}
+		gx, err = apply(op.g, grad, kindAllReduce, op.reduce, 0, op.scale)
 	case kindAllGather:
 		gx, err = apply(op.g, grad, kindReduceScatter, dist.Sum, 0, op.scale)
 	case kindReduceScatter:
-		switch op.reduce {
-		case dist.Sum:
-			gx, err = apply(op.g, grad, kindAllGather, dist.Sum, 0, op.scale)
-		case dist.Mean:
+		if op.reduce == dist.Mean {
 			gx, err = apply(op.g, grad, kindAllGather, dist.Sum, 0, scaled(mean))
-		default:
-			return nil, op.notDifferentiable()
+		} else {
+			gx, err = apply(op.g, grad, kindAllGather, dist.Sum, 0, op.scale)
 		}
 	case kindBroadcast:
 		gx, err = apply(op.g, grad, kindReduce, dist.Sum, op.root, op.scale)
 	case kindReduce:
-		switch op.reduce {
-		case dist.Sum:
-			gx, err = apply(op.g, grad, kindBroadcast, dist.Sum, op.root, op.scale)
-		case dist.Mean:
+		if op.reduce == dist.Mean {
 			gx, err = apply(op.g, grad, kindBroadcast, dist.Sum, op.root, scaled(mean))
-		default:
-			return nil, op.notDifferentiable()
+		} else {
+			gx, err = apply(op.g, grad, kindBroadcast, dist.Sum, op.root, op.scale)
 		}
 	}
 	if err != nil {
@@ -383,6 +375,41 @@ func (op *collectiveOp) SymDiff(inputs gorgonia.Nodes, output, grad *gorgonia.No
 	return gorgonia.Nodes{gx}, nil
 }
 
+// differentiable reports whether op has a gradient: AllGather and
+// Broadcast always, the reductions only for Sum and Mean.
+func (op *collectiveOp) differentiable() bool {
+	switch op.kind {
+	case kindAllGather, kindBroadcast:
+		return true
+	}
+	return op.reduce == dist.Sum || op.reduce == dist.Mean
+}
+
 func (op *collectiveOp) notDifferentiable() error {
 	return fmt.Errorf("ops: %v: %w", op, ErrNotDifferentiable)
+}
+
+// IsNotDifferentiable reports whether err says that a graph was
+// differentiated through a collective that has no gradient (Max, Min or
+// Prod; see ErrNotDifferentiable).
+//
+// gorgonia.Grad and gorgonia.Backpropagate return a gorgonia.SymDiffError
+// when an op's SymDiff fails, and that error keeps the op's error without
+// unwrapping to it, so errors.Is(err, ErrNotDifferentiable) is false on
+// what they return. IsNotDifferentiable also recognises that case: a
+// SymDiffError (possibly wrapped) whose failing node is one of this
+// package's collectives without a gradient. On errors from this package,
+// for example an op's own SymDiff, it is errors.Is(err,
+// ErrNotDifferentiable).
+func IsNotDifferentiable(err error) bool {
+	if errors.Is(err, ErrNotDifferentiable) {
+		return true
+	}
+	var sde gorgonia.SymDiffError
+	if !errors.As(err, &sde) || sde.Node() == nil || sde.Grad() == nil {
+		// Grad() is set only when the node's SymDiff itself failed.
+		return false
+	}
+	op, ok := sde.Node().Op().(*collectiveOp)
+	return ok && !op.differentiable()
 }

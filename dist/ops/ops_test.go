@@ -495,9 +495,10 @@ func TestInvalidArguments(t *testing.T) {
 	assert.ErrorIs(t, err, dist.ErrInvalidArgument)
 }
 
-// TestNotDifferentiable checks that Max runs forward and that its SymDiff
-// fails with ErrNotDifferentiable. (Gorgonia's Grad wraps SymDiff errors in a
-// SymDiffError without Unwrap, so the op is asked directly.)
+// TestNotDifferentiable checks that Max runs forward, that its SymDiff fails
+// with ErrNotDifferentiable and that the error of the real gorgonia.Grad
+// path, a SymDiffError that does not unwrap, is recognised by
+// IsNotDifferentiable.
 func TestNotDifferentiable(t *testing.T) {
 	runRanks(t, 2, func(pg *dist.ProcessGroup) error {
 		buildMu.Lock()
@@ -515,8 +516,17 @@ func TestNotDifferentiable(t *testing.T) {
 		var yv gorgonia.Value
 		gorgonia.Read(y, &yv)
 		buildMu.Unlock()
-		assert.Error(t, gradErr)
+		require.Error(t, gradErr)
+		assert.True(t, ops.IsNotDifferentiable(gradErr), "%v", gradErr)
+		assert.True(t, ops.IsNotDifferentiable(fmt.Errorf("train: %w", gradErr)), "wrapped")
+		assert.NotErrorIs(t, gradErr, ops.ErrNotDifferentiable, "Gorgonia's error does not unwrap (if it ever does, IsNotDifferentiable is still right)")
 		assert.ErrorIs(t, symErr, ops.ErrNotDifferentiable)
+		assert.True(t, ops.IsNotDifferentiable(symErr))
+		// Other errors are not taken for it.
+		assert.False(t, ops.IsNotDifferentiable(nil))
+		_, otherErr := gorgonia.Grad(y, x) // the cost is not a scalar
+		require.Error(t, otherErr)
+		assert.False(t, ops.IsNotDifferentiable(otherErr))
 		vm := gorgonia.NewTapeMachine(g)
 		defer vm.Close()
 		if err := vm.RunAll(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Schedule orders the forward and backward passes of a training step's
@@ -56,8 +57,10 @@ const DefaultTagBase uint32 = 0x40000000
 // tag base.
 const TagSpan uint32 = 1 << 24
 
-// Option configures New. A bad value makes New fail with an error wrapping
-// ErrInvalidArgument.
+// Option configures New. Each option checks its value when New applies it,
+// and New fails with the first refusal: an error wrapping ErrInvalidArgument
+// that names the option. A nil Option is refused the same way. Options not
+// given keep their documented defaults.
 type Option func(*config) error
 
 type config struct {
@@ -81,12 +84,21 @@ func defaultConfig() config {
 	return config{micro: 1, tagBase: DefaultTagBase, buildLock: &buildMu}
 }
 
+// newConfig applies opts, in order, to the defaults.
+func newConfig(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	if err := options.Apply(&cfg, opts, "pipeline", ErrInvalidArgument); err != nil {
+		return config{}, err
+	}
+	return cfg, nil
+}
+
 // WithMicroBatches sets the number of micro-batches m a batch is split into
 // (default 1). Every stage must use the same m.
 func WithMicroBatches(m int) Option {
 	return func(c *config) error {
 		if m < 1 || m > 1<<16 {
-			return fmt.Errorf("%w: %d micro-batches (want 1..65536)", ErrInvalidArgument, m)
+			return fmt.Errorf("%w: WithMicroBatches(%d): want 1..65536", ErrInvalidArgument, m)
 		}
 		c.micro = m
 		return nil
@@ -98,7 +110,7 @@ func WithMicroBatches(m int) Option {
 func WithSchedule(s Schedule) Option {
 	return func(c *config) error {
 		if s != GPipe && s != OneFOneB {
-			return fmt.Errorf("%w: %v", ErrInvalidArgument, s)
+			return fmt.Errorf("%w: WithSchedule(%v): want GPipe or OneFOneB", ErrInvalidArgument, s)
 		}
 		c.schedule = s
 		return nil
@@ -125,7 +137,7 @@ func WithRecompute(on bool) Option {
 func WithLoss(f LossFunc) Option {
 	return func(c *config) error {
 		if f == nil {
-			return fmt.Errorf("%w: nil loss", ErrInvalidArgument)
+			return fmt.Errorf("%w: WithLoss(nil)", ErrInvalidArgument)
 		}
 		c.loss = f
 		return nil
@@ -138,11 +150,11 @@ func WithTargetShape(shape ...int) Option {
 	return func(c *config) error {
 		for _, d := range shape {
 			if d < 1 {
-				return fmt.Errorf("%w: target shape %v", ErrInvalidArgument, shape)
+				return fmt.Errorf("%w: WithTargetShape(%v): dimensions must be positive", ErrInvalidArgument, shape)
 			}
 		}
 		if len(shape) == 0 {
-			return fmt.Errorf("%w: empty target shape", ErrInvalidArgument)
+			return fmt.Errorf("%w: WithTargetShape(): empty shape", ErrInvalidArgument)
 		}
 		c.target = tensor.Shape(slices.Clone(shape))
 		return nil
@@ -156,12 +168,12 @@ func WithTargetShape(shape ...int) Option {
 func WithRanks(ranks ...int) Option {
 	return func(c *config) error {
 		if len(ranks) == 0 {
-			return fmt.Errorf("%w: no ranks", ErrInvalidArgument)
+			return fmt.Errorf("%w: WithRanks(): no ranks", ErrInvalidArgument)
 		}
 		seen := make(map[int]bool, len(ranks))
 		for _, r := range ranks {
 			if r < 0 || seen[r] {
-				return fmt.Errorf("%w: ranks %v (want distinct ranks >= 0)", ErrInvalidArgument, ranks)
+				return fmt.Errorf("%w: WithRanks(%v): want distinct ranks >= 0", ErrInvalidArgument, ranks)
 			}
 			seen[r] = true
 		}
@@ -177,7 +189,7 @@ func WithRanks(ranks ...int) Option {
 func WithTagBase(base uint32) Option {
 	return func(c *config) error {
 		if uint64(base)+uint64(TagSpan) > uint64(dist.TagReservedBase) {
-			return fmt.Errorf("%w: tag base %#x: tags up to %#x would reach the reserved range", ErrInvalidArgument,
+			return fmt.Errorf("%w: WithTagBase(%#x): tags up to %#x would reach the reserved range", ErrInvalidArgument,
 				base, uint64(base)+uint64(TagSpan))
 		}
 		c.tagBase = base
@@ -191,7 +203,7 @@ func WithTagBase(base uint32) Option {
 func WithBuildLock(l sync.Locker) Option {
 	return func(c *config) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil build lock", ErrInvalidArgument)
+			return fmt.Errorf("%w: WithBuildLock(nil)", ErrInvalidArgument)
 		}
 		c.buildLock = l
 		return nil

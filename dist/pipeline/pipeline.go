@@ -95,11 +95,9 @@ func New(ctx context.Context, g *dist.ProcessGroup, build Builder, opts ...Optio
 	if g == nil || build == nil {
 		return nil, fmt.Errorf("%w: nil group or builder", ErrInvalidArgument)
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	ranks := cfg.ranks
 	if ranks == nil {

@@ -1,0 +1,194 @@
+package ddp
+
+// Bucket layout: which parameters share a bucket, where each gradient lives
+// in it, and the copies in and out of it.
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+
+	"gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/vec"
+)
+
+// slot locates a parameter's gradient inside its bucket.
+type slot struct {
+	bucket, off, n int
+}
+
+// bucket is a group of consecutive parameters (in reverse order) whose
+// gradients are all-reduced together.
+type bucket struct {
+	params  []int // parameter indices
+	f32     []float32
+	f64     []float64
+	scratch []float32 // F64 parameters with compression: float32 staging
+	wire    []byte    // compressed payload
+	nGrad   int       // parameters of the bucket with a gradient node
+	pending int       // of those, gradients not yet arrived in this pass
+
+	work     *dist.Work // this step's all-reduce; nil before launch and at world size 1
+	launched bool       // work started (or skipped at world size 1) this step
+	launchAt time.Time
+}
+
+// closedChan is the done channel of a bucket with nothing to wait for.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// done is closed when the bucket's all-reduce has finished; at once for a
+// bucket with none (world size 1, or a launch that failed).
+func (b *bucket) done() <-chan struct{} {
+	if b.work == nil {
+		return closedChan
+	}
+	return b.work.Done()
+}
+
+// doneAt is when the bucket's all-reduce finished, as the Work recorded it
+// (its launch when there was none to run).
+func (b *bucket) doneAt() time.Time {
+	if b.work == nil {
+		return b.launchAt
+	}
+	return b.work.Finished()
+}
+
+// release drops the bucket's buffers (Close). work stays: a Sync that was
+// waiting when Close began reads it without the lock.
+func (b *bucket) release() {
+	b.f32, b.f64, b.scratch, b.wire = nil, nil, nil, nil
+}
+
+// numel is the number of elements of p.
+func numel(p *gorgonia.Node) int {
+	if p.IsScalar() {
+		return 1
+	}
+	return p.Shape().TotalSize()
+}
+
+// buildBuckets assigns parameters, in reverse order, to buckets of at most
+// firstBucketCap (the first) or bucketCap bytes and of one dtype.
+func (d *DDP) buildBuckets() {
+	var cur *bucket
+	var curDT tensor.Dtype
+	var curBytes, curN int
+	flush := func() {
+		if cur == nil {
+			return
+		}
+		if curDT == tensor.Float32 {
+			cur.f32 = make([]float32, curN)
+		} else {
+			cur.f64 = make([]float64, curN)
+			if d.cfg.compress {
+				cur.scratch = make([]float32, curN)
+			}
+		}
+		if d.cfg.compress {
+			cur.wire = make([]byte, curN*d.cfg.wire.Size())
+		}
+		d.bkts = append(d.bkts, cur)
+		cur = nil
+	}
+	for i := len(d.params) - 1; i >= 0; i-- {
+		p := d.params[i]
+		n := numel(p)
+		size := n * int(p.Dtype().Size())
+		limit := d.cfg.bucketCap
+		if len(d.bkts) == 0 {
+			limit = d.cfg.firstBucketCap
+		}
+		if cur != nil && (p.Dtype() != curDT || curBytes+size > limit) {
+			flush()
+			limit = d.cfg.bucketCap
+		}
+		if cur == nil {
+			cur, curDT, curBytes, curN = &bucket{}, p.Dtype(), 0, 0
+		}
+		d.slots[i] = slot{bucket: len(d.bkts), off: curN, n: n}
+		cur.params = append(cur.params, i)
+		curBytes += size
+		curN += n
+	}
+	flush()
+}
+
+// copyParam copies parameter i's value into its bucket slot (toBucket) or
+// back.
+func (d *DDP) copyParam(i int, b *bucket, toBucket bool) error {
+	s := d.slots[i]
+	f32, f64, err := floatsOf(d.params[i].Value())
+	if err != nil {
+		return fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), err)
+	}
+	switch {
+	case b.f32 != nil && toBucket:
+		copy(b.f32[s.off:s.off+s.n], f32)
+	case b.f32 != nil:
+		copy(f32, b.f32[s.off:s.off+s.n])
+	case toBucket:
+		copy(b.f64[s.off:s.off+s.n], f64)
+	default:
+		copy(f64, b.f64[s.off:s.off+s.n])
+	}
+	return nil
+}
+
+// addInto adds gradient g into slot s of bucket b, or copies it there if
+// overwrite is set.
+func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
+	f32, f64, err := floatsOf(g)
+	if err != nil {
+		return err
+	}
+	if len(f32)+len(f64) != s.n {
+		return fmt.Errorf("%d gradient elements, want %d: %w", len(f32)+len(f64), s.n, dist.ErrInvalidArgument)
+	}
+	switch {
+	case b.f32 != nil && f32 != nil && overwrite:
+		copy(b.f32[s.off:s.off+s.n], f32)
+	case b.f64 != nil && f64 != nil && overwrite:
+		copy(b.f64[s.off:s.off+s.n], f64)
+	case b.f32 != nil && f32 != nil:
+		vec.AddF32(b.f32[s.off:s.off+s.n], f32)
+	case b.f64 != nil && f64 != nil:
+		vec.AddF64(b.f64[s.off:s.off+s.n], f64)
+	default:
+		return fmt.Errorf("gradient dtype %v differs from the parameter's: %w", g.Dtype(), dist.ErrUnsupportedDType)
+	}
+	return nil
+}
+
+// floatsOf returns the backing slice of a Float32 or Float64 tensor or scalar
+// value (exactly one of f32, f64 is non-nil).
+func floatsOf(v gorgonia.Value) (f32 []float32, f64 []float64, err error) {
+	switch x := v.(type) {
+	case *gorgonia.F32:
+		return unsafe.Slice((*float32)(x), 1), nil, nil
+	case *gorgonia.F64:
+		return nil, unsafe.Slice((*float64)(x), 1), nil
+	case tensor.Tensor:
+		if x.RequiresIterator() {
+			return nil, nil, fmt.Errorf("value is a non-contiguous view: %w", dist.ErrInvalidArgument)
+		}
+		switch data := x.Data().(type) {
+		case []float32:
+			return data[:x.Size()], nil, nil
+		case []float64:
+			return nil, data[:x.Size()], nil
+		}
+	}
+	if v == nil {
+		return nil, nil, fmt.Errorf("no value: %w", dist.ErrInvalidArgument)
+	}
+	return nil, nil, fmt.Errorf("value of type %T (%v): %w", v, v.Dtype(), dist.ErrUnsupportedDType)
+}

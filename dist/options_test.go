@@ -1,0 +1,67 @@
+package dist
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport"
+)
+
+// TestOptionsRefused: every invalid option value makes New and InitFromEnv
+// fail with an error matching ErrInvalidArgument that names the option, and
+// the first refusal wins.
+func TestOptionsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		opt  Option
+		name string
+	}{
+		{WithTimeout(0), "WithTimeout"},
+		{WithTimeout(-time.Second), "WithTimeout"},
+		{WithSmallThreshold(-1), "WithSmallThreshold"},
+		{WithLogger(nil), "WithLogger"},
+		{withSegment(0), "withSegment"},
+		{withSegment(12), "withSegment"},
+		{nil, "option 0 is nil"},
+	} {
+		ts := transport.NewLocal(1)
+		_, err := New(ts[0], tc.opt)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		assert.Contains(t, err.Error(), tc.name)
+		require.NoError(t, ts[0].Close(), "on error the caller keeps the transport")
+
+		t.Setenv(EnvRank, "")
+		t.Setenv(EnvMasterAddr, "")
+		_, err = InitFromEnv(bg, tc.opt)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+	}
+	ts := transport.NewLocal(1)
+	defer ts[0].Close()
+	_, err := New(ts[0], WithTimeout(time.Second), WithSmallThreshold(-2), WithTimeout(0))
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "WithSmallThreshold(-2)")
+}
+
+// TestOptionsDefaults: options not given keep their documented defaults,
+// and given ones are applied.
+func TestOptionsDefaults(t *testing.T) {
+	cfg, err := newConfig(nil)
+	require.NoError(t, err)
+	assert.Equal(t, DefaultTimeout, cfg.timeout)
+	assert.Equal(t, DefaultSmallThreshold, cfg.small)
+	assert.Equal(t, 4<<20, cfg.segment)
+	assert.NotNil(t, cfg.logger)
+	assert.False(t, cfg.loggerSet)
+
+	l := slog.New(slog.DiscardHandler)
+	cfg, err = newConfig([]Option{WithTimeout(time.Second), WithSmallThreshold(0), withSegment(64), WithLogger(l)})
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, cfg.timeout)
+	assert.Equal(t, 0, cfg.small)
+	assert.Equal(t, 64, cfg.segment)
+	assert.Same(t, l, cfg.logger)
+	assert.True(t, cfg.loggerSet)
+}

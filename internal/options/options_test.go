@@ -1,0 +1,44 @@
+package options
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var errInvalid = errors.New("test: invalid argument")
+
+type config struct{ n []int }
+
+type option func(*config) error
+
+func set(n int) option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: set(%d)", errInvalid, n)
+		}
+		c.n = append(c.n, n)
+		return nil
+	}
+}
+
+func TestApply(t *testing.T) {
+	var c config
+	require.NoError(t, Apply(&c, []option{set(1), set(2)}, "test", errInvalid))
+	assert.Equal(t, []int{1, 2}, c.n, "in order")
+
+	c = config{}
+	err := Apply(&c, []option{set(1), set(-1), set(-2)}, "test", errInvalid)
+	require.ErrorIs(t, err, errInvalid)
+	assert.ErrorContains(t, err, "set(-1)", "the first refusal")
+	assert.Equal(t, []int{1}, c.n, "stops there")
+
+	err = Apply(&c, []option{set(3), nil}, "test", errInvalid)
+	require.ErrorIs(t, err, errInvalid)
+	assert.EqualError(t, err, "test: option 1 is nil: test: invalid argument")
+
+	require.NoError(t, Apply[config, option](&c, nil, "test", errInvalid))
+}
