@@ -292,6 +292,8 @@ type Work struct {
 	done chan struct{}
 	err  error
 	at   time.Time // when it finished; set before done is closed
+
+	queued time.Time // when it was issued, if observability is on
 }
 
 func doneWork(err error) *Work {

@@ -53,6 +53,10 @@ const (
 // missing or malformed variable gives an error matching ErrEnv that names
 // it. opts configure the group as in New.
 func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
+	opts, err := envOptions(opts)
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
@@ -122,4 +126,24 @@ func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config) (*tcp.Tran
 		return nil, fmt.Errorf("dist: rank %d of %d: join %s:%s: %w", rank, world, addr, port, err)
 	}
 	return t, nil
+}
+
+// envOptions puts the options the environment asks for (GDIST_TIMELINE,
+// GDIST_METRICS_ADDR, GDIST_RESTART_COUNT) before the caller's, which win.
+func envOptions(opts []Option) ([]Option, error) {
+	var env []Option
+	if v := os.Getenv(EnvTimeline); v != "" {
+		env = append(env, WithTimeline(v))
+	}
+	if v := os.Getenv(EnvMetricsAddr); v != "" {
+		env = append(env, WithMetricsAddr(v))
+	}
+	if v := os.Getenv(EnvRestartCount); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%w: %s=%q is not a count", ErrEnv, EnvRestartCount, v)
+		}
+		env = append(env, func(c *config) error { c.restarts = n; return nil })
+	}
+	return append(env, opts...), nil
 }

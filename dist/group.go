@@ -2,6 +2,7 @@ package dist
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -39,6 +40,7 @@ type ProcessGroup struct {
 	localRank int
 	cfg       config
 	log       *slog.Logger
+	obs       observability // timeline and metrics; off by default
 
 	done    chan struct{} // closed by Close
 	abortCh chan struct{} // closed when the group is aborted (cause set)
@@ -107,6 +109,9 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 		next:      1,
 		serving:   1,
 	}
+	if err := g.startObservability(&cfg); err != nil {
+		return nil, err
+	}
 	g.gctx, g.gcancel = context.WithCancel(context.Background())
 	g.octx.g = g
 	g.onCancelFn = g.onCancel
@@ -171,7 +176,7 @@ func (g *ProcessGroup) Close() error {
 	err := g.t.Close()
 	g.wg.Wait()
 	g.timer.Stop()
-	return err
+	return errors.Join(err, g.stopObservability())
 }
 
 // closeAbortWait bounds how long Close waits for abort messages in flight.

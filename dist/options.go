@@ -68,6 +68,10 @@ type config struct {
 	segment   int
 	logger    *slog.Logger
 	loggerSet bool
+
+	timeline    string // WithTimeline
+	metricsAddr string // WithMetricsAddr
+	restarts    int    // GDIST_RESTART_COUNT, from InitFromEnv
 }
 
 func defaultConfig() config {

@@ -71,13 +71,18 @@ func (g *ProcessGroup) runSync(ctx context.Context, c *call) error {
 	seq := g.next
 	g.next++
 	g.mu.Unlock()
-	return g.exec(ctx, seq, c, nil)
+	var queued time.Time
+	if g.obs.on() {
+		queued = time.Now()
+	}
+	return g.exec(ctx, seq, c, nil, queued)
 }
 
 // exec waits for turn seq, runs c and passes the turn on. An async call's
 // Work w (nil for a sync call) is finished before the turn passes, so that
 // a collective that completes after it sees it done.
-func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work) error {
+// queued (zero when observability is off) is when the caller issued c.
+func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, queued time.Time) error {
 	if err := g.waitTurn(ctx, seq, c.kind); err != nil {
 		if w != nil {
 			w.finish(err)
@@ -114,10 +119,17 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work) e
 			g.onCancel()
 		}
 	}
+	var start time.Time
+	if g.obs.on() {
+		start = time.Now()
+	}
 	err := g.dispatch(&g.octx, c)
 	g.timer.Stop()
 	if err != nil {
 		err = g.opFailed(seq, c.kind, err)
+	}
+	if g.obs.on() {
+		g.observe(c, seq, queued, start, time.Now(), err)
 	}
 
 	if w != nil {

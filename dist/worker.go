@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // worker runs async collectives in the order they were issued.
@@ -31,7 +32,7 @@ func (g *ProcessGroup) worker() {
 		// a steady stream of async calls does not grow a new one.
 		g.queue = slices.Delete(g.queue, 0, 1)
 		g.mu.Unlock()
-		g.exec(w.ctx, w.seq, &w.c, w) // finishes w
+		g.exec(w.ctx, w.seq, &w.c, w, w.queued) // finishes w
 	}
 }
 
@@ -41,6 +42,9 @@ func (g *ProcessGroup) worker() {
 // collective's context is watched by exec only for sync calls.
 func (g *ProcessGroup) enqueue(ctx context.Context, c call) *Work {
 	w := &Work{c: c, ctx: ctx, done: make(chan struct{})}
+	if g.obs.on() {
+		w.queued = time.Now()
+	}
 	if ctx == nil {
 		w.finish(fmt.Errorf("dist: %s: %w: nil context", c.kind, ErrInvalidArgument))
 		return w

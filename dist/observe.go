@@ -1,0 +1,175 @@
+package dist
+
+// Observability: the group's timeline (GDIST_TIMELINE, WithTimeline) and
+// Prometheus metrics (GDIST_METRICS_ADDR, WithMetricsAddr). Both are off by
+// default; off, a collective pays one branch and allocates nothing.
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gdist/gdist/dist/metrics"
+	"github.com/gdist/gdist/dist/timeline"
+)
+
+// Environment variables InitFromEnv reads to turn observability on.
+const (
+	EnvTimeline     = "GDIST_TIMELINE"      // path of the per-rank Chrome trace file (see WithTimeline)
+	EnvMetricsAddr  = "GDIST_METRICS_ADDR"  // host:port of the Prometheus endpoint (see WithMetricsAddr)
+	EnvRestartCount = "GDIST_RESTART_COUNT" // set by gdistrun -max-restarts; exported as gdist_restarts
+)
+
+// WithTimeline records every collective (and, through Timeline, DDP buckets
+// and pipeline micro-batches) and writes them when the group closes, as a
+// Chrome trace-event JSON file that chrome://tracing and Perfetto open. path
+// names rank 0's file and the others': "{rank}" in it is replaced by the
+// rank, else ".rankN" goes before the extension (timeline.json ->
+// timeline.rank1.json). Timestamps share the host's clock, so the ranks'
+// files can be merged into one view (timeline.Merge).
+func WithTimeline(path string) Option {
+	return func(c *config) error {
+		if path == "" {
+			return invalidOption("WithTimeline(%q): empty path", path)
+		}
+		c.timeline = path
+		return nil
+	}
+}
+
+// WithMetricsAddr serves the group's Prometheus metrics at
+// http://addr/metrics (addr is host:port; port 0 picks a free one, see
+// MetricsAddr) until the group closes: bytes per peer, collective counts,
+// bytes and latency histograms, DDP communication and exposed communication,
+// heartbeat round trips, restarts, and the Go runtime's own.
+func WithMetricsAddr(addr string) Option {
+	return func(c *config) error {
+		if addr == "" {
+			return invalidOption("WithMetricsAddr(%q): empty address", addr)
+		}
+		c.metricsAddr = addr
+		return nil
+	}
+}
+
+// observability is the group's timeline and metrics; the zero value is off.
+type observability struct {
+	tl     *timeline.Recorder
+	tlPath string
+	met    *metrics.Metrics
+	srv    *metrics.Server
+}
+
+func (o *observability) on() bool { return o.tl != nil || o.met != nil }
+
+// startObservability turns on what cfg asks for.
+func (g *ProcessGroup) startObservability(cfg *config) error {
+	if cfg.timeline != "" {
+		tl, err := timeline.New(g.rank)
+		if err != nil {
+			return err
+		}
+		g.obs.tl, g.obs.tlPath = tl, timeline.RankPath(cfg.timeline, g.rank)
+	}
+	if cfg.metricsAddr != "" {
+		names := make([]string, 0, len(opNames))
+		for _, n := range opNames {
+			if n != "" {
+				names = append(names, n)
+			}
+		}
+		m := metrics.New(g.rank, g.world, names)
+		srv, err := m.Serve(cfg.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("dist: rank %d: %w", g.rank, err)
+		}
+		m.SetRestarts(cfg.restarts)
+		g.obs.met, g.obs.srv = m, srv
+		g.log.Info("dist: serving metrics", "addr", "http://"+srv.Addr().String()+"/metrics")
+	}
+	return nil
+}
+
+// stopObservability writes the timeline and stops the metrics server.
+func (g *ProcessGroup) stopObservability() error {
+	var errs []error
+	if g.obs.tl != nil {
+		if err := g.obs.tl.WriteFile(g.obs.tlPath); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if g.obs.srv != nil {
+		if err := g.obs.srv.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Timeline returns the group's timeline recorder, or nil when the timeline
+// is off (a nil recorder records nothing). Layers above dist (ddp, pipeline)
+// and programs add their own events to it.
+func (g *ProcessGroup) Timeline() *timeline.Recorder { return g.obs.tl }
+
+// Metrics returns the group's metrics, or nil when they are off (nil records
+// nothing).
+func (g *ProcessGroup) Metrics() *metrics.Metrics { return g.obs.met }
+
+// MetricsAddr returns the address the metrics endpoint listens on, or "" if
+// it is off.
+func (g *ProcessGroup) MetricsAddr() string {
+	if g.obs.srv == nil {
+		return ""
+	}
+	return g.obs.srv.Addr().String()
+}
+
+// algorithm names the algorithm dispatch picks for c, for the timeline.
+func (g *ProcessGroup) algorithm(c *call) string {
+	if g.world == 1 {
+		return "local"
+	}
+	small := len(c.data) < g.cfg.small
+	switch c.kind {
+	case kAllReduce:
+		if small {
+			return "recursive_doubling"
+		}
+		return "ring"
+	case kAllGather, kReduceScatter:
+		return "ring"
+	case kBroadcast, kReduce:
+		if small {
+			return "tree"
+		}
+		return "chain"
+	case kBarrier:
+		return "dissemination"
+	}
+	return ""
+}
+
+// observe records collective c (sequence number seq): it was called at
+// queued, got its turn at start and finished at end with err.
+func (g *ProcessGroup) observe(c *call, seq uint64, queued, start, end time.Time, err error) {
+	name := c.kind.String()
+	g.obs.met.Collective(name, len(c.data), end.Sub(start))
+	if g.obs.tl == nil {
+		return
+	}
+	if !queued.IsZero() && start.Sub(queued) > time.Microsecond {
+		g.obs.tl.Add(timeline.Event{Lane: "collectives", Name: name + " (waiting for its turn)", Cat: "queue",
+			Start: queued, End: start, Args: [4]timeline.Arg{{Key: "seq", Int: int64(seq)}}})
+	}
+	status := "ok"
+	if err != nil {
+		status = err.Error()
+	}
+	g.obs.tl.Add(timeline.Event{Lane: "collectives", Name: name, Cat: "collective", Start: start, End: end,
+		Args: [4]timeline.Arg{
+			{Key: "seq", Int: int64(seq)},
+			{Key: "bytes", Int: int64(len(c.data))},
+			{Key: "algorithm", Str: g.algorithm(c)},
+			{Key: "status", Str: status},
+		}})
+}

@@ -1,0 +1,187 @@
+package dist
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/timeline"
+	"github.com/gdist/gdist/dist/transport"
+)
+
+type traceFile struct {
+	TraceEvents []struct {
+		Name string         `json:"name"`
+		Ph   string         `json:"ph"`
+		Ts   float64        `json:"ts"`
+		Dur  float64        `json:"dur"`
+		Pid  int            `json:"pid"`
+		Tid  int            `json:"tid"`
+		Args map[string]any `json:"args"`
+	} `json:"traceEvents"`
+}
+
+func readTrace(t *testing.T, path string) traceFile {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var tf traceFile
+	require.NoError(t, json.Unmarshal(b, &tf), "valid trace-event JSON")
+	return tf
+}
+
+// TestTimeline: every collective of every rank is on the rank's timeline,
+// with its sequence number, bytes, algorithm and status.
+func TestTimeline(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "timeline.json")
+	ts := transport.NewLocal(3)
+	gs := make([]*ProcessGroup, 3)
+	for r := range gs {
+		g, err := New(ts[r], WithTimeline(path), WithSmallThreshold(1024))
+		require.NoError(t, err)
+		gs[r] = g
+	}
+	c := &cluster{gs: gs, ts: ts}
+	errs := c.run(func(r int, g *ProcessGroup) error {
+		small := []float32{1, 2, 3}
+		big := make([]float32, 1000)
+		return errors.Join(g.AllReduce(bg, small, Sum), g.AllReduce(bg, big, Sum),
+			g.Broadcast(bg, small, 0), g.Barrier(bg), g.AllReduceAsync(bg, small, Max).Wait(bg))
+	})
+	require.NoError(t, errors.Join(errs...))
+	g0 := gs[0]
+	g0.Timeline().Add(timeline.Event{Lane: "user", Name: "my step", Start: time.Now(), End: time.Now()})
+	for _, g := range gs {
+		require.NoError(t, g.Close())
+	}
+	var paths []string
+	for r := range gs {
+		p := timeline.RankPath(path, r)
+		paths = append(paths, p)
+		tf := readTrace(t, p)
+		var names []string
+		for _, e := range tf.TraceEvents {
+			assert.Equal(t, r, e.Pid)
+			if e.Ph == "X" && e.Args["status"] != nil {
+				names = append(names, e.Name)
+				assert.Equal(t, "ok", e.Args["status"])
+				assert.GreaterOrEqual(t, e.Dur, 0.0)
+			}
+		}
+		assert.Equal(t, []string{"all_reduce", "all_reduce", "broadcast", "barrier", "all_reduce"}, names, "rank %d", r)
+		var algos []string
+		for _, e := range tf.TraceEvents {
+			if e.Name == "all_reduce" {
+				algos = append(algos, e.Args["algorithm"].(string))
+				if e.Args["bytes"] == 4000.0 {
+					assert.Equal(t, 2.0, e.Args["seq"])
+				}
+			}
+		}
+		assert.Equal(t, []string{"recursive_doubling", "ring", "recursive_doubling"}, algos)
+	}
+	tf := readTrace(t, paths[0])
+	found := false
+	for _, e := range tf.TraceEvents {
+		found = found || e.Name == "my step"
+	}
+	assert.True(t, found, "a program's own events land on the same timeline")
+}
+
+func scrape(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for name, f := range fams {
+		for _, m := range f.Metric {
+			key := name
+			for _, l := range m.Label {
+				if l.GetName() != "rank" {
+					key += "," + l.GetName() + "=" + l.GetValue()
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				out[key] = m.Counter.GetValue()
+			case m.Gauge != nil:
+				out[key] = m.Gauge.GetValue()
+			case m.Histogram != nil:
+				out[key] = float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	c := newCluster(t, 2, WithMetricsAddr("127.0.0.1:0"))
+	errs := c.run(func(r int, g *ProcessGroup) error {
+		d := make([]float32, 100)
+		for range 5 {
+			if err := g.AllReduce(bg, d, Sum); err != nil {
+				return err
+			}
+		}
+		return g.Barrier(bg)
+	})
+	require.NoError(t, errors.Join(errs...))
+	for _, g := range c.gs {
+		require.NotEmpty(t, g.MetricsAddr())
+		m := scrape(t, g.MetricsAddr())
+		assert.Equal(t, 5.0, m["gdist_collectives_total,op=all_reduce"])
+		assert.Equal(t, 2000.0, m["gdist_collective_bytes_total,op=all_reduce"])
+		assert.Equal(t, 5.0, m["gdist_collective_seconds,op=all_reduce"])
+		assert.Equal(t, 1.0, m["gdist_collectives_total,op=barrier"])
+		assert.Equal(t, 2.0, m["gdist_world_size"])
+	}
+	addr := c.gs[0].MetricsAddr()
+	require.NoError(t, c.gs[0].Close())
+	_, err := http.Get("http://" + addr + "/metrics")
+	assert.Error(t, err, "Close stops the endpoint")
+}
+
+func TestObservabilityOptions(t *testing.T) {
+	ts := transport.NewLocal(1)
+	_, err := New(ts[0], WithTimeline(""))
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = New(ts[0], WithMetricsAddr(""))
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = New(ts[0], WithMetricsAddr("256.0.0.1:99999"))
+	assert.Error(t, err)
+	require.NoError(t, ts[0].Close())
+}
+
+// BenchmarkObservability is the cost of the timeline and the metrics per
+// all-reduce of 4096 float32 between 2 in-process ranks, each setting
+// measured in the same run.
+func BenchmarkObservability(b *testing.B) {
+	for _, s := range []struct {
+		name string
+		opts []Option
+	}{
+		{"off", nil},
+		{"metrics", []Option{WithMetricsAddr("127.0.0.1:0")}},
+		{"timeline", []Option{WithTimeline(filepath.Join(b.TempDir(), "tl.json"))}},
+	} {
+		b.Run(s.name, func(b *testing.B) { benchAllReduce(b, "local", 2, 4096, s.opts...) })
+	}
+}
