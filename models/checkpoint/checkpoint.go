@@ -616,11 +616,15 @@ func readHeader(r io.Reader) (*header, error) {
 	if hlen > MaxHeaderBytes {
 		return nil, corrupt("header length %d exceeds %d", hlen, MaxHeaderBytes)
 	}
-	buf := make([]byte, preamble+int(hlen)+4)
-	copy(buf, pre[:])
-	if err := readFull(r, buf[preamble:], "header"); err != nil {
-		return nil, err
+	// Read the header through a buffer that grows as data arrives, so a
+	// damaged length field costs no more memory than the input holds.
+	var hb bytes.Buffer
+	hb.Grow(preamble + int(min(hlen, 1<<16)) + 4)
+	hb.Write(pre[:])
+	if _, err := io.CopyN(&hb, r, int64(hlen)+4); err != nil {
+		return nil, readErr(err, "header")
 	}
+	buf := hb.Bytes()
 	body := buf[preamble : preamble+int(hlen)]
 	h.crc = le.Uint32(buf[preamble+int(hlen):])
 	if got := crc32.Checksum(buf[:preamble+int(hlen)], castagnoli); got != h.crc {
