@@ -223,30 +223,43 @@ type Found struct {
 // ErrNoCheckpoint, and also wraps the reasons of those that failed (so with
 // corrupt files it matches ErrCorrupt too). LoadLatest never removes a file.
 func (d *Dir) LoadLatest() (*File, Found, error) {
+	for {
+		f, found, vanished, err := d.loadLatest()
+		if vanished && err != nil && len(found.Skipped) == 0 {
+			continue // a concurrent SaveStep pruned what was listed: list again
+		}
+		return f, found, err
+	}
+}
+
+func (d *Dir) loadLatest() (f *File, found Found, vanished bool, err error) {
 	steps, err := d.Steps()
 	if err != nil {
-		return nil, Found{}, err
+		return nil, Found{}, false, err
 	}
-	var found Found
 	for _, step := range steps {
 		path := d.StepPath(step)
 		f, err := d.verify(path, step)
 		if err == nil {
 			found.Path, found.Step = path, step
-			return f, found, nil
+			return f, found, vanished, nil
+		}
+		if errors.Is(err, os.ErrNotExist) {
+			vanished = true // removed since it was listed
+			continue
 		}
 		skip := &SkipError{Path: path, Step: step, Err: err}
 		d.log("passing over a checkpoint that does not verify", "step", step, "err", err)
 		found.Skipped = append(found.Skipped, skip)
 	}
 	if len(found.Skipped) == 0 {
-		return nil, found, fmt.Errorf("%w in %s", ErrNoCheckpoint, d.path)
+		return nil, found, vanished, fmt.Errorf("%w in %s", ErrNoCheckpoint, d.path)
 	}
 	errs := make([]error, len(found.Skipped))
 	for i, s := range found.Skipped {
 		errs[i] = s
 	}
-	return nil, found, fmt.Errorf("%w in %s: %d checkpoints failed verification: %w",
+	return nil, found, vanished, fmt.Errorf("%w in %s: %d checkpoints failed verification: %w",
 		ErrNoCheckpoint, d.path, len(errs), errors.Join(errs...))
 }
 

@@ -233,3 +233,47 @@ func TestDirFailedSaveKeepsPrevious(t *testing.T) {
 	_, err = os.Stat(d.StepPath(10))
 	assert.NoError(t, err)
 }
+
+// TestDirReadersDuringSaves: readers polling LoadLatest while a writer
+// saves and prunes always get a complete checkpoint, never an error, and
+// never a step older than one they already saw.
+func TestDirReadersDuringSaves(t *testing.T) {
+	d, err := checkpoint.OpenDir(t.TempDir(), checkpoint.WithKeep(2))
+	require.NoError(t, err)
+	saveSteps(t, d, 0)
+	stop := make(chan struct{})
+	errc := make(chan error, 2)
+	for range 2 {
+		go func() {
+			last := int64(-1)
+			for {
+				select {
+				case <-stop:
+					errc <- nil
+					return
+				default:
+				}
+				f, found, err := d.LoadLatest()
+				switch {
+				case err != nil:
+					errc <- err
+					return
+				case len(found.Skipped) > 0:
+					errc <- found.Skipped[0]
+					return
+				case f.Step < last:
+					errc <- errors.New("went back in time")
+					return
+				}
+				last = f.Step
+			}
+		}()
+	}
+	for step := int64(1); step <= 40; step++ {
+		_, err := d.SaveStep(step, newStateAt(step))
+		require.NoError(t, err)
+	}
+	close(stop)
+	require.NoError(t, <-errc)
+	require.NoError(t, <-errc)
+}
