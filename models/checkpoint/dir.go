@@ -28,19 +28,24 @@ type Dir struct {
 	logger *slog.Logger
 }
 
-// DirOption configures OpenDir.
-type DirOption func(*Dir) error
+// DirOption configures OpenDir. Options are validated by OpenDir.
+type DirOption func(*dirOptions) error
+
+type dirOptions struct {
+	keep   int
+	logger *slog.Logger
+}
 
 // WithKeep makes SaveStep keep the k newest checkpoints (k >= 1; default
 // DefaultKeep). Files that fail verification count towards k like the
 // others, but a new checkpoint is only ever saved after it verified, so at
 // least one good checkpoint remains.
 func WithKeep(k int) DirOption {
-	return func(d *Dir) error {
+	return func(o *dirOptions) error {
 		if k < 1 {
 			return fmt.Errorf("%w: keep %d checkpoints (want >= 1)", ErrInvalid, k)
 		}
-		d.keep = k
+		o.keep = k
 		return nil
 	}
 }
@@ -48,11 +53,11 @@ func WithKeep(k int) DirOption {
 // WithLogger makes the Dir log the checkpoints it passes over and the ones
 // it removes (default: no logging; the reasons are returned either way).
 func WithLogger(l *slog.Logger) DirOption {
-	return func(d *Dir) error {
+	return func(o *dirOptions) error {
 		if l == nil {
 			return fmt.Errorf("%w: nil logger", ErrInvalid)
 		}
-		d.logger = l
+		o.logger = l
 		return nil
 	}
 }
@@ -60,12 +65,16 @@ func WithLogger(l *slog.Logger) DirOption {
 // OpenDir returns the checkpoint directory at path, creating it if needed,
 // and removes the temporary files an interrupted save left in it.
 func OpenDir(path string, opts ...DirOption) (*Dir, error) {
-	d := &Dir{path: path, keep: DefaultKeep}
-	for _, o := range opts {
-		if err := o(d); err != nil {
+	o := dirOptions{keep: DefaultKeep}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
+		}
+		if err := opt(&o); err != nil {
 			return nil, err
 		}
 	}
+	d := &Dir{path: path, keep: o.keep, logger: o.logger}
 	if err := os.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: open dir: %w", err)
 	}

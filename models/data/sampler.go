@@ -59,24 +59,29 @@ type DistributedSampler struct {
 	cached      bool
 }
 
-// Option configures New.
-type Option func(*DistributedSampler) error
+// Option configures New. Options are validated by New.
+type Option func(*options) error
+
+type options struct {
+	seed              int64
+	shuffle, dropLast bool
+}
 
 // WithShuffle sets whether each epoch is a fresh permutation (default true).
 func WithShuffle(shuffle bool) Option {
-	return func(s *DistributedSampler) error { s.shuffle = shuffle; return nil }
+	return func(o *options) error { o.shuffle = shuffle; return nil }
 }
 
 // WithSeed sets the shuffle's seed (default 0). Every rank must use the same.
 func WithSeed(seed int64) Option {
-	return func(s *DistributedSampler) error { s.seed = seed; return nil }
+	return func(o *options) error { o.seed = seed; return nil }
 }
 
 // WithDropLast makes every rank get floor(n/world) indices, dropping the
 // n mod world left over (default false: every rank gets ceil(n/world),
 // padding by repetition).
 func WithDropLast(dropLast bool) Option {
-	return func(s *DistributedSampler) error { s.dropLast = dropLast; return nil }
+	return func(o *options) error { o.dropLast = dropLast; return nil }
 }
 
 // New returns the sampler of rank (0 <= rank < world) for a data set of n
@@ -86,16 +91,16 @@ func New(n, rank, world int, opts ...Option) (*DistributedSampler, error) {
 	if n < 0 || world < 1 || rank < 0 || rank >= world {
 		return nil, fmt.Errorf("%w: sampler with n=%d, rank=%d, world=%d", ErrInvalid, n, rank, world)
 	}
-	s := &DistributedSampler{n: n, rank: rank, world: world, shuffle: true}
-	for _, o := range opts {
-		if o == nil {
+	o := options{shuffle: true}
+	for _, opt := range opts {
+		if opt == nil {
 			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
 		}
-		if err := o(s); err != nil {
+		if err := opt(&o); err != nil {
 			return nil, err
 		}
 	}
-	return s, nil
+	return &DistributedSampler{n: n, rank: rank, world: world, seed: o.seed, shuffle: o.shuffle, dropLast: o.dropLast}, nil
 }
 
 // N returns the size of the data set.
