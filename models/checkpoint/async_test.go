@@ -3,6 +3,7 @@ package checkpoint_test
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -217,6 +218,28 @@ func BenchmarkLoadLatestMLP(b *testing.B) {
 	require.NoError(b, err)
 	for b.Loop() {
 		if _, _, err := d.LoadLatest(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkWriteStateMLP is the encoding alone (to io.Discard), and
+// BenchmarkSaveStateMLP an atomic save without the read-back verification,
+// to split BenchmarkAsyncSaveMLP's write time.
+func BenchmarkWriteStateMLP(b *testing.B) {
+	s := mlpState()
+	for b.Loop() {
+		if err := checkpoint.WriteState(io.Discard, s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSaveStateMLP(b *testing.B) {
+	s := mlpState()
+	path := filepath.Join(b.TempDir(), "mlp.gdc")
+	for b.Loop() {
+		if err := checkpoint.SaveState(path, s); err != nil {
 			b.Fatal(err)
 		}
 	}
