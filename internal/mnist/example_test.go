@@ -7,20 +7,6 @@ import (
 	"github.com/gdist/gdist/internal/mnist"
 )
 
-func ExampleSampler() {
-	// Two ranks split 10 items; each builds its own sampler with the same seed.
-	for rank := range 2 {
-		s, err := mnist.NewSampler(10, rank, 2, 42, true)
-		if err != nil {
-			log.Fatal(err)
-		}
-		fmt.Println("rank", rank, "epoch 0:", s.Indices(0), "epoch 1:", s.Indices(1))
-	}
-	// Output:
-	// rank 0 epoch 0: [3 5 4 0 9] epoch 1: [3 9 7 4 5]
-	// rank 1 epoch 0: [2 6 1 7 8] epoch 1: [6 2 8 0 1]
-}
-
 func ExampleBatch() {
 	set := &mnist.Set{
 		Images: []float32{0, 0.5, 1, 0.25}, // two 1x2 images

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -300,62 +299,6 @@ func TestLoadReal(t *testing.T) {
 	// The well-known first labels of each file.
 	assert.Equal(t, uint8(5), train.Labels[0])
 	assert.Equal(t, uint8(7), test.Labels[0])
-}
-
-func TestSamplerShards(t *testing.T) {
-	for _, tc := range []struct{ n, world int }{{10, 1}, {10, 2}, {10, 3}, {7, 4}, {3, 4}, {0, 2}, {1000, 5}} {
-		for _, shuffle := range []bool{false, true} {
-			per := tc.n / tc.world
-			seen := map[int]int{}
-			for rank := range tc.world {
-				s, err := NewSampler(tc.n, rank, tc.world, 42, shuffle)
-				require.NoError(t, err)
-				require.Equal(t, per, s.Len())
-				idx := s.Indices(3)
-				require.Len(t, idx, per)
-				for _, i := range idx {
-					require.True(t, i >= 0 && i < tc.n)
-					seen[i]++
-				}
-				// The same rank built again (another process) agrees.
-				again, _ := NewSampler(tc.n, rank, tc.world, 42, shuffle)
-				require.Equal(t, idx, again.Indices(3))
-			}
-			// Disjoint, and together they cover world*floor(n/world) indices.
-			require.Len(t, seen, per*tc.world, "n=%d world=%d", tc.n, tc.world)
-			for i, k := range seen {
-				require.Equal(t, 1, k, "index %d", i)
-			}
-		}
-	}
-}
-
-func TestSamplerEpochs(t *testing.T) {
-	const n, world = 100, 2
-	s, err := NewSampler(n, 1, world, 7, true)
-	require.NoError(t, err)
-	e0, e1 := s.Indices(0), s.Indices(1)
-	assert.NotEqual(t, e0, e1, "reshuffled per epoch")
-	assert.Equal(t, e0, s.Indices(0), "deterministic")
-
-	// Matches torch: rank r takes perm[r::world] of the epoch's permutation.
-	perm := rand.New(rand.NewPCG(7, 1)).Perm(n)
-	for i, v := range e1 {
-		require.Equal(t, perm[1+i*world], v)
-	}
-	other, _ := NewSampler(n, 1, world, 8, true)
-	assert.NotEqual(t, e0, other.Indices(0), "seed matters")
-
-	plain, _ := NewSampler(n, 1, world, 7, false)
-	assert.Equal(t, plain.Indices(0), plain.Indices(5))
-	assert.Equal(t, []int{1, 3, 5}, plain.Indices(0)[:3])
-}
-
-func TestSamplerInvalid(t *testing.T) {
-	for _, a := range [][3]int{{-1, 0, 1}, {10, 0, 0}, {10, 2, 2}, {10, -1, 2}} {
-		_, err := NewSampler(a[0], a[1], a[2], 0, true)
-		assert.ErrorIs(t, err, ErrInvalidArgument, "%v", a)
-	}
 }
 
 func TestBatch(t *testing.T) {

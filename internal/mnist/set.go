@@ -11,7 +11,7 @@ import (
 // Classes is the number of MNIST classes (the digits 0 to 9).
 const Classes = 10
 
-// ErrInvalidArgument reports a bad argument to NewSampler or Batch.
+// ErrInvalidArgument reports a bad argument to Batch.
 var ErrInvalidArgument = errors.New("mnist: invalid argument")
 
 // Set is a labelled image set held in memory.

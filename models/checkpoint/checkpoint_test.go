@@ -95,7 +95,9 @@ func TestAlignment(t *testing.T) {
 	data := encode(t, nil, sampleTensors())
 	assert.Zero(t, len(data)%8, "file length is a multiple of 8")
 	assert.Equal(t, []byte{0x89, 'G', 'D', 'C', '\r', '\n', 0x1A, '\n'}, data[:8])
-	assert.Equal(t, uint32(1), binary.LittleEndian.Uint32(data[8:]))
+	assert.Equal(t, uint32(checkpoint.Version), binary.LittleEndian.Uint32(data[8:]))
+	assert.Equal(t, []byte("GDCEND\r\n"), data[len(data)-24:len(data)-16], "trailer")
+	assert.Equal(t, uint64(len(data)), binary.LittleEndian.Uint64(data[len(data)-16:]), "trailer records the file length")
 }
 
 func TestViewIsMaterialized(t *testing.T) {
@@ -135,30 +137,28 @@ func TestCorruptionDetected(t *testing.T) {
 	data := encode(t, testConfig{Name: "x"}, sampleTensors())
 
 	t.Run("every byte flip", func(t *testing.T) {
-		// Flipping any byte that is not padding must be detected, by the
-		// full reader; the index reader with keep-all detects the same.
-		f, err := checkpoint.Read(bytes.NewReader(data))
-		require.NoError(t, err)
-		_ = f
-		pad := paddingBytes(t, data)
+		// Flipping any byte must be detected by the full reader, which
+		// also checks the padding; the index reader, which does not read
+		// padding, must detect every flip outside it.
+		regions := layout(t, data)
 		for i := range data {
-			if pad[i] {
-				continue
-			}
 			bad := bytes.Clone(data)
 			bad[i] ^= 0x40
 			_, err := checkpoint.Read(bytes.NewReader(bad))
-			require.Error(t, err, "flip at byte %d not detected", i)
+			require.Error(t, err, "flip at byte %d (%s) not detected", i, regions[i])
 			switch {
 			case i < 8:
 				require.ErrorIs(t, err, checkpoint.ErrBadMagic, "byte %d", i)
 			case i < 12:
 				require.ErrorIs(t, err, checkpoint.ErrUnsupportedVersion, "byte %d", i)
 			default:
-				require.ErrorIs(t, err, checkpoint.ErrCorrupt, "byte %d", i)
+				require.ErrorIs(t, err, checkpoint.ErrCorrupt, "byte %d (%s)", i, regions[i])
+			}
+			if regions[i] == "padding" {
+				continue
 			}
 			_, err = checkpoint.ReadSubset(bytes.NewReader(bad), int64(len(bad)), nil)
-			require.Error(t, err, "subset: flip at byte %d not detected", i)
+			require.Error(t, err, "subset: flip at byte %d (%s) not detected", i, regions[i])
 		}
 	})
 
@@ -189,7 +189,7 @@ func TestCorruptionDetected(t *testing.T) {
 
 	t.Run("future version", func(t *testing.T) {
 		bad := bytes.Clone(data)
-		binary.LittleEndian.PutUint32(bad[8:], 2)
+		binary.LittleEndian.PutUint32(bad[8:], checkpoint.Version+1)
 		_, err := checkpoint.Read(bytes.NewReader(bad))
 		require.ErrorIs(t, err, checkpoint.ErrUnsupportedVersion)
 		require.NotErrorIs(t, err, checkpoint.ErrCorrupt)
@@ -201,42 +201,6 @@ func TestCorruptionDetected(t *testing.T) {
 		_, err := checkpoint.Read(bytes.NewReader(bad))
 		require.ErrorIs(t, err, checkpoint.ErrCorrupt)
 	})
-}
-
-// paddingBytes marks the zero padding between tensors, which no checksum
-// covers, by re-deriving the layout from the header.
-func paddingBytes(t *testing.T, data []byte) []bool {
-	t.Helper()
-	le := binary.LittleEndian
-	pad := make([]bool, len(data))
-	hlen := int(le.Uint32(data[12:]))
-	used := make([]bool, len(data))
-	for i := 0; i < 16+hlen+4; i++ {
-		used[i] = true
-	}
-	b := data[16 : 16+hlen]
-	clen := int(le.Uint32(b))
-	b = b[4+clen:]
-	n := int(le.Uint32(b))
-	b = b[4:]
-	for range n {
-		nl := int(le.Uint16(b))
-		b = b[2+nl:]
-		rank := int(b[1])
-		b = b[2+8*rank:]
-		off, length := le.Uint64(b), le.Uint64(b[8:])
-		b = b[20:]
-		for i := off; i < off+length; i++ {
-			used[i] = true
-		}
-	}
-	for i := range data {
-		pad[i] = !used[i]
-		if pad[i] {
-			require.Zero(t, data[i], "padding byte %d", i)
-		}
-	}
-	return pad
 }
 
 func TestSaveLoadAtomic(t *testing.T) {

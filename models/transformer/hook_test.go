@@ -332,7 +332,7 @@ func TestLoadConfig(t *testing.T) {
 	// yields its config (Load fails on it).
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
-	raw[len(raw)-16] ^= 0xff // inside the last tensor's data
+	raw[len(raw)-24-16] ^= 0xff // inside the last tensor's data, before the 24-byte trailer
 	bad := filepath.Join(dir, "bad.ckpt")
 	require.NoError(t, os.WriteFile(bad, raw, 0o644))
 	_, _, _, err = transformer.LoadConfig(bad)
