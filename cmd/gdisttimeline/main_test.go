@@ -43,7 +43,7 @@ func TestPlot(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(append([]string{"plot", "-o", out, "-step", "1"}, paths...), &stdout, &stderr)
 	require.Equal(t, 0, code, stderr.String())
-	assert.Contains(t, stdout.String(), "6 rows, 6 events, step 2")
+	assert.Contains(t, stdout.String(), "6 rows, 10 events, step 2")
 	f, err := os.Open(out)
 	require.NoError(t, err)
 	defer f.Close()
