@@ -56,8 +56,47 @@ func TestMain(m *testing.M) {
 //	stubborn  wait, ignoring SIGTERM
 //	term      wait, but on SIGTERM print "got terminated" and exit 0
 //	orphan    wait, but exit 0 at once, leaving the child running
+//	failfirst print the attempt's rendezvous; on the first attempt
+//	          (GDIST_RESTART_COUNT=0) rank 1 exits 3 and the others sleep
+//	alwaysfail append a line to $GDISTRUN_TEST_DIR/attempts.RANK; rank 1
+//	          exits 3, the others sleep
+//	ctl       record the pid in $GDISTRUN_TEST_DIR/RANK.COUNT (COUNT is
+//	          GDIST_RESTART_COUNT); rank 1 exits 3 once the file fail.COUNT
+//	          appears there, the others sleep
+//	ctl-stubborn ctl, but the other ranks ignore SIGTERM, recording it in
+//	          term.COUNT
 func childMain(mode string) int {
 	rank := os.Getenv("RANK")
+	count := os.Getenv("GDIST_RESTART_COUNT")
+	dir := os.Getenv(dirEnv)
+	switch mode {
+	case "failfirst":
+		fmt.Printf("attempt %s port %s token %s\n", count, os.Getenv("MASTER_PORT"), os.Getenv("GDIST_TOKEN"))
+		fmt.Fprintf(os.Stderr, "stderr of attempt %s\n", count)
+		if count != "0" {
+			return 0
+		}
+		if rank == "1" {
+			return 3
+		}
+		time.Sleep(childSleep)
+		return 0
+	case "alwaysfail":
+		f, err := os.OpenFile(filepath.Join(dir, "attempts."+rank), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Fprintf(f, "attempt %s\n", count)
+		f.Close()
+		if rank == "1" {
+			return 3
+		}
+		time.Sleep(childSleep)
+		return 0
+	case "ctl", "ctl-stubborn":
+		return ctlChild(mode == "ctl-stubborn", dir, rank, count)
+	}
 	switch mode {
 	case "sleep":
 		time.Sleep(childSleep)
@@ -70,6 +109,8 @@ func childMain(mode string) int {
 		fmt.Printf("long %s end\n", strings.Repeat("z", 200<<10))
 		fmt.Printf("progress 1\rprogress 2\rdone\n")
 		fmt.Printf("no newline")
+		fmt.Fprintf(os.Stderr, "EXTRA GOMAXPROCS=%s GDIST_LISTEN_ADDR=%s GDIST_RESTART_COUNT=%s\n",
+			os.Getenv("GOMAXPROCS"), os.Getenv("GDIST_LISTEN_ADDR"), count)
 		return 0
 	case "exit3":
 		if rank == "1" {
@@ -89,7 +130,6 @@ func childMain(mode string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir := os.Getenv(dirEnv)
 	tmp := filepath.Join(dir, rank+".tmp")
 	pids := fmt.Sprintf("%d %d", os.Getpid(), gc.Process.Pid)
 	if err := os.WriteFile(tmp, []byte(pids), 0o644); err != nil {
@@ -110,6 +150,45 @@ func childMain(mode string) int {
 	case <-time.After(childSleep):
 	}
 	return 0
+}
+
+// ctlChild is childMain's ctl and ctl-stubborn modes.
+func ctlChild(stubborn bool, dir, rank, count string) int {
+	term := make(chan os.Signal, 1)
+	if stubborn && rank != "1" {
+		signal.Notify(term, syscall.SIGTERM)
+	}
+	if err := writeAtomic(filepath.Join(dir, rank+"."+count), strconv.Itoa(os.Getpid())); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("attempt %s\n", count)
+	deadline := time.After(childSleep)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-term:
+			if err := writeAtomic(filepath.Join(dir, "term."+count), ""); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		case <-tick.C:
+			if _, err := os.Stat(filepath.Join(dir, "fail."+count)); err == nil && rank == "1" {
+				return 3
+			}
+		case <-deadline:
+			return 0
+		}
+	}
+}
+
+// writeAtomic writes a file that appears whole or not at all.
+func writeAtomic(path, content string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // childEnv returns the environment for a re-executed test binary. Under
