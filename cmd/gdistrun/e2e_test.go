@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -57,7 +58,8 @@ func TestMain(m *testing.M) {
 //	term      wait, but on SIGTERM print "got terminated" and exit 0
 //	orphan    wait, but exit 0 at once, leaving the child running
 //	failfirst print the attempt's rendezvous; on the first attempt
-//	          (GDIST_RESTART_COUNT=0) rank 1 exits 3 and the others sleep
+//	          (GDIST_RESTART_COUNT=0) local rank 1 exits 3 once the others
+//	          have printed (and sleep)
 //	alwaysfail append a line to $GDISTRUN_TEST_DIR/attempts.RANK; rank 1
 //	          exits 3, the others sleep
 //	ctl       record the pid in $GDISTRUN_TEST_DIR/RANK.COUNT (COUNT is
@@ -76,11 +78,26 @@ func childMain(mode string) int {
 		if count != "0" {
 			return 0
 		}
-		if rank == "1" {
-			return 3
+		local := os.Getenv("LOCAL_RANK")
+		if local != "1" {
+			if err := writeAtomic(filepath.Join(dir, "printed."+local), ""); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			time.Sleep(childSleep)
+			return 0
 		}
-		time.Sleep(childSleep)
-		return 0
+		// Fail once every other rank has printed.
+		n, _ := strconv.Atoi(os.Getenv("LOCAL_WORLD_SIZE"))
+		for l := 0; l < n; l++ {
+			for l != 1 {
+				if _, err := os.Stat(filepath.Join(dir, "printed."+strconv.Itoa(l))); err == nil {
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+		return 3
 	case "alwaysfail":
 		f, err := os.OpenFile(filepath.Join(dir, "attempts."+rank), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
@@ -193,16 +210,32 @@ func writeAtomic(path, content string) error {
 
 // childEnv returns the environment for a re-executed test binary. Under
 // -race, a process sleeps a second at exit unless told not to.
+// GOMAXPROCS is left out, so that gdistrun picks it as it does by default.
 func childEnv(extra ...string) []string {
-	env := append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
+	env = append(env, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	return append(env, extra...)
 }
+
+// testCPUs is the CPU count the in-process tests tell run to share.
+const testCPUs = 4
+
+// procsNote is what gdistrun prints on stderr about GOMAXPROCS for n ranks
+// on testCPUs CPUs.
+func procsNote(n int) string {
+	return fmt.Sprintf("gdistrun: GOMAXPROCS=%d for each of %d ranks (%d CPUs; set GOMAXPROCS to override)\n",
+		max(1, testCPUs/n), n, testCPUs)
+}
+
+// launcherProcsNote matches procsNote's line as the real command prints it
+// for 2 ranks, on whatever CPUs this machine has.
+const launcherProcsNote = `^gdistrun: GOMAXPROCS=[0-9]+ for each of 2 ranks \([0-9]+ CPUs; set GOMAXPROCS to override\)\n`
 
 // testJob returns a config that runs the test binary as every rank.
 func testJob(t *testing.T, nproc int, mode string) (config, string) {
 	dir := t.TempDir()
 	return config{
-		nproc: nproc, nnodes: 1, masterAddr: "127.0.0.1", killGrace: 3 * time.Second,
+		nproc: nproc, nnodes: 1, masterAddr: "127.0.0.1", killGrace: 3 * time.Second, cpus: testCPUs,
 		argv:    []string{os.Args[0], childArg, mode},
 		environ: childEnv(dirEnv + "=" + dir),
 	}, dir
@@ -357,7 +390,7 @@ func TestRunNoPrefix(t *testing.T) {
 	require.Equal(t, 0, code)
 	assert.True(t, strings.HasPrefix(stdout.String(), "RANK=0 "))
 	assert.True(t, strings.HasSuffix(stdout.String(), "progress 1\rprogress 2\rdone\nno newline"), "output passed through unchanged")
-	assert.Equal(t, "to stderr\n", stderr.String())
+	assert.Equal(t, procsNote(1)+"to stderr\nEXTRA GOMAXPROCS=4 GDIST_LISTEN_ADDR= GDIST_RESTART_COUNT=0\n", stderr.String())
 }
 
 func TestRunRankExits3(t *testing.T) {
@@ -482,7 +515,7 @@ func TestLauncherForwardsSIGTERM(t *testing.T) {
 	assert.Equal(t, 128+15, ee.ExitCode())
 	assert.Contains(t, stdout.String(), "[0] got terminated\n")
 	assert.Contains(t, stdout.String(), "[1] got terminated\n")
-	assert.Equal(t, "gdistrun: received terminated; stopped all ranks\n", stderr.String())
+	assert.Regexp(t, launcherProcsNote+"gdistrun: received terminated; stopped all ranks\n$", stderr.String())
 	requireGone(t, append(ranks, children...)...)
 }
 
@@ -498,7 +531,7 @@ func TestLauncherRankFailure(t *testing.T) {
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee)
 	assert.Equal(t, 137, ee.ExitCode())
-	assert.Equal(t, "gdistrun: rank 1 failed first: signal: killed\n", stderr.String())
+	assert.Regexp(t, launcherProcsNote+`gdistrun: rank 1 failed first: signal: killed\n$`, stderr.String())
 	requireGone(t, append(ranks, children...)...)
 }
 
