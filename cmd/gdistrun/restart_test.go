@@ -315,3 +315,18 @@ func TestRunListenAddr(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, stderr.String(), "[1] EXTRA GOMAXPROCS=4 GDIST_LISTEN_ADDR=10.0.0.5:0 GDIST_RESTART_COUNT=0\n", "the user's address wins")
 }
+
+func TestRunTimeoutEndsRestarts(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	cfg, dir := testJob(t, 2, "ctl")
+	cfg.maxRestarts, cfg.timeout = 5, 3*time.Second
+	res, _, stderr := runAsync(cfg)
+	waitFile(t, dir, "1.0")
+	require.NoError(t, writeAtomic(filepath.Join(dir, "fail.0"), ""))
+	waitFile(t, dir, "1.1") // the restart; attempt 1 runs until -timeout
+	r := awaitRun(t, res)
+	assert.Equal(t, exitTimeout, r.code)
+	require.ErrorIs(t, r.err, errTimedOut)
+	assert.Equal(t, 1, strings.Count(stderr.String(), "restart"), stderr.String())
+	assert.False(t, exists(dir, "0.2") || exists(dir, "1.2"), "no restart after -timeout")
+}
