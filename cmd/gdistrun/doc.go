@@ -105,10 +105,11 @@
 // A signal to gdistrun, even while a failed attempt is being stopped, and
 // -timeout end the job without a restart. A program that cannot be started
 // is not retried. In a multi-node job each node's gdistrun restarts its own
-// ranks: when a rank dies its peers on the other nodes fail too (gdist's
-// heartbeat names the lost rank), so their gdistrun restarts as well, and
-// every node rendezvouses again on -master-port. Give every node the same
-// -max-restarts.
+// ranks only: when a rank dies, its peers on the other nodes lose their
+// link to it (a closed connection, or gdist's heartbeat timeout for a host
+// that went silent), and when the program exits on that error their
+// gdistrun restarts them as well; every node then rendezvouses again on
+// -master-port. Give every node the same -max-restarts.
 //
 // # Multi-host jobs
 //
