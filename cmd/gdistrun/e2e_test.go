@@ -223,8 +223,12 @@ const testCPUs = 4
 // procsNote is what gdistrun prints on stderr about GOMAXPROCS for n ranks
 // on testCPUs CPUs.
 func procsNote(n int) string {
-	return fmt.Sprintf("gdistrun: GOMAXPROCS=%d for each of %d ranks (%d CPUs; set GOMAXPROCS to override)\n",
-		max(1, testCPUs/n), n, testCPUs)
+	ranks := fmt.Sprintf("each of %d ranks", n)
+	if n == 1 {
+		ranks = "1 rank"
+	}
+	return fmt.Sprintf("gdistrun: GOMAXPROCS=%d for %s (%d CPUs; set GOMAXPROCS to override)\n",
+		max(1, testCPUs/n), ranks, testCPUs)
 }
 
 // launcherProcsNote matches procsNote's line as the real command prints it

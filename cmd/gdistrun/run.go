@@ -109,8 +109,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 			cpus = availableCPUs()
 		}
 		procs = procsPerRank(cpus, cfg.nproc)
-		fmt.Fprintf(stderr, "gdistrun: GOMAXPROCS=%d for each of %d ranks (%d CPUs; set GOMAXPROCS to override)\n",
-			procs, cfg.nproc, cpus)
+		fmt.Fprintf(stderr, "gdistrun: GOMAXPROCS=%d for %s (%d CPUs; set GOMAXPROCS to override)\n",
+			procs, eachRank(cfg.nproc), cpus)
 	}
 	sigs := relaySignals(cfg.signals)
 	defer sigs.stop()
@@ -197,6 +197,14 @@ func availableCPUs() int {
 		return runtime.GOMAXPROCS(0)
 	}
 	return runtime.NumCPU()
+}
+
+// eachRank says "each of n ranks", or "1 rank".
+func eachRank(n int) string {
+	if n == 1 {
+		return "1 rank"
+	}
+	return "each of " + strconv.Itoa(n) + " ranks"
 }
 
 // procsPerRank returns the GOMAXPROCS that lets n ranks share cpus CPUs
