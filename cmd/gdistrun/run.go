@@ -118,17 +118,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 	attempts := cfg.maxRestarts + 1
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
-			prev := spec.MasterPort
-			if spec, err = resolveJob(cfg, environ); err != nil {
+			if spec, err = restartSpec(cfg, environ, spec); err != nil {
 				return 1, err
-			}
-			for range 3 { // a new port for a single-node job, if one can be had
-				if cfg.masterPort != 0 || spec.MasterPort != prev {
-					break
-				}
-				if spec, err = resolveJob(cfg, environ); err != nil {
-					return 1, err
-				}
 			}
 		}
 		job := launch.Job{
@@ -164,6 +155,20 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		}
 		return exitStatus(cfg, err)
 	}
+}
+
+// restartSpec returns the spec of the attempt after the one that ran with
+// prev: a fresh token unless the user gave one, and on a single node
+// without -master-port a new free port (a different one from prev's if one
+// can be had in a few tries).
+func restartSpec(cfg config, environ []string, prev launch.Spec) (launch.Spec, error) {
+	for range 3 {
+		spec, err := resolveJob(cfg, environ)
+		if err != nil || cfg.masterPort != 0 || spec.MasterPort != prev.MasterPort {
+			return spec, err
+		}
+	}
+	return resolveJob(cfg, environ)
 }
 
 // exitStatus maps the outcome of the last attempt to gdistrun's exit
