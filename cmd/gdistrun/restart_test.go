@@ -330,3 +330,16 @@ func TestRunTimeoutEndsRestarts(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(stderr.String(), "restart"), stderr.String())
 	assert.False(t, exists(dir, "0.2") || exists(dir, "1.2"), "no restart after -timeout")
 }
+
+func TestLauncherTorchrunSpellings(t *testing.T) {
+	dir := t.TempDir()
+	cmd, stdout, stderr := launcher(t, dir, "--standalone", "--nproc_per_node=2", "--max-restarts", "1",
+		os.Args[0], childArg, "failfirst")
+	require.NoError(t, cmd.Wait(), stderr.String())
+	assert.Regexp(t, launcherProcsNote+"gdistrun: rank 1 failed \\(exit status 3\\); restart 1 of 1\n$",
+		strings.Join(gdistrunLines(stderr.String()), ""))
+	for r := range 2 {
+		assert.Len(t, attemptLines(t, stdout.String(), r), 2, "rank %d ran in both attempts", r)
+	}
+	assert.NotContains(t, stdout.String(), "[2]")
+}
