@@ -33,7 +33,7 @@ func newFlags(name string) *flagSet {
 }
 
 // add registers v under every name in names (the first is the main one).
-// v should be one of package flag's own values (see value), so that usage
+// v should be one of package flag's own values (see stdValue), so that usage
 // names its type.
 func (fs *flagSet) add(v flag.Value, usage string, names ...string) {
 	g := &flagGroup{names: names, value: v, usage: usage}

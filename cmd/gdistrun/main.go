@@ -186,7 +186,7 @@ func foldTorchrunFlags(fs *flagSet, cfg *config, cf cmdFlags) error {
 	if cf.standalone {
 		switch {
 		case cfg.nnodes != 1:
-			return fmt.Errorf("%w: --standalone is a single-node job; it conflicts with %s=%d", errUsage, fs.setBy("nnodes"), cfg.nnodes)
+			return fmt.Errorf("%w: -standalone is a single-node job; it conflicts with %s=%d", errUsage, fs.setBy("nnodes"), cfg.nnodes)
 		case cfg.masterPort != 0 || cfg.masterAddr != defaultMasterAddr:
 			by := fs.setBy("master-addr")
 			if fs.set("rdzv-endpoint") {
@@ -194,7 +194,7 @@ func foldTorchrunFlags(fs *flagSet, cfg *config, cf cmdFlags) error {
 			} else if fs.set("master-port") {
 				by = fs.setBy("master-port")
 			}
-			return fmt.Errorf("%w: --standalone picks a free port on %s; it conflicts with %s", errUsage, defaultMasterAddr, by)
+			return fmt.Errorf("%w: -standalone picks a free port on %s; it conflicts with %s", errUsage, defaultMasterAddr, by)
 		}
 	}
 	return nil

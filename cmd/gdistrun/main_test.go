@@ -142,7 +142,7 @@ func TestParseArgsConflicts(t *testing.T) {
 		{[]string{"--rdzv-endpoint", ":29500"}, "-rdzv-endpoint must be host:port"},
 		{[]string{"--rdzv-endpoint", "h:0"}, "port must be in [1, 65535]"},
 		{[]string{"--rdzv-endpoint", "h:http"}, "port must be in [1, 65535]"},
-		{[]string{"--standalone", "--nnodes", "2"}, "--standalone is a single-node job; it conflicts with -nnodes=2"},
+		{[]string{"--standalone", "--nnodes", "2"}, "-standalone is a single-node job; it conflicts with -nnodes=2"},
 		{[]string{"--standalone", "--master-port", "29500"}, "it conflicts with -master-port"},
 		{[]string{"--standalone", "--master_addr", "h"}, "it conflicts with -master_addr"},
 		{[]string{"--standalone", "--rdzv-endpoint", "127.0.0.1:29500"}, "it conflicts with -rdzv-endpoint"},
