@@ -63,7 +63,11 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	addr, haveAddr := lookupEnv(EnvMasterAddr)
 	var t transport.Transport
 	if world == 1 && !haveAddr {
-		t = transport.NewLocal(1)[0]
+		ls, err := transport.NewLocal(1)
+		if err != nil {
+			return nil, err
+		}
+		t = ls[0]
 	} else {
 		tt, err := dialFromEnv(ctx, rank, world, addr, haveAddr, &cfg)
 		if err != nil {

@@ -237,7 +237,7 @@ func (b *bench) agree(ctx context.Context, host string) error {
 			Cfg  config
 			Addr string
 		}{cfg, ln.Addr().String()})
-		if err := b.tr.Send(ctx, 1, tagSetup, transport.Meta{}, msg); err != nil {
+		if err := b.tr.Send(ctx, 1, tagSetup, transport.Header{}, msg); err != nil {
 			return err
 		}
 		c, err := ln.Accept()
@@ -408,7 +408,7 @@ func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
 	for i := range cfg.Warmup + cfg.PingPongIters {
 		if b.rank == 0 {
 			t0 := time.Now()
-			if err := b.tr.Send(ctx, other, tagPing, transport.Meta{}, buf); err != nil {
+			if err := b.tr.Send(ctx, other, tagPing, transport.Header{}, buf); err != nil {
 				return latency{}, err
 			}
 			m, err := b.tr.Recv(ctx, other, tagPing)
@@ -424,7 +424,7 @@ func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
 			if err != nil {
 				return latency{}, err
 			}
-			err = b.tr.Send(ctx, other, tagPing, transport.Meta{}, m.Payload)
+			err = b.tr.Send(ctx, other, tagPing, transport.Header{}, m.Payload)
 			b.tr.Release(m.Payload)
 			if err != nil {
 				return latency{}, err
@@ -481,7 +481,7 @@ func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 		t0 := time.Now()
 		if b.rank == 0 {
 			for range n {
-				if err := b.tr.Send(ctx, 1, tagStream, transport.Meta{}, buf); err != nil {
+				if err := b.tr.Send(ctx, 1, tagStream, transport.Header{}, buf); err != nil {
 					return 0, err
 				}
 			}
@@ -498,7 +498,7 @@ func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 				}
 				b.tr.Release(m.Payload)
 			}
-			if err := b.tr.Send(ctx, 0, tagAck, transport.Meta{}, []byte{1}); err != nil {
+			if err := b.tr.Send(ctx, 0, tagAck, transport.Header{}, []byte{1}); err != nil {
 				return 0, err
 			}
 		}
