@@ -53,6 +53,19 @@ func (g *ProcessGroup) Recv(ctx context.Context, from int, tag uint32) ([]byte, 
 	return m.Payload, nil
 }
 
+// RecvInto receives the next message from rank `from` under tag into dst
+// and returns its length n: the message is dst[:n]. The transport writes
+// it straight into dst where it can. A message longer than dst is consumed
+// and reported with an error matching ErrMessageTooLong, n its length and
+// dst unchanged. dst stays the caller's.
+func (g *ProcessGroup) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) (int, error) {
+	if err := g.checkP2P("recv", from, tag); err != nil {
+		return 0, err
+	}
+	_, n, err := g.t.RecvInto(ctx, from, tag, dst)
+	return n, g.p2pErr("recv", err)
+}
+
 // SendF32 sends data (little-endian float32s) to rank `to` under tag. data is
 // not retained.
 func (g *ProcessGroup) SendF32(ctx context.Context, to int, tag uint32, data []float32) error {
