@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 	"github.com/gdist/gdist/dist/transport/internal/bufpool"
 	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 const (

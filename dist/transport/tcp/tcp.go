@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/dist/transport/internal/mailbox"
 	"github.com/gdist/gdist/dist/transport/internal/bufpool"
+	"github.com/gdist/gdist/dist/transport/internal/mailbox"
 )
 
 // closeLinger bounds how long Close waits for peers to acknowledge its
