@@ -3,7 +3,6 @@ package tcp
 import (
 	"context"
 	"encoding/binary"
-	"flag"
 	"fmt"
 	"testing"
 
@@ -241,15 +240,14 @@ func distinctTags(tb testing.TB, ts []*Transport, n int) int64 {
 	return transporttest.HeapInUse() - before
 }
 
-var millionTags = flag.Bool("million", false, "send 1,000,000 distinct tags in TestDistinctTagsNoLeak (default 100,000)")
 
 // TestDistinctTagsNoLeak: distinct tags leave nothing behind on the
-// receiver: 100,000 of them (1,000,000 with -million) grow the heap by less
+// receiver: 1,000,000 of them (100,000 with -short) grow the heap by less
 // than 2 MiB.
 func TestDistinctTagsNoLeak(t *testing.T) {
-	n := 100_000
-	if *millionTags {
-		n = 1_000_000
+	n := 1_000_000
+	if testing.Short() {
+		n = 100_000
 	}
 	ts := mesh(t, 2)
 	defer ts[1].Close()

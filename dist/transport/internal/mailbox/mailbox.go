@@ -99,6 +99,7 @@ type Mailbox[M any] struct {
 
 	mu        sync.Mutex
 	queues    map[key]*queue[M]
+	peak      int       // the most queues the map has held since it was made
 	lastKey   key       // one-entry cache in front of queues: most traffic
 	lastQ     *queue[M] // repeats the previous (src, tag)
 	freeQ     []*queue[M]
@@ -140,10 +141,16 @@ func (m *Mailbox[M]) queue(k key) *queue[M] {
 			q = &queue[M]{notify: make(chan struct{}, 1)}
 		}
 		m.queues[k] = q
+		m.peak = max(m.peak, len(m.queues))
 	}
 	m.lastKey, m.lastQ = k, q
 	return q
 }
+
+// shrinkMin: a map that held at least this many queues is rebuilt once it
+// holds less than an eighth of its peak, since Go maps never give back the
+// memory of a burst.
+const shrinkMin = 1024
 
 // lookup returns the queue of k without creating it.
 func (m *Mailbox[M]) lookup(k key) *queue[M] {
@@ -162,6 +169,13 @@ func (m *Mailbox[M]) release(k key, q *queue[M]) {
 	delete(m.queues, k)
 	if m.lastQ == q {
 		m.lastQ = nil
+	}
+	if m.peak >= shrinkMin && len(m.queues) < m.peak/8 {
+		qs := make(map[key]*queue[M], len(m.queues))
+		for k, q := range m.queues {
+			qs[k] = q
+		}
+		m.queues, m.peak = qs, len(qs)
 	}
 	if len(m.freeQ) < freeMax {
 		select { // drop a stale wake-up

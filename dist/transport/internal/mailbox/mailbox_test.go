@@ -293,3 +293,31 @@ func TestConcurrent(t *testing.T) {
 	wg.Wait()
 	assert.Zero(t, m.Len())
 }
+
+// TestBurstShrinks: after a burst of many queued tags is drained, the map
+// that held them is rebuilt small, however long other queues stay.
+func TestBurstShrinks(t *testing.T) {
+	m := New[msg](2, 0, nil)
+	ctx := context.Background()
+	waiter := make(chan error, 1)
+	go func() { _, err := m.Get(ctx, 1, 0); waiter <- err }() // a long-lived waiter
+	require.Eventually(t, func() bool { return m.Len() == 1 }, time.Second, time.Millisecond)
+	for tag := range uint32(100_000) {
+		require.NoError(t, m.Put(ctx, 0, tag, msg{}, 1))
+	}
+	m.mu.Lock()
+	peak := m.peak
+	m.mu.Unlock()
+	assert.Equal(t, 100_001, peak)
+	for tag := range uint32(100_000) {
+		_, err := m.Get(ctx, 0, tag)
+		require.NoError(t, err)
+	}
+	m.mu.Lock()
+	peak = m.peak
+	m.mu.Unlock()
+	assert.Less(t, peak, shrinkMin, "the map was rebuilt after the burst")
+	assert.Equal(t, 1, m.Len())
+	require.NoError(t, m.Put(ctx, 1, 0, msg{id: 1}, 1))
+	require.NoError(t, <-waiter, "the waiter kept its queue through the rebuild")
+}
