@@ -303,8 +303,8 @@ func (s *suite) tagMatching(t *testing.T) {
 }
 
 // sizes: empty, small, around the usual buffer boundaries and large
-// payloads arrive intact with their header, including extreme header values and
-// reserved tags.
+// payloads arrive intact with their header, including extreme header values
+// and tags.
 func (s *suite) sizes(t *testing.T) {
 	ts := s.start(t, 2)
 	ctx := opCtx(t)
