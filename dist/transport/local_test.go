@@ -11,7 +11,6 @@ import (
 	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
-
 func TestLocalConformance(t *testing.T) {
 	transporttest.Run(t, func(t *testing.T, n int) []transport.Transport {
 		return transporttest.Locals(t, n)

@@ -240,7 +240,6 @@ func distinctTags(tb testing.TB, ts []*Transport, n int) int64 {
 	return transporttest.HeapInUse() - before
 }
 
-
 // TestDistinctTagsNoLeak: distinct tags leave nothing behind on the
 // receiver: 1,000,000 of them (100,000 with -short) grow the heap by less
 // than 2 MiB.
