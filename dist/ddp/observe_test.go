@@ -16,7 +16,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/timeline"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // TestTimelineBuckets: with the group's timeline on, every step puts each
@@ -25,7 +25,7 @@ import (
 func TestTimelineBuckets(t *testing.T) {
 	const steps = 3
 	path := filepath.Join(t.TempDir(), "tl.json")
-	groups := disttest.Groups(t, transport.NewLocal(2), dist.WithTimeout(30*time.Second), dist.WithTimeline(path))
+	groups := disttest.Groups(t, transporttest.NewLocal(t, 2), dist.WithTimeout(30*time.Second), dist.WithTimeline(path))
 	var nBuckets int
 	errs := disttest.Run(t, groups, func(_ int, pg *dist.ProcessGroup) error {
 		d, ps, _, _, vm := smallModel(t, pg, -1)
@@ -83,4 +83,3 @@ func TestTimelineBuckets(t *testing.T) {
 		assert.GreaterOrEqual(t, count["all_reduce"], nBuckets*steps, "the collectives are there too")
 	}
 }
-
