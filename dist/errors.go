@@ -15,11 +15,13 @@ const TagReservedBase uint32 = 0xFFF00000
 // Errors re-exported from package transport, so that callers of dist need not
 // import it to match them.
 var (
-	ErrClosed         = transport.ErrClosed
-	ErrPeerClosed     = transport.ErrPeerClosed
-	ErrPeerLost       = transport.ErrPeerLost
-	ErrInvalidRank    = transport.ErrInvalidRank
-	ErrMessageTooLong = transport.ErrMessageTooLong
+	ErrClosed     = transport.ErrClosed
+	ErrPeerClosed = transport.ErrPeerClosed
+	ErrPeerLost   = transport.ErrPeerLost
+	// ErrPeerUnresponsive: the peer stopped responding (it wraps ErrPeerLost).
+	ErrPeerUnresponsive = transport.ErrPeerUnresponsive
+	ErrInvalidRank      = transport.ErrInvalidRank
+	ErrMessageTooLong   = transport.ErrMessageTooLong
 )
 
 // PeerError reports an operation that failed because of a peer. It is an alias

@@ -15,6 +15,11 @@ var (
 	// ErrPeerLost means the connection to the peer broke (EOF without a
 	// goodbye, reset, missed heartbeats, or a local test Kill).
 	ErrPeerLost = errors.New("transport: peer lost")
+	// ErrPeerUnresponsive means the peer's connection is up but the peer
+	// stopped responding (missed heartbeats: a stopped process, a machine
+	// gone, a cut link). It wraps ErrPeerLost, so errors.Is(err,
+	// ErrPeerLost) holds for it too.
+	ErrPeerUnresponsive = fmt.Errorf("%w: unresponsive", ErrPeerLost)
 	// ErrInvalidRank is returned for a rank outside [0, WorldSize).
 	ErrInvalidRank = errors.New("transport: invalid rank")
 	// ErrFrameTooLarge is returned when a message exceeds the transport's
