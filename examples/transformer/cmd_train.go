@@ -145,8 +145,12 @@ Flags:
 	if res.Interrupted {
 		fmt.Fprintf(w, "train: interrupted at step %d\n", res.Steps)
 	}
-	fmt.Fprintf(w, "train: %d steps in %.1fs, %.0f tokens/s (%.2f steps/s)\n", res.Steps,
-		res.TrainTime.Seconds(), res.TokensPerSec, float64(res.Steps)/res.TrainTime.Seconds())
+	resumed := ""
+	if res.Start > 0 {
+		resumed = fmt.Sprintf(" (steps %d to %d, after resuming)", res.Start+1, res.Steps)
+	}
+	fmt.Fprintf(w, "train: %d steps%s in %.1fs, %.0f tokens/s (%.2f steps/s)\n", res.Steps-res.Start, resumed,
+		res.TrainTime.Seconds(), res.TokensPerSec, float64(res.Steps-res.Start)/res.TrainTime.Seconds())
 	fmt.Fprint(w, curveTable(res.Curve, 12))
 	if cfg.CkptDir != "" {
 		st := res.Ckpt

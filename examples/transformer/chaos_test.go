@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// gdistrunEnv names a gdistrun binary to use instead of building
+// ./cmd/gdistrun.
+const gdistrunEnv = "GDIST_GDISTRUN"
+
+var (
+	gdistrunOnce sync.Once
+	gdistrunPath string
+	gdistrunErr  error
+)
+
+// gdistrun returns a gdistrun binary that knows -max-restarts, or skips.
+func gdistrun(t *testing.T) string {
+	t.Helper()
+	gdistrunOnce.Do(func() {
+		if p := os.Getenv(gdistrunEnv); p != "" {
+			gdistrunPath = p
+			return
+		}
+		dir, err := os.MkdirTemp("", "gdistrun")
+		if err != nil {
+			gdistrunErr = err
+			return
+		}
+		gdistrunPath = filepath.Join(dir, "gdistrun")
+		cmd := exec.Command("go", "build", "-o", gdistrunPath, "github.com/gdist/gdist/cmd/gdistrun")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			gdistrunErr = fmt.Errorf("building gdistrun: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, gdistrunErr)
+	out, _ := exec.Command(gdistrunPath, "-h").CombinedOutput()
+	if !strings.Contains(string(out), "max-restarts") {
+		t.Skipf("%s has no -max-restarts (set %s to a gdistrun that has)", gdistrunPath, gdistrunEnv)
+	}
+	return gdistrunPath
+}
+
+var stagesRE = regexp.MustCompile(`parameters per stage fnv64a ([0-9a-f]{16} [0-9a-f]{16})`)
+
+// pipelineJob trains the tiny model as a 2-stage pipeline under gdistrun
+// -max-restarts 2 with the kill plan (GDIST_CHAOS_KILL) and returns the
+// stages' parameter hashes and the output.
+func pipelineJob(t *testing.T, text, ckptDir, kill string) (hashes, out string) {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	args := []string{"train", "-pipeline", "-micro-batches", "2", "-text", text, "-steps", "60", "-eval-every", "20",
+		"-ctx", "16", "-dim", "16", "-heads", "2", "-layers", "2", "-mlp", "32", "-batch", "4", "-lr", "0.01",
+		"-out", filepath.Join(t.TempDir(), "unused.gdc")}
+	if ckptDir != "" {
+		args = append(args, "-ckpt-dir", ckptDir, "-ckpt-every", "10")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gdistrun(t), "-max-restarts", "2", "-kill-grace", "1s", "-n", "2", "--", self)
+	cmd.Env = append(os.Environ(), childEnv+"=run", childArgsEnv+"="+strings.Join(args, "\n"), chaosEnv+"="+kill)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	start := time.Now()
+	err = cmd.Run()
+	out = buf.String()
+	require.NoError(t, err, "gdistrun:\n%s", out)
+	m := stagesRE.FindStringSubmatch(out)
+	require.NotNil(t, m, "no stage hashes in:\n%s", out)
+	t.Logf("kill %q: stages fnv64a %s in %.1fs", kill, m[1], time.Since(start).Seconds())
+	return m[1], out
+}
+
+// TestChaosPipeline: a 2-stage pipeline (two OS processes, each holding
+// and saving only its own layers) under gdistrun -max-restarts 2, with a
+// stage SIGKILLed mid-run (once, then twice), ends with every stage's
+// parameters bit for bit those of the same run never interrupted.
+func TestChaosPipeline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	text := filepath.Join(t.TempDir(), "text.txt")
+	require.NoError(t, os.WriteFile(text, []byte(testText), 0o644))
+	want, _ := pipelineJob(t, text, "", "")
+
+	dir := t.TempDir()
+	got, out := pipelineJob(t, text, dir, "1:25:0") // stage 1 dies after step 25: resume from 20
+	assert.Equal(t, want, got, "killed once")
+	assert.Contains(t, out, "resumed from "+filepath.Join(ckpt0(dir), "ckpt-20.gdc"))
+
+	dir = t.TempDir()
+	got, out = pipelineJob(t, text, dir, "0:17:0,1:43:1") // resume from 10, then from 40
+	assert.Equal(t, want, got, "killed twice")
+	assert.Contains(t, out, "resumed from "+filepath.Join(ckpt0(dir), "ckpt-10.gdc"))
+	assert.Contains(t, out, "resumed from "+filepath.Join(ckpt0(dir), "ckpt-40.gdc"))
+	if testing.Verbose() {
+		t.Log(out)
+	}
+}
+
+// ckpt0 is stage 0's checkpoint directory, whose files rank 0 reports.
+func ckpt0(dir string) string { return filepath.Join(dir, "stage0") }
