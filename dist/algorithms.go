@@ -2,11 +2,27 @@ package dist
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/internal/bufpool"
 )
+
+// collHeader is the transport header of a collective message: the
+// collective's sequence number and fingerprint, little-endian. The
+// transport carries it without looking at it.
+func collHeader(seq, fp uint64) transport.Header {
+	var h transport.Header
+	binary.LittleEndian.PutUint64(h[:8], seq)
+	binary.LittleEndian.PutUint64(h[8:], fp)
+	return h
+}
+
+// parseHeader returns the sequence number and fingerprint of h.
+func parseHeader(h transport.Header) (seq, fp uint64) {
+	return binary.LittleEndian.Uint64(h[:8]), binary.LittleEndian.Uint64(h[8:])
+}
 
 // The algorithms run one collective at a time (the group serialises them), so
 // they read the running collective's sequence number and fingerprint from
@@ -32,32 +48,44 @@ import (
 
 // send sends one collective message to rank `to`.
 func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
-	return g.t.Send(ctx, to, tagColl, transport.Meta{Seq: g.cur.seq, Fingerprint: g.cur.fp}, p)
+	return g.t.Send(ctx, to, tagColl, collHeader(g.cur.seq, g.cur.fp), p)
 }
 
-// recv receives one collective message of want bytes from rank `from`. The
-// caller must Release the payload. A message from another collective is a
-// *DesyncError.
-func (g *ProcessGroup) recv(ctx context.Context, from, want int) ([]byte, error) {
-	m, err := g.t.Recv(ctx, from, tagColl)
-	if err != nil {
-		return nil, err
+// recvInto receives one collective message of exactly len(dst) bytes from
+// rank `from` into dst. A message from another collective is a
+// *DesyncError; one of another length a protocol error.
+func (g *ProcessGroup) recvInto(ctx context.Context, from int, dst []byte) error {
+	h, n, err := g.t.RecvInto(ctx, from, tagColl, dst)
+	seq, fp := parseHeader(h)
+	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
+		return err
 	}
-	if m.Meta.Seq != g.cur.seq || m.Meta.Fingerprint != g.cur.fp {
-		g.t.Release(m.Payload)
-		return nil, &DesyncError{
+	if seq != g.cur.seq || fp != g.cur.fp {
+		return &DesyncError{
 			Rank: g.rank, Peer: from,
-			Seq: g.cur.seq, PeerSeq: m.Meta.Seq,
-			Local: describe(g.cur.fp), Remote: describe(m.Meta.Fingerprint),
+			Seq: g.cur.seq, PeerSeq: seq,
+			Local: describe(g.cur.fp), Remote: describe(fp),
 		}
 	}
-	if len(m.Payload) != want {
-		n := len(m.Payload)
-		g.t.Release(m.Payload)
-		return nil, &PeerError{Rank: from, Op: g.cur.kind.String(),
-			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, want)}
+	if err != nil || n != len(dst) {
+		return &PeerError{Rank: from, Op: g.cur.kind.String(),
+			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, len(dst))}
 	}
-	return m.Payload, nil
+	return nil
+}
+
+// recvScratch receives one collective message of n bytes from rank `from`
+// into the group's scratch buffer and returns that buffer: it is valid
+// until the next recvScratch.
+func (g *ProcessGroup) recvScratch(ctx context.Context, from, n int) ([]byte, error) {
+	if cap(g.scratch) < n {
+		g.scratch = make([]byte, n)
+	}
+	b := g.scratch[:n]
+	if err := g.recvInto(ctx, from, b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // nseg is the number of segments of an n-byte buffer (1 for an empty one).
@@ -77,12 +105,7 @@ func (g *ProcessGroup) annSend(ctx context.Context) error {
 
 // annRecv receives and checks the announce message from rank r-1.
 func (g *ProcessGroup) annRecv(ctx context.Context) error {
-	p, err := g.recv(ctx, (g.rank+g.world-1)%g.world, 0)
-	if err != nil {
-		return err
-	}
-	g.t.Release(p)
-	return nil
+	return g.recvInto(ctx, (g.rank+g.world-1)%g.world, nil)
 }
 
 // Receive modes.
@@ -91,13 +114,19 @@ const (
 	modeReduce        // combine it into the buffer
 )
 
-// store puts a received segment p into dst.
-func store(dst, p []byte, mode int, red reducer) {
-	if mode == modeReduce {
-		red.into(dst, p)
-	} else {
-		copy(dst, p)
+// recvStore receives segment dst from rank `from` according to mode: in
+// copy mode straight into dst, in reduce mode into the group's scratch
+// buffer and then combined into dst.
+func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode int, red reducer) error {
+	if mode != modeReduce {
+		return g.recvInto(ctx, from, dst)
 	}
+	p, err := g.recvScratch(ctx, from, len(dst))
+	if err != nil {
+		return err
+	}
+	red.into(dst, p)
+	return nil
 }
 
 // exchange sends snd to `to` while receiving rcv from `from`, segment by
@@ -117,13 +146,9 @@ func (g *ProcessGroup) exchange(ctx context.Context, to int, snd []byte, from in
 			}
 		}
 		if k < nr {
-			dst := g.seg(rcv, k)
-			p, err := g.recv(ctx, from, len(dst))
-			if err != nil {
+			if err := g.recvStore(ctx, from, g.seg(rcv, k), mode, red); err != nil {
 				return err
 			}
-			store(dst, p, mode, red)
-			g.t.Release(p)
 		}
 	}
 	return nil
@@ -148,13 +173,9 @@ func (g *ProcessGroup) recvAll(ctx context.Context, from int, b []byte, mode int
 		}
 	}
 	for k := range g.nseg(len(b)) {
-		dst := g.seg(b, k)
-		p, err := g.recv(ctx, from, len(dst))
-		if err != nil {
+		if err := g.recvStore(ctx, from, g.seg(b, k), mode, red); err != nil {
 			return err
 		}
-		store(dst, p, mode, red)
-		g.t.Release(p)
 	}
 	return nil
 }
@@ -260,7 +281,7 @@ func (g *ProcessGroup) allGatherRing(ctx context.Context, dst, src []byte) error
 // reduceScatterRing: in step s rank r sends its partial of block r-s-1 to
 // r+1 and receives r-1's partial of block r-s-2, to which it adds its own
 // contribution; after n-1 steps the block received is r, complete. Partials
-// live in a pooled scratch block, so src is left untouched.
+// live in a scratch block of the group's, so src is left untouched.
 func (g *ProcessGroup) reduceScatterRing(ctx context.Context, dst, src []byte, red reducer) error {
 	n, r := g.world, g.rank
 	b := len(dst)
@@ -269,8 +290,10 @@ func (g *ProcessGroup) reduceScatterRing(ctx context.Context, dst, src []byte, r
 		i = ((i % n) + n) % n
 		return src[i*b : (i+1)*b]
 	}
-	scratch := bufpool.Default.Get(b)
-	defer bufpool.Default.Put(scratch)
+	if cap(g.partial) < b {
+		g.partial = make([]byte, b)
+	}
+	scratch := g.partial[:b]
 	for s := range n - 1 {
 		out := scratch
 		if s == 0 {
@@ -285,14 +308,13 @@ func (g *ProcessGroup) reduceScatterRing(ctx context.Context, dst, src []byte, r
 			if err := g.send(ctx, next, g.seg(out, k)); err != nil {
 				return err
 			}
+			// acc's segment k went out above (or is dst), so it can take
+			// the incoming partial in place.
 			d := g.seg(acc, k)
-			p, err := g.recv(ctx, prev, len(d))
-			if err != nil {
+			if err := g.recvInto(ctx, prev, d); err != nil {
 				return err
 			}
-			red.into(p, g.seg(mine, k))
-			copy(d, p)
-			g.t.Release(p)
+			red.into(d, g.seg(mine, k))
 		}
 	}
 	red.finish(dst, n)
@@ -350,12 +372,9 @@ func (g *ProcessGroup) broadcastChain(ctx context.Context, data []byte, root int
 	}
 	for k := range g.nseg(len(data)) {
 		d := g.seg(data, k)
-		p, err := g.recv(ctx, prev, len(d))
-		if err != nil {
+		if err := g.recvInto(ctx, prev, d); err != nil {
 			return err
 		}
-		copy(d, p)
-		g.t.Release(p)
 		if vr < n-1 {
 			if err := g.send(ctx, next, d); err != nil {
 				return err
@@ -366,7 +385,7 @@ func (g *ProcessGroup) broadcastChain(ctx context.Context, data []byte, root int
 }
 
 // reduceTree is a binomial tree reduction to root. Inner ranks combine into a
-// pooled scratch buffer, so only root's data changes.
+// scratch buffer of the group's, so only root's data changes.
 func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, red reducer) error {
 	if err := g.annSend(ctx); err != nil {
 		return err
@@ -376,8 +395,10 @@ func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, re
 	real := func(v int) int { return (v + root) % n }
 	acc := data
 	if vr != 0 {
-		acc = bufpool.Default.Get(len(data))
-		defer bufpool.Default.Put(acc)
+		if cap(g.partial) < len(data) {
+			g.partial = make([]byte, len(data))
+		}
+		acc = g.partial[:len(data)]
 		copy(acc, data)
 	}
 	ann := true
@@ -426,7 +447,7 @@ func (g *ProcessGroup) reduceChain(ctx context.Context, data []byte, root int, r
 	}
 	for k := range g.nseg(len(data)) {
 		d := g.seg(data, k)
-		p, err := g.recv(ctx, from, len(d))
+		p, err := g.recvScratch(ctx, from, len(d))
 		if err != nil {
 			return err
 		}
@@ -434,11 +455,9 @@ func (g *ProcessGroup) reduceChain(ctx context.Context, data []byte, root int, r
 			red.into(d, p)
 		} else {
 			red.into(p, d)
-			err = g.send(ctx, to, p)
-		}
-		g.t.Release(p)
-		if err != nil {
-			return err
+			if err := g.send(ctx, to, p); err != nil {
+				return err
+			}
 		}
 	}
 	if vr == 0 {
@@ -456,11 +475,9 @@ func (g *ProcessGroup) barrier(ctx context.Context) error {
 		if err := g.send(ctx, (r+d)%n, nil); err != nil {
 			return err
 		}
-		p, err := g.recv(ctx, (r-d+n)%n, 0)
-		if err != nil {
+		if err := g.recvInto(ctx, (r-d+n)%n, nil); err != nil {
 			return err
 		}
-		g.t.Release(p)
 	}
 	return nil
 }

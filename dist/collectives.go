@@ -20,10 +20,7 @@ type call struct {
 	data  []byte // in and out: all_reduce, broadcast, reduce; dst: all_gather, reduce_scatter
 	src   []byte // all_gather, reduce_scatter
 
-	// federated_average
-	f32      []float32
-	deadline time.Time
-	n        int // participants (out)
+	fed *fedCall // federated_average only
 }
 
 func (c *call) fingerprint() uint64 { return fingerprint(c.kind, c.dt, c.op, c.root, c.count) }
@@ -55,7 +52,7 @@ func (g *ProcessGroup) dispatch(ctx context.Context, c *call) error {
 		case kAllGather, kReduceScatter:
 			copy(c.data, c.src)
 		case kFederated:
-			c.n = 1
+			c.fed.n = 1
 		}
 		return nil
 	}

@@ -21,7 +21,7 @@
 // Tests and examples run every rank in one process on the in-process
 // transport:
 //
-//	ts := transport.NewLocal(4)
+//	ts, err := transport.NewLocal(4)
 //	g0, err := dist.New(ts[0]) // one per rank, each used by its own goroutine
 //
 // Overlap communication with computation with the async variants. Their ctx

@@ -70,7 +70,11 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	}
 	var t transport.Transport
 	if job.WorldSize == 1 && job.MasterAddr == "" {
-		t = transport.NewLocal(1)[0]
+		ls, err := transport.NewLocal(1)
+		if err != nil {
+			return nil, err
+		}
+		t = ls[0]
 	} else {
 		tt, err := dialFromEnv(ctx, job, &cfg)
 		if err != nil {

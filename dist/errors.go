@@ -7,17 +7,21 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 )
 
-// TagReservedBase is the first tag reserved for collectives; point-to-point
-// tags must be below it.
-const TagReservedBase = transport.TagReservedBase
+// TagReservedBase is the first tag reserved for the group's own messages
+// (collectives, abort notices); point-to-point tags must be below it. The
+// transport gives tags no meaning: the reservation is dist's.
+const TagReservedBase uint32 = 0xFFF00000
 
 // Errors re-exported from package transport, so that callers of dist need not
 // import it to match them.
 var (
-	ErrClosed      = transport.ErrClosed
-	ErrPeerClosed  = transport.ErrPeerClosed
-	ErrPeerLost    = transport.ErrPeerLost
-	ErrInvalidRank = transport.ErrInvalidRank
+	ErrClosed     = transport.ErrClosed
+	ErrPeerClosed = transport.ErrPeerClosed
+	ErrPeerLost   = transport.ErrPeerLost
+	// ErrPeerUnresponsive: the peer stopped responding (it wraps ErrPeerLost).
+	ErrPeerUnresponsive = transport.ErrPeerUnresponsive
+	ErrInvalidRank      = transport.ErrInvalidRank
+	ErrMessageTooLong   = transport.ErrMessageTooLong
 )
 
 // PeerError reports an operation that failed because of a peer. It is an alias

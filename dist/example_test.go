@@ -14,7 +14,10 @@ import (
 // world starts n in-process ranks, runs f on each concurrently and closes
 // them. Real jobs run one rank per process and use dist.InitFromEnv.
 func world(n int, f func(g *dist.ProcessGroup)) {
-	ts := transport.NewLocal(n)
+	ts, err := transport.NewLocal(n)
+	if err != nil {
+		panic(err)
+	}
 	var wg sync.WaitGroup
 	for _, t := range ts {
 		g, err := dist.New(t)

@@ -67,7 +67,7 @@ func (g *ProcessGroup) sendAbort(msg []byte) {
 			continue
 		}
 		wg.Go(func() {
-			if err := g.t.Send(ctx, p, tagAbort, transport.Meta{}, msg); err != nil {
+			if err := g.t.Send(ctx, p, tagAbort, transport.Header{}, msg); err != nil {
 				g.log.Debug("dist: could not send abort", "peer", p, "err", err)
 			}
 		})

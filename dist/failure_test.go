@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/gdist/gdist/dist/transport"
 )
 
 // TestKillMidAllReduce crashes a rank while all ranks loop on large
@@ -338,7 +337,7 @@ func TestNewValidates(t *testing.T) {
 // "peer closed".
 func TestCauseReachesPeerBeforeClose(t *testing.T) {
 	for range 20 {
-		ts := transport.NewLocal(2)
+		ts := transporttest.NewLocal(t, 2)
 		g0, err := New(ts[0])
 		require.NoError(t, err)
 		g1, err := New(ts[1])

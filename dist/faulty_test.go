@@ -16,7 +16,7 @@ import (
 // faults of cfg (rank i seeded with cfg.Seed+i).
 func newFaultyCluster(t testing.TB, n int, cfg transporttest.FaultConfig, opts ...Option) (*cluster, []transport.Transport) {
 	t.Helper()
-	locals := transport.NewLocal(n)
+	locals := transporttest.NewLocal(t, n)
 	ts := make([]transport.Transport, n)
 	for i, l := range locals {
 		ts[i] = l

@@ -15,6 +15,13 @@ type fedState struct {
 	pending map[int]transport.Message // early vectors (from a later round), by rank
 }
 
+// fedCall is one FederatedAverage call's own arguments and result, beside
+// the collective call that sequences it.
+type fedCall struct {
+	deadline time.Time // rank 0 stops waiting for vectors then
+	n        int       // vectors averaged (out)
+}
+
 // FederatedAverage averages data across the ranks that are on time, for
 // federated learning with stragglers. Rank 0 (the leader) averages its own
 // data with the vectors that reach it by deadline, skips the others, and
@@ -34,20 +41,21 @@ type fedState struct {
 // called another collective instead: such a mismatch is caught by the
 // timeouts (ctx or WithTimeout), not by desync detection.
 func (g *ProcessGroup) FederatedAverage(ctx context.Context, data []float32, deadline time.Time) (int, error) {
-	c := call{kind: kFederated, dt: F32, op: Mean, count: len(data), data: f32Bytes(data), f32: data, deadline: deadline}
+	fc := fedCall{deadline: deadline}
+	c := call{kind: kFederated, dt: F32, op: Mean, count: len(data), data: f32Bytes(data), fed: &fc}
 	if err := c.check(g); err != nil {
 		return 0, err
 	}
 	if err := g.runSync(ctx, &c); err != nil {
 		return 0, err
 	}
-	return c.n, nil
+	return fc.n, nil
 }
 
 func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
 	g.fed.round++
 	round := g.fed.round
-	meta := transport.Meta{Seq: round, Fingerprint: g.cur.fp}
+	meta := collHeader(round, g.cur.fp)
 	if g.rank != 0 {
 		if err := g.t.Send(ctx, 0, tagFedUp, meta, c.data); err != nil {
 			return err
@@ -57,22 +65,22 @@ func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
 			if err != nil {
 				return err
 			}
-			if m.Meta.Seq < round { // the average of a round we gave up on
+			if seq, _ := parseHeader(m.Header); seq < round { // the average of a round we gave up on
 				g.t.Release(m.Payload)
 				continue
 			}
-			if m.Meta != meta || len(m.Payload) != len(c.data) {
+			if m.Header != meta || len(m.Payload) != len(c.data) {
 				g.t.Release(m.Payload)
-				return g.fedDesync(0, m.Meta, round)
+				return g.fedDesync(0, m.Header, round)
 			}
 			copy(c.data, m.Payload)
 			g.t.Release(m.Payload)
-			c.n = 0
+			c.fed.n = 0
 			return nil
 		}
 	}
 
-	dctx, cancel := context.WithDeadline(ctx, c.deadline)
+	dctx, cancel := context.WithDeadline(ctx, c.fed.deadline)
 	defer cancel()
 	n := 1
 	for p := 1; p < g.world; p++ {
@@ -83,9 +91,9 @@ func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
 		if !ok {
 			continue
 		}
-		if m.Meta.Fingerprint != meta.Fingerprint || len(m.Payload) != len(c.data) {
+		if _, fp := parseHeader(m.Header); fp != g.cur.fp || len(m.Payload) != len(c.data) {
 			g.t.Release(m.Payload)
-			return g.fedDesync(p, m.Meta, round)
+			return g.fedDesync(p, m.Header, round)
 		}
 		red := reducer{F32, Sum}
 		red.into(c.data, m.Payload)
@@ -98,7 +106,7 @@ func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
 			return err
 		}
 	}
-	c.n = n
+	c.fed.n = n
 	return nil
 }
 
@@ -107,11 +115,12 @@ func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
 // one of a later round is kept for that round.
 func (g *ProcessGroup) fedCollect(dctx, ctx context.Context, p int, round uint64) (transport.Message, bool, error) {
 	if m, ok := g.fed.pending[p]; ok {
-		if m.Meta.Seq == round {
+		seq, _ := parseHeader(m.Header)
+		if seq == round {
 			delete(g.fed.pending, p)
 			return m, true, nil
 		}
-		if m.Meta.Seq > round {
+		if seq > round {
 			return transport.Message{}, false, nil
 		}
 		delete(g.fed.pending, p)
@@ -125,10 +134,10 @@ func (g *ProcessGroup) fedCollect(dctx, ctx context.Context, p int, round uint64
 			}
 			return transport.Message{}, false, err
 		}
-		switch {
-		case m.Meta.Seq < round:
+		switch seq, _ := parseHeader(m.Header); {
+		case seq < round:
 			g.t.Release(m.Payload)
-		case m.Meta.Seq > round:
+		case seq > round:
 			if g.fed.pending == nil {
 				g.fed.pending = make(map[int]transport.Message)
 			}
@@ -140,10 +149,11 @@ func (g *ProcessGroup) fedCollect(dctx, ctx context.Context, p int, round uint64
 	}
 }
 
-func (g *ProcessGroup) fedDesync(peer int, m transport.Meta, round uint64) error {
+func (g *ProcessGroup) fedDesync(peer int, h transport.Header, round uint64) error {
+	seq, fp := parseHeader(h)
 	return &DesyncError{
 		Rank: g.rank, Peer: peer,
-		Seq: round, PeerSeq: m.Seq,
-		Local: describe(g.cur.fp), Remote: describe(m.Fingerprint),
+		Seq: round, PeerSeq: seq,
+		Local: describe(g.cur.fp), Remote: describe(fp),
 	}
 }

@@ -73,6 +73,8 @@ type ProcessGroup struct {
 	timer      *time.Timer
 	onCancelFn func()
 	fed        fedState
+	scratch    []byte // receive buffer of reducing collectives (algorithms.go)
+	partial    []byte // partial results of reduce_scatter and reduce (algorithms.go)
 }
 
 // New returns the ProcessGroup of t's rank. On success the group owns t and

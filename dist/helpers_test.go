@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 func TestMain(m *testing.M) {
@@ -32,7 +33,7 @@ type cluster struct {
 
 func newCluster(t testing.TB, n int, opts ...Option) *cluster {
 	t.Helper()
-	ts := transport.NewLocal(n)
+	ts := transporttest.NewLocal(t, n)
 	c := &cluster{gs: make([]*ProcessGroup, n), ts: ts}
 	for i := range ts {
 		g, err := New(ts[i], opts...)

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/timeline"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 type traceFile struct {
@@ -46,7 +46,7 @@ func readTrace(t *testing.T, path string) traceFile {
 func TestTimeline(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "timeline.json")
-	ts := transport.NewLocal(3)
+	ts := transporttest.NewLocal(t, 3)
 	gs := make([]*ProcessGroup, 3)
 	for r := range gs {
 		g, err := New(ts[r], WithTimeline(path), WithSmallThreshold(1024))
@@ -160,7 +160,7 @@ func TestMetricsEndpoint(t *testing.T) {
 }
 
 func TestObservabilityOptions(t *testing.T) {
-	ts := transport.NewLocal(1)
+	ts := transporttest.NewLocal(t, 1)
 	_, err := New(ts[0], WithTimeline(""))
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	_, err = New(ts[0], WithMetricsAddr(""))

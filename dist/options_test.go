@@ -5,10 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/gdist/gdist/dist/transport"
 )
 
 // TestOptionsRefused: every invalid option value makes New and InitFromEnv
@@ -27,7 +26,7 @@ func TestOptionsRefused(t *testing.T) {
 		{withSegment(12), "withSegment"},
 		{nil, "option 0 is nil"},
 	} {
-		ts := transport.NewLocal(1)
+		ts := transporttest.NewLocal(t, 1)
 		_, err := New(ts[0], tc.opt)
 		require.ErrorIs(t, err, ErrInvalidArgument)
 		assert.Contains(t, err.Error(), tc.name)
@@ -38,7 +37,7 @@ func TestOptionsRefused(t *testing.T) {
 		_, err = InitFromEnv(bg, tc.opt)
 		require.ErrorIs(t, err, ErrInvalidArgument)
 	}
-	ts := transport.NewLocal(1)
+	ts := transporttest.NewLocal(t, 1)
 	defer ts[0].Close()
 	_, err := New(ts[0], WithTimeout(time.Second), WithSmallThreshold(-2), WithTimeout(0))
 	require.ErrorIs(t, err, ErrInvalidArgument)

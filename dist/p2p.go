@@ -2,6 +2,7 @@ package dist
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gdist/gdist/dist/transport"
@@ -36,7 +37,7 @@ func (g *ProcessGroup) Send(ctx context.Context, to int, tag uint32, p []byte) e
 	if err := g.checkP2P("send", to, tag); err != nil {
 		return err
 	}
-	return g.p2pErr("send", g.t.Send(ctx, to, tag, transport.Meta{}, p))
+	return g.p2pErr("send", g.t.Send(ctx, to, tag, transport.Header{}, p))
 }
 
 // Recv returns the next message from rank `from` under tag. The caller owns
@@ -50,6 +51,19 @@ func (g *ProcessGroup) Recv(ctx context.Context, from int, tag uint32) ([]byte, 
 		return nil, g.p2pErr("recv", err)
 	}
 	return m.Payload, nil
+}
+
+// RecvInto receives the next message from rank `from` under tag into dst
+// and returns its length n: the message is dst[:n]. The transport writes
+// it straight into dst where it can. A message longer than dst is consumed
+// and reported with an error matching ErrMessageTooLong, n its length and
+// dst unchanged. dst stays the caller's.
+func (g *ProcessGroup) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) (int, error) {
+	if err := g.checkP2P("recv", from, tag); err != nil {
+		return 0, err
+	}
+	_, n, err := g.t.RecvInto(ctx, from, tag, dst)
+	return n, g.p2pErr("recv", err)
 }
 
 // SendF32 sends data (little-endian float32s) to rank `to` under tag. data is
@@ -109,32 +123,36 @@ func (g *ProcessGroup) RecvF64(ctx context.Context, from int, tag uint32) ([]flo
 	return out, nil
 }
 
-// RecvF32Into receives a message of float32s into dst. A message of another
-// length is consumed and reported as a *LengthMismatchError, leaving dst
-// unchanged. dst stays the caller's.
+// RecvF32Into receives a message of float32s into dst: the transport
+// writes the payload straight into dst. A message of another length is
+// consumed and reported as a *LengthMismatchError; a longer one leaves dst
+// unchanged, a shorter one may have overwritten its start. dst stays the
+// caller's.
 func (g *ProcessGroup) RecvF32Into(ctx context.Context, from int, tag uint32, dst []float32) error {
-	p, err := g.recvSized(ctx, from, tag, 4)
-	if err != nil {
-		return err
-	}
-	defer g.t.Release(p)
-	if len(p) != 4*len(dst) {
-		return &LengthMismatchError{Op: "recv", Want: len(dst), Got: len(p) / 4}
-	}
-	copy(f32Bytes(dst), p)
-	return nil
+	return g.recvP2PInto(ctx, from, tag, f32Bytes(dst), 4)
 }
 
 // RecvF64Into receives a message of float64s into dst, like RecvF32Into.
 func (g *ProcessGroup) RecvF64Into(ctx context.Context, from int, tag uint32, dst []float64) error {
-	p, err := g.recvSized(ctx, from, tag, 8)
-	if err != nil {
+	return g.recvP2PInto(ctx, from, tag, f64Bytes(dst), 8)
+}
+
+// recvP2PInto receives a message of exactly len(dst) bytes into dst, like
+// RecvF32Into for es-byte values.
+func (g *ProcessGroup) recvP2PInto(ctx context.Context, from int, tag uint32, dst []byte, es int) error {
+	if err := g.checkP2P("recv", from, tag); err != nil {
 		return err
 	}
-	defer g.t.Release(p)
-	if len(p) != 8*len(dst) {
-		return &LengthMismatchError{Op: "recv", Want: len(dst), Got: len(p) / 8}
+	_, n, err := g.t.RecvInto(ctx, from, tag, dst)
+	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
+		return g.p2pErr("recv", err)
 	}
-	copy(f64Bytes(dst), p)
+	if n%es != 0 {
+		return &PeerError{Rank: from, Op: "recv",
+			Err: fmt.Errorf("%w: message of %d bytes is not a whole number of %d-byte values", ErrProtocol, n, es)}
+	}
+	if n != len(dst) {
+		return &LengthMismatchError{Op: "recv", Want: len(dst) / es, Got: n / es}
+	}
 	return nil
 }

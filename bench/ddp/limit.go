@@ -33,7 +33,7 @@ func limit(t transport.Transport, rate float64) (*limited, error) {
 }
 
 // Send implements transport.Transport.
-func (l *limited) Send(ctx context.Context, to int, tag uint32, meta transport.Meta, p []byte) error {
+func (l *limited) Send(ctx context.Context, to int, tag uint32, h transport.Header, p []byte) error {
 	if to != l.Rank() && len(p) > 0 {
 		l.mu.Lock()
 		now := time.Now()
@@ -54,5 +54,5 @@ func (l *limited) Send(ctx context.Context, to int, tag uint32, meta transport.M
 			}
 		}
 	}
-	return l.Transport.Send(ctx, to, tag, meta, p)
+	return l.Transport.Send(ctx, to, tag, h, p)
 }

@@ -466,7 +466,11 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 	}
 	var t transport.Transport
 	if world == 1 {
-		t = transport.NewLocal(1)[0]
+		ls, err := transport.NewLocal(1)
+		if err != nil {
+			return err
+		}
+		t = ls[0]
 	} else {
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		tt, err := tcp.Rendezvous(jctx, rank, world, net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")),

@@ -16,6 +16,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 	"github.com/gdist/gdist/internal/cli"
 )
 
@@ -33,7 +34,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestLimitRate(t *testing.T) {
-	ts := transport.NewLocal(2)
+	ts := transporttest.NewLocal(t, 2)
 	defer ts[0].Close()
 	defer ts[1].Close()
 	l, err := limit(ts[0], 50e6) // 50 MB/s
@@ -54,7 +55,7 @@ func TestLimitRate(t *testing.T) {
 	p := make([]byte, 250_000)
 	start := time.Now()
 	for range 4 {
-		require.NoError(t, l.Send(ctx, 1, 1, transport.Meta{}, p))
+		require.NoError(t, l.Send(ctx, 1, 1, transport.Header{}, p))
 	}
 	took := time.Since(start)
 	require.NoError(t, <-done)
@@ -64,7 +65,7 @@ func TestLimitRate(t *testing.T) {
 
 	// Sends to self are not limited.
 	start = time.Now()
-	require.NoError(t, l.Send(ctx, 0, 2, transport.Meta{}, make([]byte, 10_000_000)))
+	require.NoError(t, l.Send(ctx, 0, 2, transport.Header{}, make([]byte, 10_000_000)))
 	assert.Less(t, time.Since(start), 150*time.Millisecond)
 	m, err := ts[0].Recv(ctx, 0, 2)
 	require.NoError(t, err)
@@ -75,7 +76,7 @@ func TestLimitRate(t *testing.T) {
 }
 
 func TestLimitCancel(t *testing.T) {
-	ts := transport.NewLocal(2)
+	ts := transporttest.NewLocal(t, 2)
 	defer ts[0].Close()
 	defer ts[1].Close()
 	l, err := limit(ts[0], 1e3) // 1 kB/s: a 1 MB send would take 1000 s
@@ -83,7 +84,7 @@ func TestLimitCancel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = l.Send(ctx, 1, 1, transport.Meta{}, make([]byte, 1_000_000))
+	err = l.Send(ctx, 1, 1, transport.Header{}, make([]byte, 1_000_000))
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), time.Second)
 }
@@ -92,7 +93,7 @@ func TestLimitCancel(t *testing.T) {
 func runRanks(t *testing.T, n int, wrap func(transport.Transport) transport.Transport, fn func(pg *dist.ProcessGroup) error) {
 	t.Helper()
 	ts := make([]transport.Transport, n)
-	for r, tr := range transport.NewLocal(n) {
+	for r, tr := range transporttest.NewLocal(t, n) {
 		ts[r] = tr
 		if wrap != nil {
 			ts[r] = wrap(tr)

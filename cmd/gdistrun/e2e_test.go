@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,8 +57,63 @@ func TestMain(m *testing.M) {
 //	stubborn  wait, ignoring SIGTERM
 //	term      wait, but on SIGTERM print "got terminated" and exit 0
 //	orphan    wait, but exit 0 at once, leaving the child running
+//	failfirst print the attempt's rendezvous; on the first attempt
+//	          (GDIST_RESTART_COUNT=0) local rank 1 exits 3 once the others
+//	          have printed (and sleep)
+//	alwaysfail append a line to $GDISTRUN_TEST_DIR/attempts.RANK; rank 1
+//	          exits 3, the others sleep
+//	ctl       record the pid in $GDISTRUN_TEST_DIR/RANK.COUNT (COUNT is
+//	          GDIST_RESTART_COUNT); rank 1 exits 3 once the file fail.COUNT
+//	          appears there, the others sleep
+//	ctl-stubborn ctl, but the other ranks ignore SIGTERM, recording it in
+//	          term.COUNT
 func childMain(mode string) int {
 	rank := os.Getenv("RANK")
+	count := os.Getenv("GDIST_RESTART_COUNT")
+	dir := os.Getenv(dirEnv)
+	switch mode {
+	case "failfirst":
+		fmt.Printf("attempt %s port %s token %s\n", count, os.Getenv("MASTER_PORT"), os.Getenv("GDIST_TOKEN"))
+		fmt.Fprintf(os.Stderr, "stderr of attempt %s\n", count)
+		if count != "0" {
+			return 0
+		}
+		local := os.Getenv("LOCAL_RANK")
+		if local != "1" {
+			if err := writeAtomic(filepath.Join(dir, "printed."+local), ""); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			time.Sleep(childSleep)
+			return 0
+		}
+		// Fail once every other rank has printed.
+		n, _ := strconv.Atoi(os.Getenv("LOCAL_WORLD_SIZE"))
+		for l := 0; l < n; l++ {
+			for l != 1 {
+				if _, err := os.Stat(filepath.Join(dir, "printed."+strconv.Itoa(l))); err == nil {
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+		return 3
+	case "alwaysfail":
+		f, err := os.OpenFile(filepath.Join(dir, "attempts."+rank), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Fprintf(f, "attempt %s\n", count)
+		f.Close()
+		if rank == "1" {
+			return 3
+		}
+		time.Sleep(childSleep)
+		return 0
+	case "ctl", "ctl-stubborn":
+		return ctlChild(mode == "ctl-stubborn", dir, rank, count)
+	}
 	switch mode {
 	case "sleep":
 		time.Sleep(childSleep)
@@ -70,6 +126,8 @@ func childMain(mode string) int {
 		fmt.Printf("long %s end\n", strings.Repeat("z", 200<<10))
 		fmt.Printf("progress 1\rprogress 2\rdone\n")
 		fmt.Printf("no newline")
+		fmt.Fprintf(os.Stderr, "EXTRA GOMAXPROCS=%s GDIST_LISTEN_ADDR=%s GDIST_RESTART_COUNT=%s\n",
+			os.Getenv("GOMAXPROCS"), os.Getenv("GDIST_LISTEN_ADDR"), count)
 		return 0
 	case "exit3":
 		if rank == "1" {
@@ -89,7 +147,6 @@ func childMain(mode string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir := os.Getenv(dirEnv)
 	tmp := filepath.Join(dir, rank+".tmp")
 	pids := fmt.Sprintf("%d %d", os.Getpid(), gc.Process.Pid)
 	if err := os.WriteFile(tmp, []byte(pids), 0o644); err != nil {
@@ -112,18 +169,77 @@ func childMain(mode string) int {
 	return 0
 }
 
+// ctlChild is childMain's ctl and ctl-stubborn modes.
+func ctlChild(stubborn bool, dir, rank, count string) int {
+	term := make(chan os.Signal, 1)
+	if stubborn && rank != "1" {
+		signal.Notify(term, syscall.SIGTERM)
+	}
+	if err := writeAtomic(filepath.Join(dir, rank+"."+count), strconv.Itoa(os.Getpid())); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("attempt %s\n", count)
+	deadline := time.After(childSleep)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-term:
+			if err := writeAtomic(filepath.Join(dir, "term."+count), ""); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		case <-tick.C:
+			if _, err := os.Stat(filepath.Join(dir, "fail."+count)); err == nil && rank == "1" {
+				return 3
+			}
+		case <-deadline:
+			return 0
+		}
+	}
+}
+
+// writeAtomic writes a file that appears whole or not at all.
+func writeAtomic(path, content string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
 // childEnv returns the environment for a re-executed test binary. Under
 // -race, a process sleeps a second at exit unless told not to.
+// GOMAXPROCS is left out, so that gdistrun picks it as it does by default.
 func childEnv(extra ...string) []string {
-	env := append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
+	env = append(env, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	return append(env, extra...)
 }
+
+// testCPUs is the CPU count the in-process tests tell run to share.
+const testCPUs = 4
+
+// procsNote is what gdistrun prints on stderr about GOMAXPROCS for n ranks
+// on testCPUs CPUs.
+func procsNote(n int) string {
+	ranks := fmt.Sprintf("each of %d ranks", n)
+	if n == 1 {
+		ranks = "1 rank"
+	}
+	return fmt.Sprintf("gdistrun: GOMAXPROCS=%d for %s (%d CPUs; set GOMAXPROCS to override)\n",
+		max(1, testCPUs/n), ranks, testCPUs)
+}
+
+// launcherProcsNote matches procsNote's line as the real command prints it
+// for 2 ranks, on whatever CPUs this machine has.
+const launcherProcsNote = `^gdistrun: GOMAXPROCS=[0-9]+ for each of 2 ranks \([0-9]+ CPUs; set GOMAXPROCS to override\)\n`
 
 // testJob returns a config that runs the test binary as every rank.
 func testJob(t *testing.T, nproc int, mode string) (config, string) {
 	dir := t.TempDir()
 	return config{
-		nproc: nproc, nnodes: 1, masterAddr: "127.0.0.1", killGrace: 3 * time.Second,
+		nproc: nproc, nnodes: 1, masterAddr: "127.0.0.1", killGrace: 3 * time.Second, cpus: testCPUs,
 		argv:    []string{os.Args[0], childArg, mode},
 		environ: childEnv(dirEnv + "=" + dir),
 	}, dir
@@ -278,7 +394,7 @@ func TestRunNoPrefix(t *testing.T) {
 	require.Equal(t, 0, code)
 	assert.True(t, strings.HasPrefix(stdout.String(), "RANK=0 "))
 	assert.True(t, strings.HasSuffix(stdout.String(), "progress 1\rprogress 2\rdone\nno newline"), "output passed through unchanged")
-	assert.Equal(t, "to stderr\n", stderr.String())
+	assert.Equal(t, procsNote(1)+"to stderr\nEXTRA GOMAXPROCS=4 GDIST_LISTEN_ADDR= GDIST_RESTART_COUNT=0\n", stderr.String())
 }
 
 func TestRunRankExits3(t *testing.T) {
@@ -403,7 +519,7 @@ func TestLauncherForwardsSIGTERM(t *testing.T) {
 	assert.Equal(t, 128+15, ee.ExitCode())
 	assert.Contains(t, stdout.String(), "[0] got terminated\n")
 	assert.Contains(t, stdout.String(), "[1] got terminated\n")
-	assert.Equal(t, "gdistrun: received terminated; stopped all ranks\n", stderr.String())
+	assert.Regexp(t, launcherProcsNote+"gdistrun: received terminated; stopped all ranks\n$", stderr.String())
 	requireGone(t, append(ranks, children...)...)
 }
 
@@ -419,7 +535,7 @@ func TestLauncherRankFailure(t *testing.T) {
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee)
 	assert.Equal(t, 137, ee.ExitCode())
-	assert.Equal(t, "gdistrun: rank 1 failed first: signal: killed\n", stderr.String())
+	assert.Regexp(t, launcherProcsNote+`gdistrun: rank 1 failed first: signal: killed\n$`, stderr.String())
 	requireGone(t, append(ranks, children...)...)
 }
 

@@ -11,7 +11,7 @@ import (
 // Configuration errors; main reports them with exit status 2.
 var (
 	errUsage     = errors.New("usage error")
-	errNeedPort  = errors.New("-nnodes > 1 needs -master-port (the same port on every host)")
+	errNeedPort  = errors.New("-nnodes > 1 needs -master-port or -rdzv-endpoint (the same port on every host)")
 	errNeedToken = errors.New("-nnodes > 1 needs GDIST_TOKEN in the environment, the same on every host (e.g. export GDIST_TOKEN=$(openssl rand -hex 32))")
 	errNoProgram = errors.New("no program given (usage: gdistrun -n N [flags] -- program [args...])")
 )
@@ -46,6 +46,8 @@ func resolveJob(cfg config, environ []string) (launch.Spec, error) {
 		return j, fmt.Errorf("%w: -master-addr must not be empty", errUsage)
 	case cfg.timeout < 0:
 		return j, fmt.Errorf("%w: -timeout must not be negative, got %v", errUsage, cfg.timeout)
+	case cfg.maxRestarts < 0:
+		return j, fmt.Errorf("%w: -max-restarts must not be negative, got %d", errUsage, cfg.maxRestarts)
 	case cfg.killGrace < 0:
 		return j, fmt.Errorf("%w: -kill-grace must not be negative, got %v", errUsage, cfg.killGrace)
 	case len(cfg.argv) == 0:

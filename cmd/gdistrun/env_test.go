@@ -69,6 +69,7 @@ func TestResolveJobRejects(t *testing.T) {
 		"empty addr":      func(c *config) { c.masterAddr = "" },
 		"timeout<0":       func(c *config) { c.timeout = -time.Second },
 		"grace<0":         func(c *config) { c.killGrace = -time.Second },
+		"max-restarts<0":  func(c *config) { c.maxRestarts = -1 },
 		"no program":      func(c *config) { c.argv = nil },
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -24,20 +26,29 @@ const usageHead = `Usage: gdistrun [flags] [--] program [args...]
 gdistrun starts -n copies of program on this machine, one per rank, with the
 environment torchrun and mpirun users expect, prefixes every output line with
 the rank, forwards SIGINT, SIGTERM and SIGHUP to every rank, and stops the
-whole job when one rank fails.
+whole job when one rank fails (and, with -max-restarts, starts it again).
+
+Flags take one dash or two; torchrun's spellings (--nproc-per-node,
+--nproc_per_node, --master_port, ...) are accepted as well.
 
 Flags:
 `
 
 const usageTail = `
 Environment of each rank:
-  RANK              global rank: node-rank*n + local rank
-  LOCAL_RANK        rank on this node, 0..n-1
-  WORLD_SIZE        nnodes*n
-  LOCAL_WORLD_SIZE  n
-  MASTER_ADDR       -master-addr
-  MASTER_PORT       -master-port, or a free port gdistrun picks
-  GDIST_TOKEN       job token: passed through if set, else 32 random bytes in hex
+  RANK                global rank: node-rank*n + local rank
+  LOCAL_RANK          rank on this node, 0..n-1
+  WORLD_SIZE          nnodes*n
+  LOCAL_WORLD_SIZE    n
+  MASTER_ADDR         -master-addr
+  MASTER_PORT         -master-port, or a free port gdistrun picks
+  GDIST_TOKEN         job token: passed through if set, else 32 random bytes
+                      in hex, fresh for every attempt
+  GDIST_RESTART_COUNT how many times the job was restarted before (0 first)
+  GOMAXPROCS          unless set for gdistrun: max(1, CPUs / n), so that n
+                      ranks do not oversubscribe the CPUs (printed once)
+  GDIST_LISTEN_ADDR   with -nnodes > 1, unless set: 0.0.0.0:0, so that ranks
+                      on other hosts can reach this host's ranks
 
 Each rank runs in a process group of its own. If a rank exits non-zero or is
 killed, every other rank's group gets SIGTERM, then SIGKILL after -kill-grace,
@@ -45,59 +56,93 @@ and gdistrun exits non-zero naming the rank that failed first, e.g.
   gdistrun: rank 1 failed first: signal: killed
 Whatever a rank leaves running in its group when it exits is killed.
 
+With -max-restarts N, a failed job is started again, up to N times, with a
+fresh rendezvous (a new free port on a single node, the same -master-port
+across nodes) and a fresh token (unless GDIST_TOKEN was given), e.g.
+  gdistrun: rank 1 failed (signal: killed); restart 1 of 2
+A signal to gdistrun or -timeout (which bounds the whole job) ends the job
+without a restart.
+
+With -log-dir DIR, each rank's stdout and stderr also go to DIR/rank<N>.log
+(N the global rank), appended to, with a header line for every attempt.
+
 Examples:
   gdistrun -n 4 -- ./train -epochs 3
+  gdistrun --standalone --nproc-per-node 2 ./train     # torchrun's spelling
   gdistrun -n 2 -- go run ./examples/mnist
+  gdistrun -n 2 -max-restarts 3 -log-dir logs -- ./train -resume
   gdistrun -n 2 -timeout 10m -no-prefix -- ./bench
 
   Two hosts, two ranks each: pick one token and one port, then on each host
   (K = 0 on HOST0, 1 on the other)
     export GDIST_TOKEN=$(openssl rand -hex 32)   # once; copy it to every host
-    GDIST_TOKEN=<same> GDIST_LISTEN_ADDR=0.0.0.0:0 \
+    GDIST_TOKEN=<same> \
       gdistrun -nnodes 2 -node-rank K -n 2 -master-addr HOST0 -master-port 29500 -- ./train
+  or, torchrun's way: --nnodes 2 --node-rank K --nproc-per-node 2
+  --rdzv-endpoint HOST0:29500. -nnodes > 1 requires -master-port (or
+  -rdzv-endpoint) and GDIST_TOKEN.
 
-  Ranks listen on loopback unless GDIST_LISTEN_ADDR names an address: on
-  multi-host jobs set GDIST_LISTEN_ADDR=0.0.0.0:0 (or one interface's address,
-  e.g. 10.0.0.5:0) on each host. -nnodes > 1 requires -master-port and
-  GDIST_TOKEN.
+  With -nnodes > 1 gdistrun sets GDIST_LISTEN_ADDR=0.0.0.0:0 for the ranks, so
+  they listen on all interfaces (gdist advertises the address that reaches
+  rank 0), unless GDIST_LISTEN_ADDR is set already, e.g. to one interface's
+  address, 10.0.0.5:0. On a single node the ranks listen on loopback.
 
 Exit status: 0 when every rank exits 0; otherwise the status of the rank that
-failed first (128+N if killed by signal N), 124 after -timeout, 128+N after
-gdistrun receives signal N, 127 (126) if program is not found (not
-executable), 2 on usage errors.
+failed first (128+N if killed by signal N) in the last attempt, 124 after
+-timeout, 128+N after gdistrun receives signal N, 127 (126) if program is not
+found (not executable), 2 on usage errors.
 `
 
-// newFlagSet returns the command's flags, bound to cfg.
-func newFlagSet(cfg *config) *flag.FlagSet {
-	fs := flag.NewFlagSet("gdistrun", flag.ContinueOnError)
-	fs.IntVar(&cfg.nproc, "n", defaultNProc, "number of ranks to start on this node (LOCAL_WORLD_SIZE)")
-	fs.IntVar(&cfg.nproc, "nproc-per-node", defaultNProc, "same as -n")
-	fs.IntVar(&cfg.nnodes, "nnodes", 1, "number of nodes (hosts) in the job, each running gdistrun")
-	fs.IntVar(&cfg.nodeRank, "node-rank", 0, "index of this node, 0..nnodes-1")
-	fs.StringVar(&cfg.masterAddr, "master-addr", defaultMasterAddr, "address of the node running rank 0 (MASTER_ADDR)")
-	fs.IntVar(&cfg.masterPort, "master-port", 0, "port for rendezvous with rank 0 (MASTER_PORT); 0 picks a free one, single node only")
-	fs.BoolVar(&cfg.noPrefix, "no-prefix", false, "do not prefix output lines with the rank")
-	fs.DurationVar(&cfg.timeout, "timeout", 0, "stop the job after this long, e.g. 30m (0: no limit)")
-	fs.DurationVar(&cfg.killGrace, "kill-grace", defaultKillGrace, "time between SIGTERM and SIGKILL when stopping ranks")
+// cmdFlags are the flags that parseArgs folds into a config.
+type cmdFlags struct {
+	standalone   bool   // --standalone
+	rdzvEndpoint string // --rdzv-endpoint host:port
+}
+
+// newFlagSet returns the command's flags, bound to cfg and cf.
+func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
+	fs := newFlags("gdistrun")
+	fs.add(intValue(&cfg.nproc, defaultNProc), "number of ranks to start on this node (LOCAL_WORLD_SIZE)",
+		"n", "nproc-per-node", "nproc_per_node")
+	fs.add(intValue(&cfg.nnodes, 1), "number of nodes (hosts) in the job, each running gdistrun", "nnodes")
+	fs.add(intValue(&cfg.nodeRank, 0), "index of this node, 0..nnodes-1", "node-rank", "node_rank")
+	fs.add(stringValue(&cfg.masterAddr, defaultMasterAddr), "address of the node running rank 0 (MASTER_ADDR)",
+		"master-addr", "master_addr")
+	fs.add(intValue(&cfg.masterPort, 0), "port for rendezvous with rank 0 (MASTER_PORT); 0 picks a free one, single node only",
+		"master-port", "master_port")
+	fs.add(stringValue(&cf.rdzvEndpoint, ""), "rendezvous endpoint `host:port`: sets -master-addr and -master-port",
+		"rdzv-endpoint", "rdzv_endpoint")
+	fs.add(boolValue(&cf.standalone), "single node on a free port (what gdistrun does by default)", "standalone")
+	fs.add(intValue(&cfg.maxRestarts, 0), "restart the whole job up to `N` times when a rank fails",
+		"max-restarts", "max_restarts")
+	fs.add(stringValue(&cfg.logDir, ""), "also write each rank's output to `DIR`/rank<N>.log", "log-dir", "log_dir")
+	fs.add(boolValue(&cfg.noPrefix), "do not prefix output lines with the rank", "no-prefix")
+	fs.add(durationValue(&cfg.timeout, 0), "stop the job after this long, restarts included, e.g. 30m (0: no limit)", "timeout")
+	fs.add(durationValue(&cfg.killGrace, defaultKillGrace), "time between SIGTERM and SIGKILL when stopping ranks", "kill-grace")
 	return fs
 }
 
 // usage writes the full usage text to w.
 func usage(w io.Writer) {
-	var cfg config
-	fs := newFlagSet(&cfg)
-	fs.SetOutput(w)
+	var (
+		cfg config
+		cf  cmdFlags
+	)
+	fs := newFlagSet(&cfg, &cf)
 	fmt.Fprint(w, usageHead)
-	fs.PrintDefaults()
+	fs.printDefaults(w)
 	fmt.Fprint(w, usageTail)
 }
 
 // parseArgs parses the command line (without the program name). On -h it
-// writes the usage to stdout and returns flag.ErrHelp; on other errors the
-// flag package has already reported them on stderr.
+// writes the usage to stdout and returns flag.ErrHelp; on other errors it
+// (or the flag package) has already reported them on stderr.
 func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
-	var cfg config
-	fs := newFlagSet(&cfg)
+	var (
+		cfg config
+		cf  cmdFlags
+	)
+	fs := newFlagSet(&cfg, &cf)
 	fs.SetOutput(stderr)
 	usageCalled := false
 	fs.Usage = func() {
@@ -112,7 +157,47 @@ func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
 		return cfg, err
 	}
 	cfg.argv = fs.Args()
+	if err := foldTorchrunFlags(fs, &cfg, cf); err != nil {
+		fmt.Fprintf(stderr, "gdistrun: %v\nrun 'gdistrun -h' for usage\n", err)
+		return cfg, err
+	}
 	return cfg, nil
+}
+
+// foldTorchrunFlags applies --rdzv-endpoint and --standalone to cfg,
+// rejecting values that contradict other flags.
+func foldTorchrunFlags(fs *flagSet, cfg *config, cf cmdFlags) error {
+	if fs.set("rdzv-endpoint") {
+		flagName := fs.setBy("rdzv-endpoint")
+		host, portStr, err := net.SplitHostPort(cf.rdzvEndpoint)
+		port, perr := strconv.Atoi(portStr)
+		switch {
+		case err != nil || host == "":
+			return fmt.Errorf("%w: %s must be host:port, got %q", errUsage, flagName, cf.rdzvEndpoint)
+		case perr != nil || port < 1 || port > 65535:
+			return fmt.Errorf("%w: %s: port must be in [1, 65535], got %q", errUsage, flagName, portStr)
+		case fs.set("master-addr") && cfg.masterAddr != host:
+			return fmt.Errorf("%w: %s=%s conflicts with %s=%s", errUsage, flagName, cf.rdzvEndpoint, fs.setBy("master-addr"), cfg.masterAddr)
+		case fs.set("master-port") && cfg.masterPort != port:
+			return fmt.Errorf("%w: %s=%s conflicts with %s=%d", errUsage, flagName, cf.rdzvEndpoint, fs.setBy("master-port"), cfg.masterPort)
+		}
+		cfg.masterAddr, cfg.masterPort = host, port
+	}
+	if cf.standalone {
+		switch {
+		case cfg.nnodes != 1:
+			return fmt.Errorf("%w: -standalone is a single-node job; it conflicts with %s=%d", errUsage, fs.setBy("nnodes"), cfg.nnodes)
+		case cfg.masterPort != 0 || cfg.masterAddr != defaultMasterAddr:
+			by := fs.setBy("master-addr")
+			if fs.set("rdzv-endpoint") {
+				by = fs.setBy("rdzv-endpoint")
+			} else if fs.set("master-port") {
+				by = fs.setBy("master-port")
+			}
+			return fmt.Errorf("%w: -standalone picks a free port on %s; it conflicts with %s", errUsage, defaultMasterAddr, by)
+		}
+	}
+	return nil
 }
 
 // stdinFor returns f if ranks may read it: a pipe or a file, not a

@@ -8,6 +8,10 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gdist/gdist/internal/launch"
@@ -15,19 +19,22 @@ import (
 
 // config is what the command line asks for, plus the launcher's plumbing.
 type config struct {
-	nproc      int           // -n: ranks on this node
-	nnodes     int           // -nnodes
-	nodeRank   int           // -node-rank
-	masterAddr string        // -master-addr
-	masterPort int           // -master-port; 0 picks a free port (single node only)
-	noPrefix   bool          // -no-prefix
-	timeout    time.Duration // -timeout; 0 means none
-	killGrace  time.Duration // -kill-grace: SIGTERM to SIGKILL
-	argv       []string      // program and its arguments
+	nproc       int           // -n: ranks on this node
+	nnodes      int           // -nnodes
+	nodeRank    int           // -node-rank
+	masterAddr  string        // -master-addr
+	masterPort  int           // -master-port; 0 picks a free port (single node only)
+	maxRestarts int           // -max-restarts
+	logDir      string        // -log-dir; "" for none
+	noPrefix    bool          // -no-prefix
+	timeout     time.Duration // -timeout; 0 means none
+	killGrace   time.Duration // -kill-grace: SIGTERM to SIGKILL
+	argv        []string      // program and its arguments
 
 	environ []string         // base environment of the ranks; nil means os.Environ()
 	stdin   *os.File         // stdin of local rank 0 when non-nil; other ranks read /dev/null
 	signals <-chan os.Signal // signals to forward to every rank; nil for none
+	cpus    int              // CPUs the ranks share; 0 means availableCPUs()
 }
 
 // Exit statuses of gdistrun itself. A failed rank's own status is passed on.
@@ -39,13 +46,23 @@ const (
 	exitSignalBase = 128
 )
 
+// Variables gdistrun sets for the ranks besides launch.Spec's.
+const (
+	envRestartCount = "GDIST_RESTART_COUNT"
+	envListenAddr   = "GDIST_LISTEN_ADDR" // dist.EnvListenAddr
+	envGOMAXPROCS   = "GOMAXPROCS"
+	multiNodeListen = "0.0.0.0:0"
+)
+
 // errTimedOut reports that -timeout expired.
 var errTimedOut = errors.New("job timed out")
 
 // run starts cfg.nproc ranks of cfg.argv through package launch, supervises
-// them and returns gdistrun's exit status with the reason it is not 0.
-// Child output goes to stdout and stderr (prefixed with the rank unless
-// cfg.noPrefix). run returns only after every child has been reaped.
+// them, starts them again up to cfg.maxRestarts times when one fails, and
+// returns gdistrun's exit status with the reason it is not 0. Child output
+// goes to stdout and stderr (prefixed with the rank unless cfg.noPrefix),
+// and to cfg.logDir if set; gdistrun's own notes go to stderr. run returns
+// only after every child has been reaped.
 func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error) {
 	environ := cfg.environ
 	if environ == nil {
@@ -63,25 +80,100 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		ctx, cancel = context.WithTimeout(ctx, cfg.timeout)
 		defer cancel()
 	}
-	output := launch.Prefixed(stdout, stderr)
+	terminal := launch.Prefixed(stdout, stderr)
 	if cfg.noPrefix {
 		so, se := passThrough(stdout), passThrough(stderr)
-		output = func(int) (io.Writer, io.Writer) { return so, se }
+		terminal = func(int) (io.Writer, io.Writer) { return so, se }
 	}
-	r, err := launch.Start(ctx, launch.Job{
-		Spec:      spec,
-		Program:   cfg.argv[0],
-		Args:      cfg.argv[1:],
-		Environ:   environ,
-		Output:    output,
-		Stdin:     cfg.stdin,
-		Signals:   cfg.signals,
-		KillGrace: cfg.killGrace,
-	})
-	if err != nil {
-		return startFailureStatus(err), err
+	output := terminal
+	var logs *rankLogs
+	if cfg.logDir != "" {
+		if logs, err = openRankLogs(cfg.logDir, spec, cfg.argv); err != nil {
+			return 1, err
+		}
+		defer func() {
+			if err := logs.close(); err != nil {
+				fmt.Fprintf(stderr, "gdistrun: %v\n", err)
+			}
+		}()
+		output = logs.output(terminal)
 	}
-	err = r.Wait()
+	var env []string
+	if cfg.nnodes > 1 && lookupEnv(environ, envListenAddr) == "" {
+		env = append(env, envListenAddr+"="+multiNodeListen)
+	}
+	procs := 0
+	if lookupEnv(environ, envGOMAXPROCS) == "" {
+		cpus := cfg.cpus
+		if cpus <= 0 {
+			cpus = availableCPUs()
+		}
+		procs = procsPerRank(cpus, cfg.nproc)
+		fmt.Fprintf(stderr, "gdistrun: GOMAXPROCS=%d for %s (%d CPUs; set GOMAXPROCS to override)\n",
+			procs, eachRank(cfg.nproc), cpus)
+	}
+	sigs := relaySignals(cfg.signals)
+	defer sigs.stop()
+
+	attempts := cfg.maxRestarts + 1
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if spec, err = restartSpec(cfg, environ, spec); err != nil {
+				return 1, err
+			}
+		}
+		job := launch.Job{
+			Spec:      spec,
+			Program:   cfg.argv[0],
+			Args:      cfg.argv[1:],
+			Environ:   environ,
+			Env:       append(slices.Clip(env), envRestartCount+"="+strconv.Itoa(attempt)),
+			Procs:     procs,
+			Output:    output,
+			Stdin:     cfg.stdin,
+			Signals:   sigs.out,
+			KillGrace: cfg.killGrace,
+		}
+		if logs != nil {
+			logs.begin(attempt, attempts)
+		}
+		r, err := launch.Start(ctx, job)
+		if err != nil {
+			return startFailureStatus(err), err
+		}
+		err = r.Wait()
+		if logs != nil {
+			logs.end(r.Procs())
+		}
+		var re *launch.RankError
+		if errors.As(err, &re) && attempt < cfg.maxRestarts && ctx.Err() == nil && sigs.received() == nil {
+			fmt.Fprintf(stderr, "gdistrun: rank %d failed (%v); restart %d of %d\n", re.Rank, re.Err, attempt+1, cfg.maxRestarts)
+			continue
+		}
+		if re != nil && cfg.maxRestarts > 0 {
+			err = fmt.Errorf("%w (attempt %d of %d)", err, attempt+1, attempts)
+		}
+		return exitStatus(cfg, err)
+	}
+}
+
+// restartSpec returns the spec of the attempt after the one that ran with
+// prev: a fresh token unless the user gave one, and on a single node
+// without -master-port a new free port (a different one from prev's if one
+// can be had in a few tries).
+func restartSpec(cfg config, environ []string, prev launch.Spec) (launch.Spec, error) {
+	for range 3 {
+		spec, err := resolveJob(cfg, environ)
+		if err != nil || cfg.masterPort != 0 || spec.MasterPort != prev.MasterPort {
+			return spec, err
+		}
+	}
+	return resolveJob(cfg, environ)
+}
+
+// exitStatus maps the outcome of the last attempt to gdistrun's exit
+// status and the error to report.
+func exitStatus(cfg config, err error) (int, error) {
 	var (
 		re *launch.RankError
 		se *launch.SignalError
@@ -100,6 +192,79 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		return exitTimeout, errTimedOut
 	}
 	return 1, err
+}
+
+// availableCPUs returns the number of CPUs gdistrun may run on: Go's
+// default GOMAXPROCS (runtime.NumCPU, lowered to the cgroup's CPU limit
+// where one is set) when GOMAXPROCS is not set for gdistrun itself.
+func availableCPUs() int {
+	if os.Getenv(envGOMAXPROCS) == "" {
+		return runtime.GOMAXPROCS(0)
+	}
+	return runtime.NumCPU()
+}
+
+// eachRank says "each of n ranks", or "1 rank".
+func eachRank(n int) string {
+	if n == 1 {
+		return "1 rank"
+	}
+	return "each of " + strconv.Itoa(n) + " ranks"
+}
+
+// procsPerRank returns the GOMAXPROCS that lets n ranks share cpus CPUs
+// without oversubscribing them: max(1, cpus/n).
+func procsPerRank(cpus, n int) int { return max(1, cpus/max(n, 1)) }
+
+// signalRelay passes the signals gdistrun receives on to the running
+// attempt's launch (which stops the job) and remembers the first one, so
+// that no restart follows it, even if it arrived while the job was already
+// stopping after a rank failed, or between attempts.
+type signalRelay struct {
+	out  chan os.Signal // Job.Signals of every attempt
+	quit chan struct{}  // closed by stop
+	done chan struct{}  // closed when the relay goroutine returns
+
+	mu  sync.Mutex
+	got os.Signal
+}
+
+// relaySignals starts relaying in (nil: no signals) until stop.
+func relaySignals(in <-chan os.Signal) *signalRelay {
+	s := &signalRelay{out: make(chan os.Signal, 4), quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		for {
+			select {
+			case sig := <-in:
+				s.mu.Lock()
+				if s.got == nil {
+					s.got = sig
+				}
+				s.mu.Unlock()
+				select {
+				case s.out <- sig:
+				default: // launch has not taken the last ones yet; they stop the job as well
+				}
+			case <-s.quit:
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// received returns the first signal relayed, or nil.
+func (s *signalRelay) received() os.Signal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.got
+}
+
+// stop ends the relay and waits for its goroutine.
+func (s *signalRelay) stop() {
+	close(s.quit)
+	<-s.done
 }
 
 // passThrough returns w for ranks that write without a prefix: a file as

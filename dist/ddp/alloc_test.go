@@ -10,7 +10,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // stepAllocBytes returns the bytes allocated per steady-state training step
@@ -46,7 +46,7 @@ func newStep(t testing.TB, withDDP bool, sizes []int, batchN int) func() {
 	use := func(i int) (*gorgonia.Node, error) { return ps[i], nil }
 	var solver gorgonia.Solver = adam()
 	if withDDP {
-		pg, err := dist.New(transport.NewLocal(1)[0])
+		pg, err := dist.New(transporttest.NewLocal(t, 1)[0])
 		require.NoError(t, err)
 		t.Cleanup(func() { pg.Close() })
 		d, err := Wrap(context.Background(), pg, ps)

@@ -34,6 +34,8 @@ type bucket struct {
 	work     *dist.Work // this step's all-reduce; nil before launch and at world size 1
 	launched bool       // work started (or skipped at world size 1) this step
 	launchAt time.Time
+	firstAt  time.Time // this pass's first gradient of the bucket (timeline)
+	readyAt  time.Time // its last one
 }
 
 // closedChan is the done channel of a bucket with nothing to wait for.

@@ -20,7 +20,10 @@ import (
 func Example() {
 	const ranks, local = 2, 2
 	xs := []float64{1, 2, 3, 4} // the global batch; rank r takes rows [2r, 2r+2)
-	ts := transport.NewLocal(ranks)
+	ts, err := transport.NewLocal(ranks)
+	if err != nil {
+		panic(err)
+	}
 	var mu sync.Mutex // Gorgonia graph construction is not goroutine-safe
 	var wg sync.WaitGroup
 	weights := make([]float64, ranks)

@@ -70,7 +70,13 @@ func (d *DDP) gradReady(i int, g gorgonia.Value) (launched bool, err error) {
 	}
 	d.ready[i] = true
 	d.nReady++
+	if b.pending == b.nGrad {
+		b.firstAt = now
+	}
 	b.pending--
+	if b.pending == 0 {
+		b.readyAt = now
+	}
 	d.emitLocked("grad", i, s.bucket, now)
 	if d.launchNow {
 		d.launchReadyLocked(false)

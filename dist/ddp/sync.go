@@ -9,6 +9,7 @@ import (
 	"gorgonia.org/gorgonia"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/timeline"
 )
 
 // Stats describes one synchronisation (one optimiser step) as seen by this
@@ -123,6 +124,10 @@ func (d *DDP) Sync(ctx context.Context) error {
 	}
 	d.cur.Comm = comm
 	d.cur.Exposed = exposed
+	d.pg.Metrics().DDPStep(comm, exposed)
+	if tl := d.pg.Timeline(); tl != nil {
+		d.timelineLocked(tl, start, exposed)
+	}
 	d.last = d.cur
 	d.cur = Stats{}
 	d.passes = 0
@@ -286,4 +291,26 @@ func (s *Solver) Step(model []gorgonia.ValueGrad) error {
 		return err
 	}
 	return s.inner.Step(model)
+}
+
+// timelineLocked puts this step's buckets on the group's timeline: when each
+// bucket's gradients arrived during backprop, its all-reduce from launch to
+// finish, and the time Sync waited (the exposed communication).
+func (d *DDP) timelineLocked(tl *timeline.Recorder, waitStart time.Time, exposed time.Duration) {
+	for bi, b := range d.bkts {
+		if !b.firstAt.IsZero() {
+			tl.Add(timeline.Event{Lane: "ddp backward", Name: fmt.Sprintf("bucket %d gradients", bi), Cat: "ddp",
+				Start: b.firstAt, End: b.readyAt, Args: [4]timeline.Arg{
+					{Key: "bucket", Int: int64(bi)}, {Key: "params", Int: int64(len(b.params))}}})
+		}
+		if b.work != nil {
+			tl.Add(timeline.Event{Lane: "ddp all-reduce", Name: fmt.Sprintf("bucket %d all-reduce", bi), Cat: "ddp",
+				Start: b.launchAt, End: b.doneAt(), Args: [4]timeline.Arg{
+					{Key: "bucket", Int: int64(bi)}, {Key: "bytes", Int: int64(4*len(b.f32) + 8*len(b.f64))},
+					{Key: "launched_after_backward_us", Int: b.launchAt.Sub(b.readyAt).Microseconds()}}})
+		}
+		b.firstAt, b.readyAt = time.Time{}, time.Time{}
+	}
+	tl.Add(timeline.Event{Lane: "ddp wait", Name: "exposed communication", Cat: "ddp",
+		Start: waitStart, End: waitStart.Add(exposed), Args: [4]timeline.Arg{{Key: "us", Int: exposed.Microseconds()}}})
 }

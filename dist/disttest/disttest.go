@@ -29,7 +29,11 @@ import (
 // in-process transport and made with opts. They are closed in t.Cleanup.
 func Cluster(t testing.TB, n int, opts ...dist.Option) []*dist.ProcessGroup {
 	t.Helper()
-	return Groups(t, transport.NewLocal(n), opts...)
+	ls, err := transport.NewLocal(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Groups(t, ls, opts...)
 }
 
 // Groups returns a process group on each of ts, made with opts, rank r's at

@@ -16,7 +16,10 @@ import (
 // Two ranks in one process all-reduce a vector inside their graphs and
 // differentiate through the collective.
 func ExampleAllReduce() {
-	ts := transport.NewLocal(2)
+	ts, err := transport.NewLocal(2)
+	if err != nil {
+		panic(err)
+	}
 	var mu sync.Mutex // Gorgonia graph construction is not goroutine-safe
 	var wg sync.WaitGroup
 	out := make([]string, 2)

@@ -17,7 +17,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/ops"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -449,7 +449,7 @@ func TestNumericGradient(t *testing.T) {
 // TestEachOpIsUnique checks that two identical collectives over the same
 // input stay two nodes (Gorgonia merges nodes with equal hashes).
 func TestEachOpIsUnique(t *testing.T) {
-	ts := transport.NewLocal(1)
+	ts := transporttest.NewLocal(t, 1)
 	pg, err := dist.New(ts[0])
 	require.NoError(t, err)
 	defer pg.Close()
@@ -467,7 +467,7 @@ func TestEachOpIsUnique(t *testing.T) {
 }
 
 func TestInvalidArguments(t *testing.T) {
-	ts := transport.NewLocal(2)
+	ts := transporttest.NewLocal(t, 2)
 	pg, err := dist.New(ts[0])
 	require.NoError(t, err)
 	defer pg.Close()
@@ -567,7 +567,7 @@ func TestDoDoesNotWriteInput(t *testing.T) {
 
 func TestErrorsSurface(t *testing.T) {
 	// A collective whose peer is gone fails the run instead of hanging.
-	ts := transport.NewLocal(2)
+	ts := transporttest.NewLocal(t, 2)
 	pg, err := dist.New(ts[0], dist.WithTimeout(5*time.Second))
 	require.NoError(t, err)
 	defer pg.Close()
@@ -588,7 +588,7 @@ func TestErrorsSurface(t *testing.T) {
 // TestMismatchedGraphsFail builds different collectives on the two ranks:
 // both runs fail (the group detects the desync) instead of hanging.
 func TestMismatchedGraphsFail(t *testing.T) {
-	ts := transport.NewLocal(2)
+	ts := transporttest.NewLocal(t, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for r := range 2 {

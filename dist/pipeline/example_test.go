@@ -34,7 +34,10 @@ func Example() {
 		return out
 	}
 
-	ts := transport.NewLocal(2)
+	ts, err := transport.NewLocal(2)
+	if err != nil {
+		panic(err)
+	}
 	var wg sync.WaitGroup
 	for rank := range 2 {
 		wg.Add(1)

@@ -17,6 +17,7 @@ import (
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/pipeline/pipelinetest"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 func TestMain(m *testing.M) {
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 // their errors. A rank's group is closed when its fn returns.
 func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) []error {
 	t.Helper()
-	ts := transport.NewLocal(n)
+	ts := transporttest.NewLocal(t, n)
 	return runOn(t, ts, fn)
 }
 

@@ -9,14 +9,14 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // TestNewRefusesOptions: New fails on the first invalid option with an
 // error matching ErrInvalidArgument that names the option, before any
 // graph is built or message sent.
 func TestNewRefusesOptions(t *testing.T) {
-	ts := transport.NewLocal(1)
+	ts := transporttest.NewLocal(t, 1)
 	pg, err := dist.New(ts[0])
 	require.NoError(t, err)
 	defer pg.Close()

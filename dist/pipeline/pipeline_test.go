@@ -15,7 +15,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 var testSizes = []int{5, 7, 6, 8, 3}
@@ -271,7 +271,7 @@ func TestKilledStage(t *testing.T) {
 	for _, victim := range []int{0, 1, 2} {
 		t.Run(fmt.Sprintf("victim%d", victim), func(t *testing.T) {
 			const p, m, rows = 3, 4, 2
-			ts := transport.NewLocal(p)
+			ts := transporttest.NewLocal(t, p)
 			var killedAt time.Time
 			var mu sync.Mutex
 			failedAt := make([]time.Time, p)
@@ -510,7 +510,7 @@ func TestOptionsValidation(t *testing.T) {
 		WithRanks(), WithRanks(0, 0), WithTagBase(dist.TagReservedBase - 1), WithBuildLock(nil)} {
 		require.ErrorIs(t, o(new(config)), ErrInvalidArgument)
 	}
-	ts := transport.NewLocal(2)
+	ts := transporttest.NewLocal(t, 2)
 	pg, err := dist.New(ts[0])
 	require.NoError(t, err)
 	defer pg.Close()

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -179,16 +180,16 @@ func (c *call) expect(from int) error {
 	if c.heard[i] {
 		return nil
 	}
-	b, err := p.g.Recv(c.ctx, from, p.cfg.tagBase+tagCall)
-	if err != nil {
+	var b [callHeaderLen]byte
+	n, err := p.g.RecvInto(c.ctx, from, p.cfg.tagBase+tagCall, b[:])
+	if err != nil && !errors.Is(err, dist.ErrMessageTooLong) {
 		return err
 	}
-	if len(b) != callHeaderLen {
+	if n != callHeaderLen {
 		return &dist.PeerError{Rank: from, Op: "pipeline",
-			Err: fmt.Errorf("%w: call header of %d bytes", dist.ErrProtocol, len(b))}
+			Err: fmt.Errorf("%w: call header of %d bytes", dist.ErrProtocol, n)}
 	}
 	kind, step, stage := b[0], binary.LittleEndian.Uint64(b[1:]), int(binary.LittleEndian.Uint32(b[9:]))
-	p.g.Transport().Release(b) // back to the transport's pool
 	if kind != c.kind || step != p.step {
 		return fmt.Errorf("%w: stage %d (rank %d) is in call #%d (%s) but stage %d (rank %d) is in call #%d (%s)",
 			ErrCallMismatch, p.stage, p.g.Rank(), p.step, callName(c.kind), stage, from, step, callName(kind))

@@ -223,6 +223,10 @@ func (r *Recorder) WriteFile(path string) error {
 		return fmt.Errorf("timeline: %w", err)
 	}
 	defer os.Remove(f.Name())
+	if err := f.Chmod(0o644); err != nil { // CreateTemp makes it 0600
+		f.Close()
+		return fmt.Errorf("timeline: %w", err)
+	}
 	if err := r.Write(f); err != nil {
 		f.Close()
 		return fmt.Errorf("timeline: writing %s: %w", path, err)

@@ -7,29 +7,44 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/gdist/gdist/dist/transport/internal/bufpool"
 	"github.com/gdist/gdist/dist/transport/internal/mailbox"
-	"github.com/gdist/gdist/internal/bufpool"
 )
 
 // DefaultQueueLimit is the default bound, in bytes, on what one receiver
 // queues from one sender.
 const DefaultQueueLimit = 64 << 20
 
-// LocalOption configures NewLocal.
-type LocalOption func(*localConfig)
+// LocalOption configures NewLocal. Options are applied and validated by NewLocal.
+type LocalOption func(*localConfig) error
 
 type localConfig struct {
 	queueLimit int
 }
 
 // WithLocalQueueLimit bounds the bytes a rank queues from each sender before
-// senders wait. n <= 0 means unbounded. The default is DefaultQueueLimit.
+// senders wait. n == 0 means unbounded; n < 0 is invalid. The default is
+// DefaultQueueLimit.
 func WithLocalQueueLimit(n int) LocalOption {
-	return func(c *localConfig) { c.queueLimit = n }
+	return func(c *localConfig) error {
+		if n < 0 {
+			return fmt.Errorf("%w: queue limit %d", ErrInvalidArgument, n)
+		}
+		c.queueLimit = n
+		return nil
+	}
 }
+
+// Rank states in a local job.
+const (
+	rankAlive = iota
+	rankClosed
+	rankKilled
+)
 
 type hub struct {
 	boxes []*mailbox.Mailbox[Message]
+	state []atomic.Int32
 }
 
 // Local is an in-process Transport: n ranks in one process exchanging copies
@@ -43,16 +58,23 @@ type Local struct {
 
 var _ Transport = (*Local)(nil)
 
-// NewLocal returns the n transports of an in-process job; element i has rank i.
-func NewLocal(n int, opts ...LocalOption) []*Local {
+// NewLocal returns the n transports of an in-process job; element i has rank
+// i. It returns an error wrapping ErrInvalidArgument if n < 1 or an option
+// is invalid.
+func NewLocal(n int, opts ...LocalOption) ([]*Local, error) {
 	if n < 1 {
-		panic(fmt.Sprintf("transport: NewLocal(%d): need at least one rank", n))
+		return nil, fmt.Errorf("transport: NewLocal: %w: need at least one rank, got %d", ErrInvalidArgument, n)
 	}
 	cfg := localConfig{queueLimit: DefaultQueueLimit}
 	for _, o := range opts {
-		o(&cfg)
+		if o == nil {
+			return nil, fmt.Errorf("transport: NewLocal: %w: nil option", ErrInvalidArgument)
+		}
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("transport: NewLocal: %w", err)
+		}
 	}
-	h := &hub{boxes: make([]*mailbox.Mailbox[Message], n)}
+	h := &hub{boxes: make([]*mailbox.Mailbox[Message], n), state: make([]atomic.Int32, n)}
 	for i := range h.boxes {
 		h.boxes[i] = mailbox.New(n, cfg.queueLimit, func(m Message) { bufpool.Default.Put(m.Payload) })
 	}
@@ -60,7 +82,7 @@ func NewLocal(n int, opts ...LocalOption) []*Local {
 	for i := range ts {
 		ts[i] = &Local{hub: h, rank: i}
 	}
-	return ts
+	return ts, nil
 }
 
 // Rank implements Transport.
@@ -69,30 +91,49 @@ func (l *Local) Rank() int { return l.rank }
 // WorldSize implements Transport.
 func (l *Local) WorldSize() int { return len(l.hub.boxes) }
 
-// Send implements Transport. It copies p.
-func (l *Local) Send(ctx context.Context, to int, tag uint32, meta Meta, p []byte) error {
+// peerErr is the error for an operation on rank r that is gone.
+func (l *Local) peerErr(op string, r int) error {
+	cause := ErrPeerClosed
+	if l.hub.state[r].Load() == rankKilled {
+		cause = ErrPeerLost
+	}
+	return &PeerError{Rank: r, Op: op, Err: cause}
+}
+
+// Send implements Transport. It copies p: straight into the receiver's
+// buffer when a RecvInto is waiting for it, else into a pooled buffer.
+func (l *Local) Send(ctx context.Context, to int, tag uint32, h Header, p []byte) error {
 	if l.closed.Load() {
-		return fmt.Errorf("dist: send: %w", ErrClosed)
+		return fmt.Errorf("transport: send: %w", ErrClosed)
 	}
 	if err := CheckRank(to, l.WorldSize()); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dist: send to rank %d: %w", to, err)
+		return fmt.Errorf("transport: send to rank %d: %w", to, err)
 	}
-	if err := l.hub.boxes[l.rank].Err(); err != nil && tag < TagReservedBase {
-		return err // this rank already failed (a peer was lost)
+	if to != l.rank && l.hub.state[to].Load() != rankAlive {
+		return l.peerErr("send", to)
+	}
+	box := l.hub.boxes[to]
+	if post := box.Claim(l.rank, tag); post != nil {
+		if len(p) > len(post.Dst) {
+			box.Complete(post, Message{Header: h}, len(p), TooLong(l.rank, len(p), len(post.Dst)))
+		} else {
+			box.Complete(post, Message{Header: h}, copy(post.Dst, p), nil)
+		}
+		return nil
 	}
 	buf := bufpool.Default.Get(len(p))
 	copy(buf, p)
-	err := l.hub.boxes[to].Put(ctx, l.rank, tag, Message{Meta: meta, Payload: buf}, len(buf))
+	err := box.Put(ctx, l.rank, tag, Message{Header: h, Payload: buf}, len(buf))
 	if err != nil {
 		bufpool.Default.Put(buf)
-		if errors.Is(err, ErrClosed) && to != l.rank {
-			return &PeerError{Rank: to, Op: "send", Err: ErrPeerClosed}
-		}
 		if l.closed.Load() {
-			return fmt.Errorf("dist: send: %w", ErrClosed)
+			return fmt.Errorf("transport: send: %w", ErrClosed)
+		}
+		if errors.Is(err, ErrClosed) && to != l.rank {
+			return l.peerErr("send", to)
 		}
 		return err
 	}
@@ -102,16 +143,46 @@ func (l *Local) Send(ctx context.Context, to int, tag uint32, meta Meta, p []byt
 // Recv implements Transport.
 func (l *Local) Recv(ctx context.Context, from int, tag uint32) (Message, error) {
 	if l.closed.Load() {
-		return Message{}, fmt.Errorf("dist: recv: %w", ErrClosed)
+		return Message{}, fmt.Errorf("transport: recv: %w", ErrClosed)
 	}
 	if err := CheckRank(from, l.WorldSize()); err != nil {
 		return Message{}, err
 	}
 	m, err := l.hub.boxes[l.rank].Get(ctx, from, tag)
 	if err != nil && l.closed.Load() {
-		return Message{}, fmt.Errorf("dist: recv: %w", ErrClosed)
+		return Message{}, fmt.Errorf("transport: recv: %w", ErrClosed)
 	}
 	return m, err
+}
+
+// RecvInto implements Transport. A sender that finds it waiting copies its
+// message straight into dst; a message queued before it is copied from
+// its pooled buffer.
+func (l *Local) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) (Header, int, error) {
+	if l.closed.Load() {
+		return Header{}, 0, fmt.Errorf("transport: recv: %w", ErrClosed)
+	}
+	if err := CheckRank(from, l.WorldSize()); err != nil {
+		return Header{}, 0, err
+	}
+	m, n, direct, err := l.hub.boxes[l.rank].GetInto(ctx, from, tag, dst)
+	if direct {
+		return m.Header, n, err
+	}
+	if err != nil {
+		if l.closed.Load() {
+			return Header{}, 0, fmt.Errorf("transport: recv: %w", ErrClosed)
+		}
+		return Header{}, 0, err
+	}
+	n = len(m.Payload)
+	if n > len(dst) {
+		err = TooLong(from, n, len(dst))
+	} else {
+		copy(dst, m.Payload)
+	}
+	bufpool.Default.Put(m.Payload)
+	return m.Header, n, err
 }
 
 // Release implements Transport.
@@ -122,8 +193,9 @@ func (l *Local) Release(p []byte) { bufpool.Default.Put(p) }
 // drained).
 func (l *Local) Close() error {
 	l.once.Do(func() {
+		l.hub.state[l.rank].Store(rankClosed)
 		l.closed.Store(true)
-		l.hub.boxes[l.rank].Fail(ErrClosed)
+		l.hub.boxes[l.rank].Fail(fmt.Errorf("transport: recv: %w", ErrClosed))
 		for i, b := range l.hub.boxes {
 			if i != l.rank {
 				b.CloseSource(l.rank, &PeerError{Rank: l.rank, Op: "recv", Err: ErrPeerClosed})
@@ -133,19 +205,19 @@ func (l *Local) Close() error {
 	return nil
 }
 
-// Kill simulates this rank crashing: every other rank's pending and later
-// operations fail with a *PeerError wrapping ErrPeerLost, as they would when a
-// TCP peer dies. It is for tests of failure handling.
+// Kill simulates this rank crashing: the other ranks' pending and later
+// operations involving it fail with a *PeerError wrapping ErrPeerLost, as
+// they would when a TCP peer dies; messages it sent and nobody received yet
+// are dropped. It is for tests of failure handling.
 func (l *Local) Kill() {
 	l.once.Do(func() {
+		l.hub.state[l.rank].Store(rankKilled)
 		l.closed.Store(true)
-		// Fail the survivors first, so that a send racing with the kill sees
-		// ErrPeerLost rather than this rank's own ErrClosed.
 		for i, b := range l.hub.boxes {
 			if i != l.rank {
-				b.Fail(&PeerError{Rank: l.rank, Op: "recv", Err: ErrPeerLost})
+				b.FailSource(l.rank, &PeerError{Rank: l.rank, Op: "recv", Err: ErrPeerLost})
 			}
 		}
-		l.hub.boxes[l.rank].Fail(ErrClosed)
+		l.hub.boxes[l.rank].Fail(fmt.Errorf("transport: recv: %w", ErrClosed))
 	})
 }

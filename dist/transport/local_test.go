@@ -4,39 +4,41 @@ import (
 	"context"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
-func locals(n int, opts ...transport.LocalOption) []transport.Transport {
-	ls := transport.NewLocal(n, opts...)
-	ts := make([]transport.Transport, n)
-	for i, l := range ls {
-		ts[i] = l
-	}
-	return ts
-}
-
 func TestLocalConformance(t *testing.T) {
 	transporttest.Run(t, func(t *testing.T, n int) []transport.Transport {
-		return locals(n)
+		return transporttest.Locals(t, n)
 	}, transporttest.WithLimited(func(t *testing.T, n, limit int) []transport.Transport {
-		return locals(n, transport.WithLocalQueueLimit(limit))
+		return transporttest.Locals(t, n, transport.WithLocalQueueLimit(limit))
 	}))
 }
 
-// TestLocalSteadyStateNoAlloc: Send+Recv+Release of 16 KiB in process does
-// not allocate once the buffer pool is warm.
+func TestNewLocalRefuses(t *testing.T) {
+	_, err := transport.NewLocal(0)
+	require.ErrorIs(t, err, transport.ErrInvalidArgument)
+	_, err = transport.NewLocal(2, transport.WithLocalQueueLimit(-1))
+	require.ErrorIs(t, err, transport.ErrInvalidArgument)
+	_, err = transport.NewLocal(2, nil)
+	require.ErrorIs(t, err, transport.ErrInvalidArgument)
+}
+
+// TestLocalSteadyStateNoAlloc: Send+Recv+Release and Send+RecvInto of
+// 16 KiB in process do not allocate once the buffer pool is warm.
 func TestLocalSteadyStateNoAlloc(t *testing.T) {
-	ls := transport.NewLocal(2)
+	ls := transporttest.NewLocal(t, 2)
 	defer ls[0].Close()
 	defer ls[1].Close()
 	ctx := context.Background()
 	p := make([]byte, 16<<10)
+	dst := make([]byte, 16<<10)
 	round := func() {
-		if err := ls[0].Send(ctx, 1, 3, transport.Meta{Seq: 1}, p); err != nil {
+		if err := ls[0].Send(ctx, 1, 3, transport.Header{1}, p); err != nil {
 			panic(err)
 		}
 		m, err := ls[1].Recv(ctx, 0, 3)
@@ -44,6 +46,12 @@ func TestLocalSteadyStateNoAlloc(t *testing.T) {
 			panic(err)
 		}
 		ls[1].Release(m.Payload)
+		if err := ls[0].Send(ctx, 1, 3, transport.Header{2}, p); err != nil {
+			panic(err)
+		}
+		if _, _, err := ls[1].RecvInto(ctx, 0, 3, dst); err != nil {
+			panic(err)
+		}
 	}
 	for range 10 {
 		round()
@@ -51,8 +59,66 @@ func TestLocalSteadyStateNoAlloc(t *testing.T) {
 	require.Zero(t, testing.AllocsPerRun(1000, round))
 }
 
+// distinctTags sends one 64-byte message on each of n distinct tags from
+// rank 0 to rank 1 (half received with Recv, half with RecvInto) and
+// returns the heap growth.
+func distinctTags(tb testing.TB, ts []*transport.Local, n int) int64 {
+	ctx := context.Background()
+	p := make([]byte, 64)
+	dst := make([]byte, 64)
+	run := func(lo, hi uint32) {
+		for tag := lo; tag < hi; tag++ {
+			if err := ts[0].Send(ctx, 1, tag, transport.Header{}, p); err != nil {
+				tb.Fatal(err)
+			}
+			if tag&1 == 0 {
+				m, err := ts[1].Recv(ctx, 0, tag)
+				if err != nil {
+					tb.Fatal(err)
+				}
+				ts[1].Release(m.Payload)
+			} else if _, _, err := ts[1].RecvInto(ctx, 0, tag, dst); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	run(0, 1024)
+	before := transporttest.HeapInUse()
+	run(1024, 1024+uint32(n))
+	return transporttest.HeapInUse() - before
+}
+
+// TestLocalDistinctTagsNoLeak: a drained queue is removed, so a million
+// distinct tags (100,000 with -short) leave the heap where it was.
+func TestLocalDistinctTagsNoLeak(t *testing.T) {
+	n := 1_000_000
+	if testing.Short() {
+		n = 100_000
+	}
+	ls := transporttest.NewLocal(t, 2)
+	defer ls[0].Close()
+	defer ls[1].Close()
+	growth := distinctTags(t, ls, n)
+	t.Logf("Local: %d distinct tags: heap growth %d bytes (%.1f B/tag)", n, growth, float64(growth)/float64(n))
+	assert.Less(t, growth, int64(2<<20))
+}
+
+// BenchmarkLocalDistinctTags: one message per distinct tag; reports the
+// heap growth per run of 1,000,000 tags.
+func BenchmarkLocalDistinctTags(b *testing.B) {
+	ls := transporttest.NewLocal(b, 2)
+	defer ls[0].Close()
+	defer ls[1].Close()
+	b.ReportAllocs()
+	var growth int64
+	for b.Loop() {
+		growth = distinctTags(b, ls, 1_000_000)
+	}
+	b.ReportMetric(float64(growth), "heap-growth-B")
+}
+
 func BenchmarkLocalSendRecv(b *testing.B) {
-	ls := transport.NewLocal(2)
+	ls := transporttest.NewLocal(b, 2)
 	defer ls[0].Close()
 	defer ls[1].Close()
 	ctx := context.Background()
@@ -60,7 +126,7 @@ func BenchmarkLocalSendRecv(b *testing.B) {
 	b.SetBytes(int64(len(p)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := ls[0].Send(ctx, 1, 3, transport.Meta{}, p); err != nil {
+		if err := ls[0].Send(ctx, 1, 3, transport.Header{}, p); err != nil {
 			b.Fatal(err)
 		}
 		m, err := ls[1].Recv(ctx, 0, 3)

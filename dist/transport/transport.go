@@ -6,24 +6,31 @@ import (
 	"fmt"
 )
 
-// TagReservedBase is the first tag reserved for gdist's collectives. User
-// point-to-point tags must be below it; the dist package enforces that.
-const TagReservedBase uint32 = 0xFFF00000
-
 // Errors shared by every transport. The dist package re-exports them.
 var (
 	// ErrClosed is returned by every call on a transport after Close.
-	ErrClosed = errors.New("dist: closed")
+	ErrClosed = errors.New("transport: closed")
 	// ErrPeerClosed means the peer shut down cleanly and will send nothing more.
-	ErrPeerClosed = errors.New("dist: peer closed")
+	ErrPeerClosed = errors.New("transport: peer closed")
 	// ErrPeerLost means the connection to the peer broke (EOF without a
 	// goodbye, reset, missed heartbeats, or a local test Kill).
-	ErrPeerLost = errors.New("dist: peer lost")
+	ErrPeerLost = errors.New("transport: peer lost")
+	// ErrPeerUnresponsive means the peer's connection is up but the peer
+	// stopped responding (missed heartbeats: a stopped process, a machine
+	// gone, a cut link). It wraps ErrPeerLost, so errors.Is(err,
+	// ErrPeerLost) holds for it too.
+	ErrPeerUnresponsive = fmt.Errorf("%w: unresponsive", ErrPeerLost)
 	// ErrInvalidRank is returned for a rank outside [0, WorldSize).
-	ErrInvalidRank = errors.New("dist: invalid rank")
+	ErrInvalidRank = errors.New("transport: invalid rank")
 	// ErrFrameTooLarge is returned when a message exceeds the transport's
 	// maximum frame size.
-	ErrFrameTooLarge = errors.New("dist: frame too large")
+	ErrFrameTooLarge = errors.New("transport: frame too large")
+	// ErrMessageTooLong is returned by RecvInto when the message is longer
+	// than the destination buffer. The message is consumed.
+	ErrMessageTooLong = errors.New("transport: message longer than the buffer")
+	// ErrInvalidArgument is returned by constructors for invalid arguments
+	// or options.
+	ErrInvalidArgument = errors.New("transport: invalid argument")
 )
 
 // PeerError reports that an operation failed because of a peer: it left,
@@ -35,27 +42,28 @@ type PeerError struct {
 }
 
 func (e *PeerError) Error() string {
-	return fmt.Sprintf("dist: %s: peer rank %d: %v", e.Op, e.Rank, e.Err)
+	return fmt.Sprintf("%s: peer rank %d: %v", e.Op, e.Rank, e.Err)
 }
 
 func (e *PeerError) Unwrap() error { return e.Err }
 
-// Meta is per-message metadata that a transport carries unchanged from the
-// sender to the receiver. The dist package puts a per-group sequence number
-// and a fingerprint of the collective in it so that desynchronised ranks are
-// detected instead of hanging; point-to-point messages leave it zero.
-type Meta struct {
-	Seq         uint64
-	Fingerprint uint64
-}
+// HeaderSize is the size of a message header.
+const HeaderSize = 16
+
+// Header is per-message data that a transport carries unchanged, and
+// without looking at it, from the sender to the receiver. The layer above
+// decides what it means (dist puts its collective sequence number and call
+// fingerprint there); a zero Header is fine.
+type Header [HeaderSize]byte
 
 // Message is one received message.
 type Message struct {
-	Meta    Meta
+	Header  Header
 	Payload []byte // owned by the caller; may be handed back with Transport.Release
 }
 
-// Transport moves tagged byte messages between the ranks of one job.
+// Transport moves tagged byte messages between the ranks of one job. It
+// knows nothing about what tags or headers mean.
 //
 // Messages with the same (source, tag) are delivered in the order they were
 // sent; messages with different tags are independent (a receive on one tag
@@ -64,21 +72,27 @@ type Message struct {
 //
 // Every blocking call returns promptly with an error wrapping ctx.Err() when
 // ctx ends. After Close every call returns an error matching ErrClosed. A
-// failed peer makes calls involving it return a *PeerError.
+// lost or closed peer makes the calls involving that peer (sends to it,
+// receives from it) return a *PeerError naming it; calls involving the other
+// peers keep working.
 type Transport interface {
 	// Rank is this process's rank in [0, WorldSize).
 	Rank() int
 	// WorldSize is the number of ranks in the job.
 	WorldSize() int
-	// Send delivers p to rank `to` under tag. It returns once p may be reused
-	// by the caller; p is never retained. Once the transport has failed (it
-	// lost a peer), Send fails for tags below TagReservedBase; messages on
-	// reserved tags still go to the peers that are alive, so that the layer
-	// above can tell them why this rank stops.
-	Send(ctx context.Context, to int, tag uint32, meta Meta, p []byte) error
+	// Send delivers h and p to rank `to` under tag. It returns once p may
+	// be reused by the caller; p is never retained.
+	Send(ctx context.Context, to int, tag uint32, h Header, p []byte) error
 	// Recv returns the next message from rank `from` under tag. The payload
-	// belongs to the caller.
+	// belongs to the caller, who may hand it back with Release.
 	Recv(ctx context.Context, from int, tag uint32) (Message, error)
+	// RecvInto receives the next message from rank `from` under tag into
+	// dst: its payload is dst[:n]. dst stays the caller's; the transport
+	// does not retain it once RecvInto has returned. A message longer than
+	// dst is consumed and reported with an error matching
+	// ErrMessageTooLong, with n its length and dst unchanged. On any other
+	// error dst's contents are unspecified.
+	RecvInto(ctx context.Context, from int, tag uint32, dst []byte) (h Header, n int, err error)
 	// Release hands a payload returned by Recv back to the transport for
 	// reuse. Calling it is optional; p must not be used afterwards.
 	Release(p []byte)
@@ -93,4 +107,10 @@ func CheckRank(r, world int) error {
 		return fmt.Errorf("%w: %d not in [0, %d)", ErrInvalidRank, r, world)
 	}
 	return nil
+}
+
+// TooLong returns the error RecvInto reports for an n-byte message from
+// rank from that does not fit a dst-byte buffer.
+func TooLong(from, n, dst int) error {
+	return fmt.Errorf("transport: recv from rank %d: %w: %d bytes into %d", from, ErrMessageTooLong, n, dst)
 }

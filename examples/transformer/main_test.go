@@ -18,7 +18,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
-	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 	"github.com/gdist/gdist/models/transformer"
 )
 
@@ -94,7 +94,7 @@ func tinyCheckpoint(t *testing.T) string {
 			ckptErr = err
 			return
 		}
-		pg, err := dist.New(transport.NewLocal(1)[0])
+		pg, err := dist.New(transporttest.NewLocal(t, 1)[0])
 		if err != nil {
 			ckptErr = err
 			return

@@ -222,7 +222,7 @@ func (b *bench) agree(ctx context.Context, host string) error {
 			Cfg  config
 			Addr string
 		}{cfg, ln.Addr()})
-		if err := b.tr.Send(ctx, 1, tagSetup, transport.Meta{}, msg); err != nil {
+		if err := b.tr.Send(ctx, 1, tagSetup, transport.Header{}, msg); err != nil {
 			return err
 		}
 		if b.raw, err = ln.Accept(ctx); err != nil {
@@ -331,7 +331,7 @@ func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
 	for i := range cfg.Warmup + cfg.PingPongIters {
 		if b.rank == 0 {
 			t0 := time.Now()
-			if err := b.tr.Send(ctx, other, tagPing, transport.Meta{}, buf); err != nil {
+			if err := b.tr.Send(ctx, other, tagPing, transport.Header{}, buf); err != nil {
 				return latency{}, err
 			}
 			m, err := b.tr.Recv(ctx, other, tagPing)
@@ -347,7 +347,7 @@ func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
 			if err != nil {
 				return latency{}, err
 			}
-			err = b.tr.Send(ctx, other, tagPing, transport.Meta{}, m.Payload)
+			err = b.tr.Send(ctx, other, tagPing, transport.Header{}, m.Payload)
 			b.tr.Release(m.Payload)
 			if err != nil {
 				return latency{}, err
@@ -376,7 +376,7 @@ func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 		t0 := time.Now()
 		if b.rank == 0 {
 			for range n {
-				if err := b.tr.Send(ctx, 1, tagStream, transport.Meta{}, buf); err != nil {
+				if err := b.tr.Send(ctx, 1, tagStream, transport.Header{}, buf); err != nil {
 					return 0, err
 				}
 			}
@@ -393,7 +393,7 @@ func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 				}
 				b.tr.Release(m.Payload)
 			}
-			if err := b.tr.Send(ctx, 0, tagAck, transport.Meta{}, []byte{1}); err != nil {
+			if err := b.tr.Send(ctx, 0, tagAck, transport.Header{}, []byte{1}); err != nil {
 				return 0, err
 			}
 		}

@@ -7,7 +7,9 @@
 // Rendezvous lets rank 0 collect the other ranks' addresses on a master
 // address (as torchrun's MASTER_ADDR/MASTER_PORT) and hand out the table.
 // Dials are retried until the caller's context ends, so ranks may start in
-// any order.
+// any order. Options are validated by New and Rendezvous, which return an
+// error matching ErrConfig for a bad one; New takes its listener from the
+// caller and refuses WithListenAddr.
 //
 // Every connection is authenticated with a mutual HMAC-SHA256
 // challenge-response over the job token (WithToken; both sides contribute a
@@ -21,11 +23,20 @@
 //
 // Each link has one reader goroutine that parses frames (the header is
 // checked against the maximum frame size before any payload memory is
-// taken) into bounded per-(source, tag) queues; payload buffers come from a
-// shared pool and go back to it through Release. Send writes the header and
-// payload with one write (a copy for small payloads, one writev for large
-// ones) under a per-link lock; steady-state Send, Recv and Release do not
-// allocate.
+// taken). When a RecvInto is already waiting on the frame's (source, tag)
+// and nothing is queued there, the reader reads the payload from the socket
+// straight into the caller's buffer (a posted receive, as in MPI);
+// otherwise it reads it into a buffer from the transport's pool and queues
+// it in a bounded per-(source, tag) queue, from which Recv hands it out
+// (Release takes it back) and RecvInto copies it. Send writes the header
+// and payload with one write (a copy for small payloads, one writev for
+// large ones) under a per-link lock; steady-state Send, Recv, RecvInto and
+// Release do not allocate.
+//
+// A RecvInto whose buffer the reader has started to fill returns only once
+// the reader is done with it, even if its context ends meanwhile: it then
+// returns the message. The wait is bounded by the peer's sending and, if
+// the peer stalls or dies, by the heartbeat timeout.
 //
 // Flow control is credit based: a sender never has more unacknowledged bytes
 // outstanding than the receiver's queue limit, so a full queue makes Send
@@ -40,15 +51,14 @@
 //
 // A peer whose connection ends without a goodbye (crash, reset), that sends
 // something the protocol forbids, or that stays silent past the heartbeat
-// timeout is lost: like an aborted NCCL communicator, the transport then
-// fails every pending and later call with a *transport.PeerError naming that
-// rank and wrapping transport.ErrPeerLost. Its links to the other ranks stay
-// up until Close, which says goodbye on them, and messages on reserved tags
-// (transport.TagReservedBase and above: the process group's abort notices)
-// still go out on them, so the survivors learn which rank was lost rather
-// than blaming the rank that told them. A peer that calls Close is merely
-// gone: what it sent is still delivered, then calls involving it return a
-// *transport.PeerError wrapping transport.ErrPeerClosed.
+// timeout is lost: pending and later calls involving it (sends to it,
+// receives from it) fail with a *transport.PeerError naming that rank and
+// wrapping transport.ErrPeerLost, and what it sent that was not received
+// yet is dropped. The links to the other ranks are not affected: the layer
+// above decides what a lost peer means for the job (dist aborts the group
+// and tells the survivors why, over those links). A peer that calls Close
+// is merely gone: what it sent is still delivered, then calls involving it
+// return a *transport.PeerError wrapping transport.ErrPeerClosed.
 //
 // # Usage
 //

@@ -244,7 +244,7 @@ func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, er
 func (t *Transport) claim(r int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.claimed[r] || t.closing.Load() || t.failed.Load() {
+	if t.claimed[r] || t.closing.Load() {
 		return false
 	}
 	t.claimed[r] = true

@@ -12,8 +12,9 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/internal/bufpool"
+	"github.com/gdist/gdist/dist/transport/internal/mailbox"
 	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
-	"github.com/gdist/gdist/internal/bufpool"
 )
 
 const (
@@ -81,6 +82,11 @@ type peer struct {
 	gone     atomic.Bool // the peer said goodbye
 	goneCh   chan struct{}
 	goneOnce sync.Once
+
+	lost     atomic.Bool // the link broke (see Transport.fail)
+	lostErr  error       // why; set before lost
+	lostCh   chan struct{}
+	lostOnce sync.Once
 }
 
 func newPeer(t *Transport, rank int, conn *net.TCPConn, br *frameReader, info wire.HelloInfo) *peer {
@@ -95,6 +101,7 @@ func newPeer(t *Transport, rank int, conn *net.TCPConn, br *frameReader, info wi
 		credit:   make(chan struct{}, wakeCap),
 		ctl:      make(chan struct{}, 1),
 		goneCh:   make(chan struct{}),
+		lostCh:   make(chan struct{}),
 		lastRxAt: time.Now(),
 	}
 	br.rx = &p.rx
@@ -148,13 +155,13 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 		select {
 		case <-p.credit:
 		case <-ctx.Done():
-			err = fmt.Errorf("dist: send to rank %d: %w", p.rank, ctx.Err())
+			err = fmt.Errorf("tcp: send to rank %d: %w", p.rank, ctx.Err())
 		case <-p.goneCh:
-			err = &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
+			err = p.goneErr("send")
+		case <-p.lostCh:
+			err = p.goneErr("send")
 		case <-p.t.stop:
-			err = p.t.stateErr("send", errClosed("send"))
-		case <-p.t.box.Done(): // the transport failed
-			err = p.t.stateErr("send", errClosed("send"))
+			err = errClosed("send")
 		}
 		p.cmu.Lock()
 		p.waiters--
@@ -241,7 +248,7 @@ func (p *peer) flushLocked() {
 	if bits&pendCredit != 0 {
 		if x := p.freed.Swap(0); x > 0 {
 			p.peerBlocked.Store(false)
-			if p.writeHeaderLocked(wire.Header{Kind: wire.Credit, Src: self, Seq: uint64(x)}) != nil {
+			if p.writeHeaderLocked(wire.Header{Kind: wire.Credit, Src: self, Grant: uint64(x)}) != nil {
 				return
 			}
 		}
@@ -275,9 +282,8 @@ func (p *peer) writeHeaderLocked(h wire.Header) error {
 }
 
 // writeData writes one Data frame: header and payload in a single write.
-func (p *peer) writeData(tag uint32, meta transport.Meta, payload []byte) error {
-	h := wire.Header{Kind: wire.Data, Src: uint32(p.t.rank), Tag: tag, Seq: meta.Seq,
-		Fingerprint: meta.Fingerprint, Len: uint64(len(payload))}
+func (p *peer) writeData(tag uint32, meta transport.Header, payload []byte) error {
+	h := wire.Header{Kind: wire.Data, Src: uint32(p.t.rank), Tag: tag, Meta: meta, Len: uint64(len(payload))}
 	p.wmu.Lock()
 	if p.wclosed {
 		p.unlock()
@@ -305,23 +311,38 @@ func (p *peer) writeData(tag uint32, meta transport.Meta, payload []byte) error 
 }
 
 func (p *peer) closedErr() error {
-	if p.gone.Load() {
-		return &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
+	if err := p.goneErr("send"); err != nil {
+		return err
 	}
-	return p.t.stateErr("send", errClosed("send"))
+	return errClosed("send")
+}
+
+// goneErr returns, for operation op, the *transport.PeerError of a peer
+// that was lost or said goodbye (or ErrClosed after Close), and nil for a
+// live peer.
+func (p *peer) goneErr(op string) error {
+	switch {
+	case p.t.closing.Load():
+		return errClosed(op)
+	case p.lost.Load():
+		return &transport.PeerError{Rank: p.rank, Op: op, Err: p.lostErr}
+	case p.gone.Load():
+		return &transport.PeerError{Rank: p.rank, Op: op, Err: transport.ErrPeerClosed}
+	}
+	return nil
 }
 
 // writeFailed handles a failed write: the link is broken, which fails the
-// transport unless it is closing or the peer said goodbye.
+// peer unless the transport is closing or the peer said goodbye.
 func (p *peer) writeFailed(err error) error {
 	if p.gone.Load() {
 		return &transport.PeerError{Rank: p.rank, Op: "send", Err: transport.ErrPeerClosed}
 	}
-	if !p.t.closing.Load() {
-		p.t.fail(p.rank, fmt.Errorf("%w: write: %w", transport.ErrPeerLost, err))
+	p.t.fail(p.rank, fmt.Errorf("%w: write: %w", transport.ErrPeerLost, err))
+	if gerr := p.goneErr("send"); gerr != nil {
+		return gerr
 	}
-	return p.t.stateErr("send", &transport.PeerError{Rank: p.rank, Op: "send",
-		Err: fmt.Errorf("%w: %w", transport.ErrPeerLost, err)})
+	return &transport.PeerError{Rank: p.rank, Op: "send", Err: fmt.Errorf("%w: write: %w", transport.ErrPeerLost, err)}
 }
 
 // goodbye sends Goodbye and shuts down the write side, waiting at most until
@@ -384,13 +405,19 @@ func (p *peer) readLoop() {
 				p.protocolError(fmt.Errorf("data frame claims source rank %d", h.Src))
 				return
 			}
+			if post := t.box.Claim(p.rank, h.Tag); post != nil {
+				if !p.readInto(post, h) {
+					return
+				}
+				continue
+			}
 			buf := bufpool.Default.Get(int(h.Len))
 			if err := p.br.readPayload(buf); err != nil {
 				bufpool.Default.Put(buf)
 				p.readFailed(err)
 				return
 			}
-			m := transport.Message{Meta: transport.Meta{Seq: h.Seq, Fingerprint: h.Fingerprint}, Payload: buf}
+			m := transport.Message{Header: h.Meta, Payload: buf}
 			if err := t.box.Put(t.ctx, p.rank, h.Tag, m, len(buf)); err != nil {
 				bufpool.Default.Put(buf) // the transport is closing or failed
 			} else if len(buf) >= yieldMin {
@@ -401,7 +428,7 @@ func (p *peer) readLoop() {
 				runtime.Gosched()
 			}
 		case wire.Credit:
-			if err := p.addCredit(h.Seq); err != nil {
+			if err := p.addCredit(h.Grant); err != nil {
 				p.protocolError(err)
 				return
 			}
@@ -418,8 +445,40 @@ func (p *peer) readLoop() {
 	}
 }
 
+// readInto reads the payload of the Data frame h straight into the
+// receive it claimed and completes that receive, whatever happens. A
+// payload longer than the receiver's buffer is skipped and reported as too
+// long. It reports whether the link is still readable.
+func (p *peer) readInto(post *mailbox.Post[transport.Message], h wire.Header) bool {
+	t := p.t
+	m := transport.Message{Header: h.Meta}
+	n := int(h.Len)
+	var err error
+	if n > len(post.Dst) {
+		err = p.br.discard(h.Len)
+	} else {
+		err = p.br.readPayload(post.Dst[:n])
+	}
+	if err != nil {
+		p.readFailed(err)
+		rerr := p.goneErr("recv")
+		if rerr == nil {
+			rerr = &transport.PeerError{Rank: p.rank, Op: "recv", Err: fmt.Errorf("%w: %w", transport.ErrPeerLost, err)}
+		}
+		t.box.Complete(post, m, 0, rerr)
+		return false
+	}
+	if n > len(post.Dst) {
+		t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+	} else {
+		t.box.Complete(post, m, n, nil)
+	}
+	p.consumed(n)
+	return true
+}
+
 func (p *peer) readFailed(err error) {
-	if p.t.closing.Load() || p.t.failed.Load() {
+	if p.t.closing.Load() || p.lost.Load() {
 		return
 	}
 	if errors.Is(err, io.EOF) {

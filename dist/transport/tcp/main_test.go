@@ -46,7 +46,7 @@ func runChild() error {
 	if err != nil {
 		return err
 	}
-	if err := t.Send(ctx, 0, 1, transport.Meta{}, []byte("ready")); err != nil {
+	if err := t.Send(ctx, 0, 1, transport.Header{}, []byte("ready")); err != nil {
 		return err
 	}
 	_, err = t.Recv(ctx, 0, 2) // until killed

@@ -50,13 +50,16 @@ func (e *RejectedError) Is(target error) bool {
 	return target == ErrAuth && e.Reason == wire.RejectAuth
 }
 
-// Option configures New and Rendezvous.
-type Option func(*config)
+// Option configures New and Rendezvous. Options are applied in order and
+// validated by the constructor, which returns an error matching ErrConfig
+// for an invalid one.
+type Option func(*config) error
 
 type config struct {
 	token        []byte
 	insecure     bool
 	listenAddr   string
+	listenSet    bool // WithListenAddr was given
 	maxFrame     int
 	queueLimit   int
 	hbInterval   time.Duration
@@ -79,25 +82,53 @@ func defaultConfig() config {
 	}
 }
 
+// apply applies opts to a default configuration.
+func apply(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return cfg, fmt.Errorf("%w: nil option", ErrConfig)
+		}
+		if err := o(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
 // WithToken sets the job token every rank proves it knows in the handshake
 // (HMAC-SHA256 challenge-response). It is required when the world has more
-// than one rank, unless WithInsecure is given. The token is copied.
+// than one rank, unless WithInsecure is given. The token is copied; an
+// empty token is invalid.
 func WithToken(token []byte) Option {
-	return func(c *config) { c.token = append([]byte(nil), token...) }
+	return func(c *config) error {
+		if len(token) == 0 {
+			return fmt.Errorf("%w: empty token", ErrConfig)
+		}
+		c.token = append([]byte(nil), token...)
+		return nil
+	}
 }
 
 // WithInsecure allows a job without a token: the handshake still checks
 // ranks and world size but anyone who can connect can join. Use it only on
 // a trusted network.
 func WithInsecure() Option {
-	return func(c *config) { c.insecure = true }
+	return func(c *config) error { c.insecure = true; return nil }
 }
 
 // WithListenAddr sets the address a non-zero rank listens on in Rendezvous
 // (default "127.0.0.1:0": loopback, any port). Name an interface address,
-// or "0.0.0.0:port" to listen on all of them, for a multi-host job.
+// or "0.0.0.0:port" to listen on all of them, for a multi-host job. New
+// takes its listener from the caller and refuses this option.
 func WithListenAddr(addr string) Option {
-	return func(c *config) { c.listenAddr = addr }
+	return func(c *config) error {
+		if addr == "" {
+			return fmt.Errorf("%w: empty listen address", ErrConfig)
+		}
+		c.listenAddr, c.listenSet = addr, true
+		return nil
+	}
 }
 
 // WithMaxFrame sets the largest message, in bytes, this rank accepts
@@ -105,33 +136,58 @@ func WithListenAddr(addr string) Option {
 // treated as lost; Send refuses a message larger than the receiver's maximum
 // with an error matching transport.ErrFrameTooLarge.
 func WithMaxFrame(n int) Option {
-	return func(c *config) { c.maxFrame = n }
+	return func(c *config) error {
+		if n <= 0 || uint64(n) > wire.MaxPayload {
+			return fmt.Errorf("%w: max frame %d not in [1, %d]", ErrConfig, n, uint64(wire.MaxPayload))
+		}
+		c.maxFrame = n
+		return nil
+	}
 }
 
 // WithQueueLimit bounds the bytes this rank queues from each peer before that
-// peer's sends wait (default 64 MiB); n <= 0 means unbounded. A single
-// message larger than the bound still passes when nothing is queued.
+// peer's sends wait (default 64 MiB); n == 0 means unbounded, n < 0 is
+// invalid. A single message larger than the bound still passes when nothing
+// is queued.
 func WithQueueLimit(n int) Option {
-	return func(c *config) { c.queueLimit = n }
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: queue limit %d", ErrConfig, n)
+		}
+		c.queueLimit = n
+		return nil
+	}
 }
 
 // WithHeartbeat sets how often an idle link sends a heartbeat (default 1 s)
 // and after how long without receiving anything a peer is considered lost
 // (default 30 s). timeout must exceed interval. interval <= 0 disables both.
 func WithHeartbeat(interval, timeout time.Duration) Option {
-	return func(c *config) { c.hbInterval, c.hbTimeout = interval, timeout }
+	return func(c *config) error {
+		if interval > 0 && timeout <= interval {
+			return fmt.Errorf("%w: heartbeat timeout %v must exceed interval %v", ErrConfig, timeout, interval)
+		}
+		c.hbInterval, c.hbTimeout = interval, timeout
+		return nil
+	}
 }
 
 // WithHandshakeTimeout bounds how long an incoming connection may take to
-// authenticate (default 10 s).
+// authenticate (default 10 s). d must be positive.
 func WithHandshakeTimeout(d time.Duration) Option {
-	return func(c *config) { c.hsTimeout = d }
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: handshake timeout %v", ErrConfig, d)
+		}
+		c.hsTimeout = d
+		return nil
+	}
 }
 
 // WithLogger sets where refused connections and lost peers are logged
 // (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger = l }
+	return func(c *config) error { c.logger = l; return nil }
 }
 
 // WithSocketBuffer sets the kernel send and receive buffer sizes of every
@@ -139,7 +195,7 @@ func WithLogger(l *slog.Logger) Option {
 // auto-tuning alone, which is usually best; sizes well below 64 KiB make
 // loopback TCP stall (a kernel effect that raw sockets show too).
 func WithSocketBuffer(n int) Option {
-	return func(c *config) { c.sockBuf = n }
+	return func(c *config) error { c.sockBuf = n; return nil }
 }
 
 func (c *config) validate(world int) error {

@@ -21,12 +21,15 @@ import (
 // accepting (and refusing, with a log line) connections until then. ln may
 // be nil only when world is 1. addrs is not retained.
 func New(ctx context.Context, rank, world int, ln net.Listener, addrs []string, opts ...Option) (*Transport, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o(&cfg)
+	cfg, err := apply(opts)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkArgs(rank, world, &cfg); err != nil {
 		return nil, err
+	}
+	if cfg.listenSet {
+		return nil, fmt.Errorf("%w: WithListenAddr is for Rendezvous; New listens on the listener it is given", ErrConfig)
 	}
 	if len(addrs) != world {
 		return nil, fmt.Errorf("%w: %d addresses for a world of %d", ErrConfig, len(addrs), world)
@@ -69,9 +72,9 @@ func New(ctx context.Context, rank, world int, ln net.Listener, addrs []string, 
 // rank 0 stays up as the link between the two. Dials are retried until ctx
 // ends. Rendezvous returns once every link is up.
 func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Option) (*Transport, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o(&cfg)
+	cfg, err := apply(opts)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkArgs(rank, world, &cfg); err != nil {
 		return nil, err
@@ -273,7 +276,7 @@ func (t *Transport) tune(c *net.TCPConn) {
 func (t *Transport) addPeer(l link) error {
 	p := newPeer(t, l.rank, l.conn, l.br, l.info)
 	t.mu.Lock()
-	if t.closing.Load() || t.failed.Load() {
+	if t.closing.Load() {
 		t.mu.Unlock()
 		l.conn.Close()
 		return errClosed("connect")
@@ -313,9 +316,6 @@ func (t *Transport) waitLinked(ctx context.Context) error {
 		select {
 		case <-t.linkCh:
 		case <-t.stop:
-			if t.failed.Load() {
-				return t.failure("connect")
-			}
 			return errClosed("connect")
 		case <-ctx.Done():
 			return fmt.Errorf("tcp: rank %d: %d of %d peers connected: %w", t.rank, n, t.world-1, ctx.Err())
@@ -430,7 +430,7 @@ func (t *Transport) acceptRegistration(l link) error {
 		return err
 	}
 	t.mu.Lock()
-	if t.closing.Load() || t.failed.Load() {
+	if t.closing.Load() {
 		t.mu.Unlock()
 		return errClosed("connect")
 	}

@@ -31,7 +31,7 @@ func TestBidirectionalCreditStress(t *testing.T) {
 		wg.Go(func() {
 			p := make([]byte, 24<<10)
 			for i := range msgs {
-				if err := ts[me].Send(ctx, other, 1, transport.Meta{Seq: uint64(i)}, p); err != nil {
+				if err := ts[me].Send(ctx, other, 1, seqHdr(uint64(i)), p); err != nil {
 					errs <- fmt.Errorf("rank %d send %d: %w", me, i, err)
 					return
 				}
@@ -44,8 +44,8 @@ func TestBidirectionalCreditStress(t *testing.T) {
 					errs <- fmt.Errorf("rank %d recv %d: %w", me, i, err)
 					return
 				}
-				if m.Meta.Seq != uint64(i) {
-					errs <- fmt.Errorf("rank %d recv %d: seq %d", me, i, m.Meta.Seq)
+				if seqOf(m.Header) != uint64(i) {
+					errs <- fmt.Errorf("rank %d recv %d: seq %d", me, i, seqOf(m.Header))
 					return
 				}
 				ts[me].Release(m.Payload)
@@ -104,7 +104,7 @@ func TestReaderNeverBlocksOnWrites(t *testing.T) {
 	serr := make(chan error, 1)
 	go func() { // blocks once the peer's socket is full; Close ends it
 		for {
-			if err := r.t.Send(ctx, 1, 9, transport.Meta{}, make([]byte, 16<<10)); err != nil {
+			if err := r.t.Send(ctx, 1, 9, transport.Header{}, make([]byte, 16<<10)); err != nil {
 				serr <- err
 				return
 			}

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/internal/bufpool"
 	"github.com/gdist/gdist/dist/transport/internal/mailbox"
-	"github.com/gdist/gdist/internal/bufpool"
 )
 
 // closeLinger bounds how long Close waits for peers to acknowledge its
@@ -37,8 +37,6 @@ type Transport struct {
 	stop     chan struct{} // closed when the transport closes or fails
 	stopOnce sync.Once
 	closing  atomic.Bool
-	failed   atomic.Bool
-	failErr  *transport.PeerError // set before failed
 	closeOne sync.Once
 	wg       sync.WaitGroup // every goroutine the transport owns
 
@@ -105,7 +103,7 @@ func (t *Transport) Addr() net.Addr {
 // finishes promptly unless the peer is lost, which the heartbeat timeout
 // bounds. A message longer than the receiver's maximum frame is refused with
 // an error matching transport.ErrFrameTooLarge.
-func (t *Transport) Send(ctx context.Context, to int, tag uint32, meta transport.Meta, p []byte) error {
+func (t *Transport) Send(ctx context.Context, to int, tag uint32, h transport.Header, p []byte) error {
 	if t.closing.Load() {
 		return errClosed("send")
 	}
@@ -113,40 +111,43 @@ func (t *Transport) Send(ctx context.Context, to int, tag uint32, meta transport
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dist: send to rank %d: %w", to, err)
-	}
-	if t.failed.Load() && tag < transport.TagReservedBase {
-		// Failed: only the layer above's reserved messages (its abort
-		// notices) still go out, on the links that are alive.
-		return t.failure("send")
+		return fmt.Errorf("tcp: send to rank %d: %w", to, err)
 	}
 	if to == t.rank {
-		return t.sendSelf(ctx, tag, meta, p)
+		return t.sendSelf(ctx, tag, h, p)
 	}
 	pr := t.peers[to].Load()
 	if pr == nil { // cannot happen once New has returned
 		return &transport.PeerError{Rank: to, Op: "send", Err: transport.ErrPeerLost}
 	}
 	if uint64(len(p)) > pr.maxFrame {
-		return fmt.Errorf("dist: send to rank %d: %w: %d bytes, the peer accepts %d",
+		return fmt.Errorf("tcp: send to rank %d: %w: %d bytes, the peer accepts %d",
 			to, transport.ErrFrameTooLarge, len(p), pr.maxFrame)
 	}
-	if pr.gone.Load() {
-		return &transport.PeerError{Rank: to, Op: "send", Err: transport.ErrPeerClosed}
+	if err := pr.goneErr("send"); err != nil {
+		return err
 	}
 	if err := pr.acquire(ctx, len(p)); err != nil {
 		return err
 	}
-	return pr.writeData(tag, meta, p)
+	return pr.writeData(tag, h, p)
 }
 
-func (t *Transport) sendSelf(ctx context.Context, tag uint32, meta transport.Meta, p []byte) error {
+func (t *Transport) sendSelf(ctx context.Context, tag uint32, h transport.Header, p []byte) error {
 	if uint64(len(p)) > uint64(t.cfg.maxFrame) {
-		return fmt.Errorf("dist: send to self: %w: %d bytes, limit %d", transport.ErrFrameTooLarge, len(p), t.cfg.maxFrame)
+		return fmt.Errorf("tcp: send to self: %w: %d bytes, limit %d", transport.ErrFrameTooLarge, len(p), t.cfg.maxFrame)
+	}
+	if post := t.box.Claim(t.rank, tag); post != nil {
+		if len(p) > len(post.Dst) {
+			t.box.Complete(post, transport.Message{Header: h}, len(p), transport.TooLong(t.rank, len(p), len(post.Dst)))
+		} else {
+			t.box.Complete(post, transport.Message{Header: h}, copy(post.Dst, p), nil)
+		}
+		return nil
 	}
 	buf := bufpool.Default.Get(len(p))
 	copy(buf, p)
-	if err := t.box.Put(ctx, t.rank, tag, transport.Message{Meta: meta, Payload: buf}, len(buf)); err != nil {
+	if err := t.box.Put(ctx, t.rank, tag, transport.Message{Header: h, Payload: buf}, len(buf)); err != nil {
 		bufpool.Default.Put(buf)
 		return t.stateErr("send", err)
 	}
@@ -172,6 +173,49 @@ func (t *Transport) Recv(ctx context.Context, from int, tag uint32) (transport.M
 		}
 	}
 	return m, nil
+}
+
+// RecvInto implements transport.Transport. When it is already waiting and
+// nothing from (from, tag) is queued, the peer's reader reads the next
+// message's payload from the socket straight into dst (a posted receive);
+// otherwise the queued message is copied into dst and its buffer reused.
+//
+// Once the reader has started filling dst, RecvInto waits for the whole
+// payload even if ctx ends meanwhile, and then returns the message: it
+// never returns while the reader still writes into dst. That wait is
+// bounded by the peer's sending (a frame's payload follows its header on
+// the wire) and by the heartbeat timeout if the peer stalls or dies; a lost
+// peer ends it with a *transport.PeerError and dst partly written.
+func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) (transport.Header, int, error) {
+	if t.closing.Load() {
+		return transport.Header{}, 0, errClosed("recv")
+	}
+	if err := transport.CheckRank(from, t.world); err != nil {
+		return transport.Header{}, 0, err
+	}
+	m, n, direct, err := t.box.GetInto(ctx, from, tag, dst)
+	if direct { // the reader filled dst and returned the credit
+		if err != nil {
+			return m.Header, n, t.stateErr("recv", err)
+		}
+		return m.Header, n, nil
+	}
+	if err != nil {
+		return transport.Header{}, 0, t.stateErr("recv", err)
+	}
+	n = len(m.Payload)
+	if n > len(dst) {
+		err = transport.TooLong(from, n, len(dst))
+	} else {
+		copy(dst, m.Payload)
+	}
+	bufpool.Default.Put(m.Payload)
+	if from != t.rank {
+		if pr := t.peers[from].Load(); pr != nil {
+			pr.consumed(n)
+		}
+	}
+	return m.Header, n, err
 }
 
 // Release implements transport.Transport.
@@ -216,7 +260,7 @@ func (t *Transport) shutdown(graceful bool) {
 		if p == nil {
 			continue
 		}
-		if graceful && !(t.failed.Load() && r == t.failErr.Rank) {
+		if graceful && !p.lost.Load() {
 			p.goodbye(deadline)
 			p.conn.SetReadDeadline(deadline)
 		} else {
@@ -238,54 +282,42 @@ func (t *Transport) stopNow() {
 	})
 }
 
-// fail records that peer rank was lost and fails the whole transport: every
-// pending and later call returns a *transport.PeerError naming rank.
-//
-// The links to the other peers are left open (until Close, which says
-// goodbye on them): every survivor detects the lost rank on its own link to
-// it, so each names the rank that really failed rather than a survivor that
-// dropped its connections first.
+// fail records that peer rank was lost: pending and later calls involving
+// it (sends to it, receives from it) return a *transport.PeerError naming
+// it, and what it sent that nobody received yet is dropped. The links to
+// the other peers are left alone: calls involving them keep working, so the
+// layer above can still tell the survivors why it stops.
 func (t *Transport) fail(rank int, cause error) {
-	t.mu.Lock()
-	if t.closing.Load() || t.failed.Load() {
-		t.mu.Unlock()
+	p := t.peers[rank].Load()
+	if t.closing.Load() || p == nil {
 		return
 	}
-	t.failErr = &transport.PeerError{Rank: rank, Op: "recv", Err: cause}
-	t.failed.Store(true)
-	t.mu.Unlock()
-	t.log.Error("tcp: peer lost; failing the transport", "peer", rank, "err", cause)
-	t.box.Fail(t.failErr)
-	// The control goroutines and the heartbeat monitor keep running until
-	// Close, so that the links to the survivors stay healthy and Close can
-	// say goodbye on them.
-	if p := t.peers[rank].Load(); p != nil {
+	p.lostOnce.Do(func() {
+		p.lostErr = cause
+		p.lost.Store(true)
+		close(p.lostCh)
+		t.log.Error("tcp: peer lost", "peer", rank, "err", cause)
+		pe := &transport.PeerError{Rank: rank, Op: "recv", Err: cause}
+		t.box.FailSource(rank, pe)
+		t.setupFailed(&transport.PeerError{Rank: rank, Op: "connect", Err: cause}) // only matters during setup
 		p.conn.Close()
-	}
-}
-
-// failure returns the recorded failure, re-labelled with op.
-func (t *Transport) failure(op string) error {
-	return &transport.PeerError{Rank: t.failErr.Rank, Op: op, Err: t.failErr.Err}
+	})
 }
 
 // stateErr maps an error from a blocking operation to what the caller
-// should see: ErrClosed after Close, the failure after a lost peer, err
-// otherwise (a context error or a peer that said goodbye).
+// should see: ErrClosed after Close, err otherwise (a context error or a
+// peer that was lost or said goodbye).
 func (t *Transport) stateErr(op string, err error) error {
-	switch {
-	case t.closing.Load():
+	if t.closing.Load() {
 		return errClosed(op)
-	case t.failed.Load():
-		return t.failure(op)
 	}
 	return err
 }
 
-func errClosed(op string) error { return fmt.Errorf("dist: %s: %w", op, transport.ErrClosed) }
+func errClosed(op string) error { return fmt.Errorf("tcp: %s: %w", op, transport.ErrClosed) }
 
-// monitor sends heartbeats on idle links and fails the transport when a peer
-// has been silent for the heartbeat timeout.
+// monitor sends heartbeats on idle links and fails a peer that has been
+// silent for the heartbeat timeout.
 func (t *Transport) monitor() {
 	defer t.wg.Done()
 	tick := time.NewTicker(t.cfg.hbInterval)
@@ -297,7 +329,7 @@ func (t *Transport) monitor() {
 		case now := <-tick.C:
 			for r := range t.peers {
 				p := t.peers[r].Load()
-				if p == nil || p.gone.Load() {
+				if p == nil || p.gone.Load() || p.lost.Load() {
 					continue
 				}
 				if rx := p.rx.Load(); rx != p.lastRx {
@@ -305,7 +337,7 @@ func (t *Transport) monitor() {
 				} else if silent := now.Sub(p.lastRxAt); silent > t.cfg.hbTimeout {
 					t.fail(p.rank, fmt.Errorf("%w: %w: nothing received for %v",
 						transport.ErrPeerLost, ErrHeartbeatTimeout, silent.Round(time.Millisecond)))
-					return
+					continue
 				}
 				if tx := p.tx.Load(); tx == p.lastTx {
 					p.post(pendHeartbeat)

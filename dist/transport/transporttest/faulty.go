@@ -95,11 +95,11 @@ func (f *Faulty) WorldSize() int { return f.inner.WorldSize() }
 
 // Send implements transport.Transport, possibly after a delay or instead of
 // a cut.
-func (f *Faulty) Send(ctx context.Context, to int, tag uint32, meta transport.Meta, p []byte) error {
+func (f *Faulty) Send(ctx context.Context, to int, tag uint32, h transport.Header, p []byte) error {
 	if err := f.before(ctx, "send"); err != nil {
 		return err
 	}
-	return f.inner.Send(ctx, to, tag, meta, p)
+	return f.inner.Send(ctx, to, tag, h, p)
 }
 
 // Recv implements transport.Transport, possibly after a delay or instead of
@@ -111,6 +111,15 @@ func (f *Faulty) Recv(ctx context.Context, from int, tag uint32) (transport.Mess
 	return f.inner.Recv(ctx, from, tag)
 }
 
+// RecvInto implements transport.Transport, possibly after a delay or
+// instead of a cut.
+func (f *Faulty) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) (transport.Header, int, error) {
+	if err := f.before(ctx, "recv"); err != nil {
+		return transport.Header{}, 0, err
+	}
+	return f.inner.RecvInto(ctx, from, tag, dst)
+}
+
 // Release implements transport.Transport.
 func (f *Faulty) Release(p []byte) { f.inner.Release(p) }
 
@@ -120,7 +129,7 @@ func (f *Faulty) Close() error { return f.inner.Close() }
 // before decides this operation's fate and sleeps its delay.
 func (f *Faulty) before(ctx context.Context, op string) error {
 	if f.cut.Load() {
-		return fmt.Errorf("dist: %s: cut: %w", op, transport.ErrClosed)
+		return fmt.Errorf("transporttest: %s: cut: %w", op, transport.ErrClosed)
 	}
 	f.mu.Lock()
 	f.ops++
@@ -132,7 +141,7 @@ func (f *Faulty) before(ctx context.Context, op string) error {
 	f.mu.Unlock()
 	if cut {
 		f.Cut()
-		return fmt.Errorf("dist: %s: cut: %w", op, transport.ErrClosed)
+		return fmt.Errorf("transporttest: %s: cut: %w", op, transport.ErrClosed)
 	}
 	if d > 0 {
 		tm := time.NewTimer(d)
@@ -140,7 +149,7 @@ func (f *Faulty) before(ctx context.Context, op string) error {
 		select {
 		case <-tm.C:
 		case <-ctx.Done():
-			return fmt.Errorf("dist: %s: %w", op, ctx.Err())
+			return fmt.Errorf("transporttest: %s: %w", op, ctx.Err())
 		}
 	}
 	return nil

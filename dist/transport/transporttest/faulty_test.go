@@ -12,23 +12,14 @@ import (
 	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
-func locals(n int, opts ...transport.LocalOption) []transport.Transport {
-	ls := transport.NewLocal(n, opts...)
-	ts := make([]transport.Transport, n)
-	for i, l := range ls {
-		ts[i] = l
-	}
-	return ts
-}
-
 // TestFaultyConformance: delays alone change no guarantee, so a delayed
 // transport still passes the suite.
 func TestFaultyConformance(t *testing.T) {
 	cfg := transporttest.FaultConfig{Seed: 42, DelayProb: 0.3, MaxDelay: 200 * time.Microsecond}
 	transporttest.Run(t, func(t *testing.T, n int) []transport.Transport {
-		return transporttest.WrapAll(locals(n), cfg)
+		return transporttest.WrapAll(transporttest.Locals(t, n), cfg)
 	}, transporttest.WithLimited(func(t *testing.T, n, limit int) []transport.Transport {
-		return transporttest.WrapAll(locals(n, transport.WithLocalQueueLimit(limit)), cfg)
+		return transporttest.WrapAll(transporttest.Locals(t, n, transport.WithLocalQueueLimit(limit)), cfg)
 	}))
 }
 
@@ -36,12 +27,12 @@ func TestFaultyConformance(t *testing.T) {
 // see it as lost.
 func TestFaultyCutAfter(t *testing.T) {
 	ctx := context.Background()
-	ts := transporttest.WrapAll(locals(2), transporttest.FaultConfig{})
+	ts := transporttest.WrapAll(transporttest.Locals(t, 2), transporttest.FaultConfig{})
 	f := transporttest.NewFaulty(ts[1].(*transporttest.Faulty).Unwrap(), transporttest.FaultConfig{CutAfter: 3})
-	require.NoError(t, f.Send(ctx, 0, 1, transport.Meta{}, []byte("a")))
-	require.NoError(t, f.Send(ctx, 0, 1, transport.Meta{}, []byte("b")))
+	require.NoError(t, f.Send(ctx, 0, 1, transport.Header{}, []byte("a")))
+	require.NoError(t, f.Send(ctx, 0, 1, transport.Header{}, []byte("b")))
 	assert.False(t, f.IsCut())
-	require.ErrorIs(t, f.Send(ctx, 0, 1, transport.Meta{}, []byte("c")), transport.ErrClosed)
+	require.ErrorIs(t, f.Send(ctx, 0, 1, transport.Header{}, []byte("c")), transport.ErrClosed)
 	assert.True(t, f.IsCut())
 	_, err := f.Recv(ctx, 0, 1)
 	require.ErrorIs(t, err, transport.ErrClosed)
@@ -58,10 +49,10 @@ func TestFaultyCutAfter(t *testing.T) {
 func TestFaultyDeterministic(t *testing.T) {
 	run := func(seed uint64) int {
 		ctx := context.Background()
-		f := transporttest.NewFaulty(locals(1)[0], transporttest.FaultConfig{Seed: seed, CutProb: 0.05})
+		f := transporttest.NewFaulty(transporttest.Locals(t, 1)[0], transporttest.FaultConfig{Seed: seed, CutProb: 0.05})
 		defer f.Close()
 		for i := range 1000 {
-			if err := f.Send(ctx, 0, 1, transport.Meta{}, nil); err != nil {
+			if err := f.Send(ctx, 0, 1, transport.Header{}, nil); err != nil {
 				return i
 			}
 			if _, err := f.Recv(ctx, 0, 1); err != nil {
@@ -78,12 +69,12 @@ func TestFaultyDeterministic(t *testing.T) {
 // TestFaultyDelayHonoursContext: a delayed call still returns when its
 // context ends.
 func TestFaultyDelayHonoursContext(t *testing.T) {
-	f := transporttest.NewFaulty(locals(1)[0], transporttest.FaultConfig{DelayProb: 1, MaxDelay: time.Hour})
+	f := transporttest.NewFaulty(transporttest.Locals(t, 1)[0], transporttest.FaultConfig{DelayProb: 1, MaxDelay: time.Hour})
 	defer f.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := f.Send(ctx, 0, 1, transport.Meta{}, nil)
+	err := f.Send(ctx, 0, 1, transport.Header{}, nil)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), 5*time.Second)
 }

@@ -1,6 +1,6 @@
 // Package wire encodes and decodes the frames gdist's TCP transport
 // exchanges: a fixed 40-byte little-endian header (magic "gD", version,
-// kind, source rank, tag, sequence number, fingerprint, payload length)
+// kind, source rank, tag, 16 opaque header bytes, payload length)
 // followed by the payload, and the payloads of the authentication handshake.
 // spec.md beside this file describes the format byte by byte.
 //

@@ -11,7 +11,7 @@ const Magic = "gD"
 
 // Version is the protocol version this package speaks. A frame with any
 // other version is refused.
-const Version = 1
+const Version = 2
 
 // HeaderSize is the size in bytes of every frame header.
 const HeaderSize = 40
@@ -26,10 +26,10 @@ type Kind uint8
 // Frame kinds. Data, Credit, Blocked, Heartbeat and Goodbye travel on an
 // established link; the others only during the handshake. See spec.md.
 const (
-	Data      Kind = 1 // a message: Src, Tag, Seq, Fingerprint, then Len payload bytes
+	Data      Kind = 1 // a message: Src, Tag, Meta (opaque), then Len payload bytes
 	Goodbye   Kind = 2 // the sender closed cleanly and will send nothing more
 	Heartbeat Kind = 3 // liveness; carries nothing
-	Credit    Kind = 4 // the receiver freed Seq bytes of queue space for the sender
+	Credit    Kind = 4 // the receiver freed Grant bytes of queue space for the sender
 	Blocked   Kind = 5 // the sender is waiting for credit
 
 	Hello    Kind = 16 // client -> server: ranks, limits, client nonce
@@ -109,6 +109,7 @@ var (
 	ErrBadKind       = errors.New("wire: unknown frame kind")
 	ErrBadFlags      = errors.New("wire: reserved flags set")
 	ErrControlLength = errors.New("wire: control frame with a payload")
+	ErrReserved      = errors.New("wire: unused header bytes set")
 	ErrFrameTooLarge = errors.New("wire: frame too large")
 )
 
@@ -125,16 +126,20 @@ func (e *FrameTooLargeError) Error() string {
 // Is makes errors.Is(err, ErrFrameTooLarge) true.
 func (e *FrameTooLargeError) Is(target error) bool { return target == ErrFrameTooLarge }
 
+// MetaSize is the size of the opaque per-message header a Data frame
+// carries (transport.HeaderSize).
+const MetaSize = 16
+
 // Header is a decoded frame header. Which fields mean something depends on
 // Kind; unused fields are zero on the wire.
 type Header struct {
-	Kind        Kind
-	Flags       uint32 // reserved; zero in version 1
-	Src         uint32 // the sender's rank
-	Tag         uint32 // Data: message tag; Reject: RejectReason
-	Seq         uint64 // Data: Meta.Seq; Credit: bytes granted
-	Fingerprint uint64 // Data: Meta.Fingerprint
-	Len         uint64 // payload bytes that follow the header
+	Kind  Kind
+	Flags uint32         // reserved; zero in this version
+	Src   uint32         // the sender's rank
+	Tag   uint32         // Data: message tag; Reject: RejectReason
+	Meta  [MetaSize]byte // Data: the message's header, opaque to the transport
+	Grant uint64         // Credit: bytes granted (in the first 8 bytes of the meta field)
+	Len   uint64         // payload bytes that follow the header
 }
 
 // Put encodes h into b[:HeaderSize] with the current magic and version.
@@ -147,14 +152,30 @@ func (h *Header) Put(b []byte) {
 	binary.LittleEndian.PutUint32(b[4:], h.Flags)
 	binary.LittleEndian.PutUint32(b[8:], h.Src)
 	binary.LittleEndian.PutUint32(b[12:], h.Tag)
-	binary.LittleEndian.PutUint64(b[16:], h.Seq)
-	binary.LittleEndian.PutUint64(b[24:], h.Fingerprint)
+	switch h.Kind {
+	case Data:
+		copy(b[16:32], h.Meta[:])
+	case Credit:
+		binary.LittleEndian.PutUint64(b[16:], h.Grant)
+		clear(b[24:32])
+	default:
+		clear(b[16:32])
+	}
 	binary.LittleEndian.PutUint64(b[32:], h.Len)
 }
 
+func zero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Parse decodes the header in b[:HeaderSize]. It refuses a short buffer, a
-// wrong magic or version, an unknown kind, reserved flags, a control frame
-// with a payload, and a payload longer than min(maxPayload, MaxPayload). It
+// wrong magic or version, an unknown kind, reserved flags, unused header
+// bytes that are not zero, a control frame with a payload, and a payload longer than min(maxPayload, MaxPayload). It
 // only reads b and never allocates on success, so the caller can check the
 // length before it allocates anything for the payload.
 func Parse(b []byte, maxPayload uint64) (Header, error) {
@@ -168,13 +189,24 @@ func Parse(b []byte, maxPayload uint64) (Header, error) {
 		return Header{}, fmt.Errorf("%w: %d (want %d)", ErrBadVersion, b[2], Version)
 	}
 	h := Header{
-		Kind:        Kind(b[3]),
-		Flags:       binary.LittleEndian.Uint32(b[4:]),
-		Src:         binary.LittleEndian.Uint32(b[8:]),
-		Tag:         binary.LittleEndian.Uint32(b[12:]),
-		Seq:         binary.LittleEndian.Uint64(b[16:]),
-		Fingerprint: binary.LittleEndian.Uint64(b[24:]),
-		Len:         binary.LittleEndian.Uint64(b[32:]),
+		Kind:  Kind(b[3]),
+		Flags: binary.LittleEndian.Uint32(b[4:]),
+		Src:   binary.LittleEndian.Uint32(b[8:]),
+		Tag:   binary.LittleEndian.Uint32(b[12:]),
+		Len:   binary.LittleEndian.Uint64(b[32:]),
+	}
+	switch h.Kind {
+	case Data:
+		copy(h.Meta[:], b[16:32])
+	case Credit:
+		h.Grant = binary.LittleEndian.Uint64(b[16:])
+		if !zero(b[24:32]) {
+			return Header{}, fmt.Errorf("%w: credit frame bytes 24..31", ErrReserved)
+		}
+	default:
+		if k := Kind(b[3]); k.Valid() && !zero(b[16:32]) {
+			return Header{}, fmt.Errorf("%w: %s frame bytes 16..31", ErrReserved, k)
+		}
 	}
 	if !h.Kind.Valid() {
 		return Header{}, fmt.Errorf("%w: %d", ErrBadKind, uint8(h.Kind))

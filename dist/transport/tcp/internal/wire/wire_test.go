@@ -18,11 +18,11 @@ func encode(h Header) []byte {
 
 func TestRoundTrip(t *testing.T) {
 	for _, h := range []Header{
-		{Kind: Data, Src: 3, Tag: 0xFFF00001, Seq: math.MaxUint64, Fingerprint: 0x0123456789abcdef, Len: 64 << 20},
+		{Kind: Data, Src: 3, Tag: 0xFFF00001, Meta: [MetaSize]byte{0: 0xff, 7: 0xff, 8: 0x01, 15: 0xef}, Len: 64 << 20},
 		{Kind: Data},
 		{Kind: Goodbye, Src: 1},
 		{Kind: Heartbeat, Src: math.MaxUint32},
-		{Kind: Credit, Src: 2, Seq: 1 << 30},
+		{Kind: Credit, Src: 2, Grant: math.MaxUint64},
 		{Kind: Blocked},
 		{Kind: Hello, Src: 1, Len: HelloSize},
 		{Kind: Reject, Tag: uint32(RejectDuplicate)},
@@ -35,9 +35,10 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestLayout(t *testing.T) {
-	b := encode(Header{Kind: Data, Src: 0x04030201, Tag: 0x08070605, Seq: 0x100f0e0d0c0b0a09,
-		Fingerprint: 0x1817161514131211, Len: 0x201f1e1d1c1b1a19})
-	want := []byte{'g', 'D', 1, 1, 0, 0, 0, 0,
+	b := encode(Header{Kind: Data, Src: 0x04030201, Tag: 0x08070605,
+		Meta: [MetaSize]byte{0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18},
+		Len:  0x201f1e1d1c1b1a19})
+	want := []byte{'g', 'D', 2, 1, 0, 0, 0, 0,
 		1, 2, 3, 4, 5, 6, 7, 8,
 		0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10,
 		0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18,
@@ -63,7 +64,10 @@ func TestParseRefuses(t *testing.T) {
 		{"magic", mut(func(b []byte) { b[0] = 'x' }), 100, ErrBadMagic},
 		{"magic2", mut(func(b []byte) { b[1] = 'd' }), 100, ErrBadMagic},
 		{"version0", mut(func(b []byte) { b[2] = 0 }), 100, ErrBadVersion},
-		{"version2", mut(func(b []byte) { b[2] = 2 }), 100, ErrBadVersion},
+		{"version1", mut(func(b []byte) { b[2] = 1 }), 100, ErrBadVersion},
+		{"version3", mut(func(b []byte) { b[2] = 3 }), 100, ErrBadVersion},
+		{"heartbeat-meta", mut(func(b []byte) { b[3] = byte(Heartbeat); b[9] = 0; b[20] = 1; clear(b[32:]) }), 100, ErrReserved},
+		{"credit-high", mut(func(b []byte) { b[3] = byte(Credit); b[31] = 1; clear(b[32:]) }), 100, ErrReserved},
 		{"kind0", mut(func(b []byte) { b[3] = 0 }), 100, ErrBadKind},
 		{"kind6", mut(func(b []byte) { b[3] = 6 }), 100, ErrBadKind},
 		{"kind255", mut(func(b []byte) { b[3] = 255 }), 100, ErrBadKind},
@@ -187,10 +191,10 @@ func TestTable(t *testing.T) {
 // limit.
 func FuzzParse(f *testing.F) {
 	for _, h := range []Header{
-		{Kind: Data, Src: 1, Tag: 7, Seq: 3, Fingerprint: 9, Len: 100},
+		{Kind: Data, Src: 1, Tag: 7, Meta: [MetaSize]byte{3, 0, 0, 0, 0, 0, 0, 0, 9}, Len: 100},
 		{Kind: Goodbye},
 		{Kind: Heartbeat, Src: 5},
-		{Kind: Credit, Seq: 1 << 20},
+		{Kind: Credit, Grant: 1 << 20},
 		{Kind: Hello, Len: HelloSize},
 		{Kind: Data, Len: 1 << 40},
 	} {
@@ -202,7 +206,7 @@ func FuzzParse(f *testing.F) {
 		h, err := Parse(b, max)
 		if err != nil {
 			if !errors.Is(err, ErrShortHeader) && !errors.Is(err, ErrBadMagic) && !errors.Is(err, ErrBadVersion) &&
-				!errors.Is(err, ErrBadKind) && !errors.Is(err, ErrBadFlags) && !errors.Is(err, ErrControlLength) &&
+				!errors.Is(err, ErrBadKind) && !errors.Is(err, ErrBadFlags) && !errors.Is(err, ErrControlLength) && !errors.Is(err, ErrReserved) &&
 				!errors.Is(err, ErrFrameTooLarge) {
 				t.Fatalf("unclassified error %v", err)
 			}

@@ -11,8 +11,13 @@ import (
 	"sync"
 )
 
-// keepBytes is roughly how many bytes each size class may keep idle.
-const keepBytes = 64 << 20
+// keepBytes is roughly how many bytes each size class may keep idle, and
+// keepMax how many slices: a burst of small messages does not leave a
+// million idle 64-byte slices behind.
+const (
+	keepBytes = 64 << 20
+	keepMax   = 8192
+)
 
 // Pool is a free list of byte slices bucketed by power-of-two capacity.
 // The zero value is ready to use and safe for concurrent use.
@@ -59,10 +64,7 @@ func (p *Pool) Put(b []byte) {
 		return
 	}
 	k := bits.Len(uint(c)) - 1
-	keep := keepBytes / c
-	if keep < 4 {
-		keep = 4
-	}
+	keep := min(max(keepBytes/c, 4), keepMax)
 	p.mu.Lock()
 	if len(p.classes[k]) < keep {
 		p.classes[k] = append(p.classes[k], b[:c])

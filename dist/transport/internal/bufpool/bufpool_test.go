@@ -29,3 +29,16 @@ func TestSteadyStateNoAlloc(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() { p.Put(p.Get(4096)) })
 	require.Zero(t, allocs)
 }
+
+// TestKeepBounded: a burst of small slices put back is not all kept.
+func TestKeepBounded(t *testing.T) {
+	var p Pool
+	bs := make([][]byte, 3*keepMax)
+	for i := range bs {
+		bs[i] = p.Get(64)
+	}
+	for _, b := range bs {
+		p.Put(b)
+	}
+	require.Len(t, p.classes[6], keepMax)
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// flagSet is a flag.FlagSet whose flags may have several spellings
+// (gdistrun's own and torchrun's, e.g. -n, -nproc-per-node and
+// -nproc_per_node). Go's flag package already takes one dash or two; every
+// other spelling is a flag of its own sharing the first one's value. Two
+// spellings of one flag given different values are an error.
+type flagSet struct {
+	*flag.FlagSet
+	groups []*flagGroup          // in registration order
+	byName map[string]*flagGroup // every spelling
+}
+
+// flagGroup is one flag and its spellings.
+type flagGroup struct {
+	names  []string   // names[0] is the one usage lists first
+	value  flag.Value // the shared value
+	usage  string
+	setBy  string // spelling that set it last, "" if not set
+	setVal string // the value it set
+}
+
+func newFlags(name string) *flagSet {
+	return &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), byName: map[string]*flagGroup{}}
+}
+
+// add registers v under every name in names (the first is the main one).
+// v should be one of package flag's own values (see stdValue), so that usage
+// names its type.
+func (fs *flagSet) add(v flag.Value, usage string, names ...string) {
+	g := &flagGroup{names: names, value: v, usage: usage}
+	fs.groups = append(fs.groups, g)
+	for _, n := range names {
+		fs.byName[n] = g
+		fs.Var(&spelling{g: g, name: n}, n, usage)
+	}
+}
+
+// set reports whether the flag with the given (main) name was given.
+func (fs *flagSet) set(name string) bool { return fs.byName[name].setBy != "" }
+
+// setBy returns the spelling that set the flag with the given name, with
+// its dashes as usage shows them.
+func (fs *flagSet) setBy(name string) string { return "-" + fs.byName[name].setBy }
+
+// spelling is one name of a flagGroup, as registered with package flag.
+type spelling struct {
+	g    *flagGroup
+	name string
+}
+
+func (s *spelling) String() string {
+	if s == nil || s.g == nil {
+		return ""
+	}
+	return s.g.value.String()
+}
+
+func (s *spelling) Set(v string) error {
+	prev := s.g.value.String()
+	if err := s.g.value.Set(v); err != nil {
+		return err
+	}
+	now := s.g.value.String()
+	if s.g.setBy != "" && s.g.setBy != s.name && s.g.setVal != now {
+		conflict := fmt.Errorf("conflicts with -%s=%s", s.g.setBy, s.g.setVal)
+		_ = s.g.value.Set(prev)
+		return conflict
+	}
+	s.g.setBy, s.g.setVal = s.name, now
+	return nil
+}
+
+// IsBoolFlag lets a boolean flag be given without a value.
+func (s *spelling) IsBoolFlag() bool {
+	b, ok := s.g.value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// printDefaults writes every flag once, its spellings on one line, in the
+// format of flag.PrintDefaults.
+func (fs *flagSet) printDefaults(w io.Writer) {
+	for _, g := range fs.groups {
+		f := fs.Lookup(g.names[0])
+		typ, usage := flag.UnquoteUsage(&flag.Flag{Usage: g.usage, Value: g.value})
+		var b strings.Builder
+		for i, n := range g.names {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("-" + n)
+		}
+		if typ != "" {
+			b.WriteString(" " + typ)
+		}
+		fmt.Fprintf(w, "  %s\n    \t%s", b.String(), strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if d := f.DefValue; d != "" && d != "0" && d != "false" && d != "0s" {
+			if typ == "string" {
+				d = fmt.Sprintf("%q", d)
+			}
+			fmt.Fprintf(w, " (default %s)", d)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// stdValue returns the flag.Value that reg registers under the name "v":
+// one of package flag's own, for flagSet.add.
+func stdValue(reg func(fs *flag.FlagSet)) flag.Value {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	reg(fs)
+	return fs.Lookup("v").Value
+}
+
+func intValue(p *int, def int) flag.Value {
+	return stdValue(func(fs *flag.FlagSet) { fs.IntVar(p, "v", def, "") })
+}
+
+func stringValue(p *string, def string) flag.Value {
+	return stdValue(func(fs *flag.FlagSet) { fs.StringVar(p, "v", def, "") })
+}
+
+func boolValue(p *bool) flag.Value {
+	return stdValue(func(fs *flag.FlagSet) { fs.BoolVar(p, "v", false, "") })
+}
+
+func durationValue(p *time.Duration, def time.Duration) flag.Value {
+	return stdValue(func(fs *flag.FlagSet) { fs.DurationVar(p, "v", def, "") })
+}
