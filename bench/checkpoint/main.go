@@ -75,7 +75,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	pg, err := dist.New(transport.NewLocal(1)[0])
+	trs, err := transport.NewLocal(1)
+	if err != nil {
+		return err
+	}
+	pg, err := dist.New(trs[0])
 	if err != nil {
 		return err
 	}

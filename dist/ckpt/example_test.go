@@ -22,7 +22,11 @@ func Example() {
 
 	job := func(last int64) {
 		var wg sync.WaitGroup
-		for _, tr := range transport.NewLocal(2) {
+		trs, err := transport.NewLocal(2)
+		if err != nil {
+			panic(err)
+		}
+		for _, tr := range trs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
