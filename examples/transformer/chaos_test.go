@@ -54,18 +54,29 @@ func gdistrun(t *testing.T) string {
 	return gdistrunPath
 }
 
-var stagesRE = regexp.MustCompile(`parameters per stage fnv64a ([0-9a-f]{16} [0-9a-f]{16})`)
+var (
+	stagesRE = regexp.MustCompile(`parameters per stage fnv64a ([0-9a-f]{16} [0-9a-f]{16})`)
+	ddpRE    = regexp.MustCompile(`parameters identical on all 2 ranks \(fnv64a ([0-9a-f]{16})\)`)
+)
 
 // pipelineJob trains the tiny model as a 2-stage pipeline under gdistrun
 // -max-restarts 2 with the kill plan (GDIST_CHAOS_KILL) and returns the
 // stages' parameter hashes and the output.
 func pipelineJob(t *testing.T, text, ckptDir, kill string) (hashes, out string) {
 	t.Helper()
+	return chaosJob(t, stagesRE, text, ckptDir, kill, "-pipeline", "-micro-batches", "2")
+}
+
+// chaosJob trains the tiny model on 2 ranks under gdistrun -max-restarts 2
+// with the kill plan (GDIST_CHAOS_KILL) and the extra flags, and returns
+// the hash (or hashes) re matches in the output, and the output.
+func chaosJob(t *testing.T, re *regexp.Regexp, text, ckptDir, kill string, extra ...string) (hashes, out string) {
+	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
-	args := []string{"train", "-pipeline", "-micro-batches", "2", "-text", text, "-steps", "60", "-eval-every", "20",
+	args := append([]string{"train", "-text", text, "-steps", "60", "-eval-every", "20", "-eval-windows", "4",
 		"-ctx", "16", "-dim", "16", "-heads", "2", "-layers", "2", "-mlp", "32", "-batch", "4", "-lr", "0.01",
-		"-out", filepath.Join(t.TempDir(), "unused.gdc")}
+		"-out", filepath.Join(t.TempDir(), "m.gdc")}, extra...)
 	if ckptDir != "" {
 		args = append(args, "-ckpt-dir", ckptDir, "-ckpt-every", "10")
 	}
@@ -79,9 +90,9 @@ func pipelineJob(t *testing.T, text, ckptDir, kill string) (hashes, out string) 
 	err = cmd.Run()
 	out = buf.String()
 	require.NoError(t, err, "gdistrun:\n%s", out)
-	m := stagesRE.FindStringSubmatch(out)
-	require.NotNil(t, m, "no stage hashes in:\n%s", out)
-	t.Logf("kill %q: stages fnv64a %s in %.1fs", kill, m[1], time.Since(start).Seconds())
+	m := re.FindStringSubmatch(out)
+	require.NotNil(t, m, "no final hash in:\n%s", out)
+	t.Logf("%v, kill %q: fnv64a %s in %.1fs", extra, kill, m[1], time.Since(start).Seconds())
 	return m[1], out
 }
 
@@ -114,3 +125,19 @@ func TestChaosPipeline(t *testing.T) {
 
 // ckpt0 is stage 0's checkpoint directory, whose files rank 0 reports.
 func ckpt0(dir string) string { return filepath.Join(dir, "stage0") }
+
+// TestChaosDDP: the same for data-parallel training (each rank draws its
+// own batches; rank 0 saves every rank's generator state).
+func TestChaosDDP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	text := filepath.Join(t.TempDir(), "text.txt")
+	require.NoError(t, os.WriteFile(text, []byte(testText), 0o644))
+	want, _ := chaosJob(t, ddpRE, text, "", "")
+	dir := t.TempDir()
+	got, out := chaosJob(t, ddpRE, text, dir, "1:33:0,0:52:1") // resume from 30, then from 50
+	assert.Equal(t, want, got, "killed twice")
+	assert.Contains(t, out, "resumed from "+filepath.Join(dir, "ckpt-30.gdc"))
+	assert.Contains(t, out, "resumed from "+filepath.Join(dir, "ckpt-50.gdc"))
+}
