@@ -383,3 +383,52 @@ func TestOptions(t *testing.T) {
 	_, err = m.Resume(context.Background())
 	assert.ErrorIs(t, err, ckpt.ErrClosed)
 }
+
+// TestOnlyWritersCopy: without WithRankRNG a rank that does not write never
+// builds its state; with it, every rank does (for its RNG) and only rank 0
+// writes.
+func TestOnlyWritersCopy(t *testing.T) {
+	ctx := ctxT(t)
+	for _, rankRNG := range []bool{false, true} {
+		dir := t.TempDir()
+		calls := make([]int, 2)
+		runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
+			opts := []ckpt.Option{ckpt.WithEvery(2)}
+			if rankRNG {
+				opts = append(opts, ckpt.WithRankRNG())
+			}
+			m, err := ckpt.New(pg, dir, opts...)
+			if err != nil {
+				return err
+			}
+			for step := int64(1); step <= 4; step++ {
+				saved, err := m.Step(ctx, step, func() (*checkpoint.State, error) {
+					calls[rank]++
+					return state(step, 0, "r"), nil
+				})
+				if err != nil {
+					return err
+				}
+				assert.Equal(t, step%2 == 0, saved, "rank %d step %d", rank, step)
+			}
+			if err := m.Close(); err != nil {
+				return err
+			}
+			st := m.Stats()
+			if rank == 0 {
+				assert.Equal(t, 2, st.Saves)
+				assert.Equal(t, 2, st.Writes)
+				assert.Positive(t, st.Copy)
+			} else {
+				assert.Zero(t, st.Saves, "rank %d writes nothing", rank)
+			}
+			assert.Equal(t, rankRNG, st.Gather > 0, "rank %d", rank)
+			return nil
+		})
+		want := []int{2, 0}
+		if rankRNG {
+			want = []int{2, 2}
+		}
+		assert.Equal(t, want, calls, "rank RNG %v", rankRNG)
+	}
+}

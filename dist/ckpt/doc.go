@@ -4,6 +4,10 @@
 // the same step, and checking that the ranks hold the same state before
 // the first step.
 //
+// Saves come every WithEvery steps, or (WithInterval) when a time has
+// passed on rank 0's clock, which then tells the others with a one-float
+// broadcast per step, or whenever Save is called.
+//
 // A data-parallel job (every rank holds the same model) has one writer,
 // rank 0, which saves DIR/ckpt-<step>.gdc through a checkpoint.Async: Save
 // copies the state and returns, the write (atomic, verified after writing,
