@@ -3,14 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -46,37 +44,21 @@ func childMain() int {
 	return cli.ExitCode("mnist", errUsage, err, os.Stderr)
 }
 
-var (
-	gdistrunOnce sync.Once
-	gdistrunPath string
-	gdistrunErr  error
-)
-
-// gdistrun returns a gdistrun binary that knows -max-restarts, or skips.
+// gdistrun returns a gdistrun binary that knows -max-restarts (built into
+// the test's temporary directory unless gdistrunEnv names one), or skips.
 func gdistrun(t *testing.T) string {
 	t.Helper()
-	gdistrunOnce.Do(func() {
-		if p := os.Getenv(gdistrunEnv); p != "" {
-			gdistrunPath = p
-			return
-		}
-		dir, err := os.MkdirTemp("", "gdistrun")
-		if err != nil {
-			gdistrunErr = err
-			return
-		}
-		gdistrunPath = filepath.Join(dir, "gdistrun")
-		cmd := exec.Command("go", "build", "-o", gdistrunPath, "github.com/gdist/gdist/cmd/gdistrun")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			gdistrunErr = fmt.Errorf("building gdistrun: %v\n%s", err, out)
-		}
-	})
-	require.NoError(t, gdistrunErr)
-	out, _ := exec.Command(gdistrunPath, "-h").CombinedOutput()
-	if !strings.Contains(string(out), "max-restarts") {
-		t.Skipf("%s has no -max-restarts (set %s to a gdistrun that has)", gdistrunPath, gdistrunEnv)
+	path := os.Getenv(gdistrunEnv)
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "gdistrun")
+		out, err := exec.Command("go", "build", "-o", path, "github.com/gdist/gdist/cmd/gdistrun").CombinedOutput()
+		require.NoError(t, err, "building gdistrun:\n%s", out)
 	}
-	return gdistrunPath
+	out, _ := exec.Command(path, "-h").CombinedOutput()
+	if !strings.Contains(string(out), "max-restarts") {
+		t.Skipf("%s has no -max-restarts (set %s to a gdistrun that has)", path, gdistrunEnv)
+	}
+	return path
 }
 
 var hashRE = regexp.MustCompile(`parameters identical on all 2 ranks .*fnv64a ([0-9a-f]{16})`)
