@@ -131,10 +131,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			st.Saves, cfg.CkptDir, ms(st.Copy/time.Duration(max(st.Saves, 1))), ms(st.Write/time.Duration(max(st.Writes, 1))))
 	}
 	if leader && len(res.Epochs) == 0 {
-		fmt.Fprintf(out, "mnist: the checkpoint in %s is of a finished run: nothing to train\n", cfg.CkptDir)
+		fmt.Fprintf(out, "mnist: the checkpoint in %s is of a finished run: nothing to train; parameters fnv64a %016x\n", cfg.CkptDir, res.Check.Hash)
 	} else if leader {
 		last := res.Epochs[len(res.Epochs)-1]
-		fmt.Fprintf(out, "mnist: final test accuracy %.2f%% after %d epoch(s); total %.1fs\n", 100*last.Acc, len(res.Epochs), time.Since(start).Seconds())
+		fmt.Fprintf(out, "mnist: final test accuracy %.2f%% after %d epoch(s); total %.1fs; parameters fnv64a %016x\n",
+			100*last.Acc, len(res.Epochs), time.Since(start).Seconds(), res.Check.Hash)
 		if *plotPath != "" {
 			if err := writePlot(*plotPath, res); err != nil {
 				return err
