@@ -82,6 +82,12 @@ func View(region []byte, size, dir int) (*Ring, error) {
 	}, nil
 }
 
+// CtrlBytes is the ring's control block, for tests that corrupt it.
+func (r *Ring) CtrlBytes() []byte { return r.ctrl }
+
+// DataBytes is the ring's data area, for tests that corrupt it.
+func (r *Ring) DataBytes() []byte { return r.data }
+
 // Size is the ring's data capacity in bytes.
 func (r *Ring) Size() uint64 { return r.mask + 1 }
 
