@@ -291,7 +291,14 @@ func (t *Transport) fail(rank int, cause error) {
 		t.log.Error("shm: peer lost", "peer", rank, "err", cause)
 		t.box.FailSource(rank, &transport.PeerError{Rank: rank, Op: "recv", Err: cause})
 		p.conn.Close()
-		p.myBell.Force()
+		// Wake the reader. fail may run on an application goroutine (a
+		// Send that found corrupt memory) while Close unmaps: fmu keeps
+		// the region mapped meanwhile.
+		p.fmu.Lock()
+		if !p.fdead {
+			p.myBell.Force()
+		}
+		p.fmu.Unlock()
 	})
 }
 
