@@ -68,8 +68,11 @@ type peer struct {
 	fmu   sync.Mutex
 	fdead bool
 
-	// reader-only: what the outbound ring looked like at the last poll
+	// reader-only: what the outbound ring looked like at the last poll,
+	// and how the reader spins
 	lastTail, lastFreed uint64
+	rspin               spinner
+	wspin               spinner // guarded by wmu
 
 	// liveness (monitor only)
 	lastBeat   uint64
@@ -118,6 +121,8 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		goneCh:     make(chan struct{}),
 		lostCh:     make(chan struct{}),
 		lastBeatAt: time.Now(),
+		rspin:      spinner{budget: maxPoll},
+		wspin:      spinner{budget: maxPoll},
 	}
 	return p, nil
 }
@@ -152,6 +157,50 @@ func (p *peer) goneErr(op string) error {
 // polled i times) should keep polling rather than park.
 func (p *peer) spinning(i int, start time.Time) bool {
 	return i < 4 || (p.t.cfg.spin > 0 && time.Since(start) < p.t.cfg.spin)
+}
+
+// spinner adapts how long a waiter polls before it also yields the CPU
+// to the kernel. When the peer runs on another CPU its reply comes while
+// we poll, and yielding would only cost latency (or hand the CPU to an
+// unrelated process). When the two processes share a CPU the reply comes
+// only after we yield, and polling longer merely delays it: the budget
+// halves down to zero. Every probeEvery waits it is reset to the maximum,
+// to notice that the processes moved apart again.
+type spinner struct {
+	budget  time.Duration // poll this long before yielding
+	yielded bool          // the current wait yielded
+	waits   uint32
+}
+
+const (
+	maxPoll    = 20 * time.Microsecond
+	probeEvery = 64
+)
+
+// pause is one step of a spin that started at start.
+func (s *spinner) pause(start time.Time) {
+	runtime.Gosched() // let this process's other goroutines run
+	if time.Since(start) >= s.budget {
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		s.yielded = true
+	}
+}
+
+// done records how a wait that spun ended: served while spinning or not.
+func (s *spinner) done(served bool) {
+	s.waits++
+	switch {
+	case s.waits%probeEvery == 0:
+		s.budget = maxPoll
+	case !served || s.yielded:
+		s.budget /= 2
+		if s.budget < time.Microsecond {
+			s.budget = 0
+		}
+	default:
+		s.budget = min(2*s.budget+time.Microsecond, maxPoll)
+	}
+	s.yielded = false
 }
 
 // ---- send side ----
@@ -211,21 +260,26 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 // and returns how many are. Called with wmu held.
 func (p *peer) waitSpace(want uint64) (uint64, error) {
 	start := time.Now()
+	parked := false
 	for i := 0; ; i++ {
 		s, err := p.out.Space()
 		if err != nil {
 			return 0, p.corrupt("send", err)
 		}
 		if s >= want {
+			if i > 0 {
+				p.wspin.done(!parked)
+			}
 			return s, nil
 		}
 		if err := p.goneErr("send"); err != nil {
 			return 0, err
 		}
 		if p.spinning(i, start) {
-			runtime.Gosched()
+			p.wspin.pause(start)
 			continue
 		}
+		parked = true
 		p.spaceWaiting.Store(true)
 		p.outR.SetSpaceWait(true)
 		if s, err = p.out.Space(); err == nil && s < want {
@@ -353,12 +407,16 @@ func (p *peer) pollOutbound() {
 // polling briefly and then parking on this rank's doorbell.
 func (p *peer) wait(need uint64) (uint64, error) {
 	start := time.Now()
+	parked := false
 	for i := 0; ; i++ {
 		a, err := p.in.Avail()
 		if err != nil {
 			return 0, err
 		}
 		if a >= need {
+			if i > 0 {
+				p.rspin.done(!parked)
+			}
 			return a, nil
 		}
 		p.pollOutbound()
@@ -373,9 +431,10 @@ func (p *peer) wait(need uint64) (uint64, error) {
 			return a, errGone
 		}
 		if p.spinning(i, start) {
-			runtime.Gosched()
+			p.rspin.pause(start)
 			continue
 		}
+		parked = true
 		seq := p.myBell.Prepare()
 		a, err = p.in.Avail()
 		if err == nil && a < need && !p.t.closing.Load() && !p.lost.Load() && !p.gone.Load() {
