@@ -8,7 +8,12 @@
 //     1 MiB and 16 MiB messages (the receiver acks at the end);
 //   - the gdist tcp transport: the same ping-pong and streams;
 //   - dist all-reduce (sum) latency at 4096 and 32768 float32 and the bus
-//     bandwidth of a 16 MiB ring all-reduce.
+//     bandwidth of a 16 MiB ring all-reduce;
+//   - on Linux (-shm, the default there), the shared-memory transport
+//     (dist/transport/shm) between the same processes: ping-pong and
+//     streams paired round by round with gdist TCP (and raw TCP), the CPU
+//     use of an idle rank blocked in a receive over each, and the dist
+//     all-reduce over shm against the TCP one.
 //
 // Run alone, it starts both ranks itself (re-executed twice through
 // internal/launch, with a fresh job token) and prints rank 0's report; the
