@@ -3,6 +3,7 @@
 package shm
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -192,4 +193,66 @@ func TestIdleReceiverCPU(t *testing.T) {
 	require.NoError(t, ts[1].Send(ctx, 0, 2, transport.Header{}, []byte("wake")))
 	require.NoError(t, <-res)
 	require.NoError(t, <-res)
+}
+
+// TestSingleCopy: once the ranks have checked they can read each other's
+// memory, large messages go as remote records (the receiver reads the
+// sender's buffer with process_vm_readv), queued or posted, intact; with
+// WithSingleCopy(0) they stream through the ring.
+func TestSingleCopy(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint(on), func(t *testing.T) {
+			var opts []Option
+			if !on {
+				opts = append(opts, WithSingleCopy(0))
+			}
+			ts := mesh(t, 2, opts...)
+			defer ts[1].Close()
+			defer ts[0].Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			// Small messages both ways let the readers probe.
+			for r := range 2 {
+				require.NoError(t, ts[r].Send(ctx, 1-r, 1, transport.Header{}, []byte("hi")))
+				_, err := ts[1-r].Recv(ctx, r, 1)
+				require.NoError(t, err)
+			}
+			require.Eventually(t, func() bool {
+				require.NoError(t, ts[1].Send(ctx, 0, 1, transport.Header{}, []byte("hi")))
+				_, err := ts[0].Recv(ctx, 1, 1)
+				require.NoError(t, err)
+				return ts[0].peers[1].Load().outR.RemoteOK() == on
+			}, 5*time.Second, time.Millisecond)
+			big := make([]byte, 4<<20+5)
+			for i := range big {
+				big[i] = byte(i * 7)
+			}
+			require.NoError(t, ts[0].Send(ctx, 1, 2, transport.Header{9}, big)) // queued: the reader reads it into a pooled buffer
+			m, err := ts[1].Recv(ctx, 0, 2)
+			require.NoError(t, err)
+			require.Equal(t, transport.Header{9}, m.Header)
+			require.True(t, bytes.Equal(big, m.Payload))
+			dst := make([]byte, len(big))
+			done := make(chan error, 1)
+			go func() { _, _, err := ts[1].RecvInto(ctx, 0, 3, dst); done <- err }()
+			time.Sleep(5 * time.Millisecond)
+			require.NoError(t, ts[0].Send(ctx, 1, 3, transport.Header{}, big)) // posted
+			require.NoError(t, <-done)
+			require.True(t, bytes.Equal(big, dst))
+			go func() { done <- ts[0].Send(ctx, 1, 3, transport.Header{}, big) }()
+			_, n, err := ts[1].RecvInto(ctx, 0, 3, dst[:10])
+			require.ErrorIs(t, err, transport.ErrMessageTooLong)
+			require.Equal(t, len(big), n)
+			require.NoError(t, <-done)
+			p := ts[0].peers[1].Load()
+			p.wmu.Lock()
+			sent := p.remoteSent
+			p.wmu.Unlock()
+			if on {
+				require.Equal(t, uint64(3), sent)
+			} else {
+				require.Zero(t, sent)
+			}
+		})
+	}
 }

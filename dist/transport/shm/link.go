@@ -4,6 +4,7 @@ package shm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -48,6 +50,7 @@ type peer struct {
 
 	window   int64  // the peer's queue limit: our send window (0 = unbounded)
 	maxFrame uint64 // the largest payload the peer accepts
+	pid      int    // the peer's process id, from the kernel (SO_PEERCRED)
 
 	// write side
 	wmu          sync.Mutex
@@ -55,6 +58,20 @@ type peer struct {
 	hdr          [ring.HeaderSize]byte
 	spaceCh      chan struct{} // capacity 1: the outbound tail moved
 	spaceWaiting atomic.Bool
+
+	// single copy: remote records (see WithSingleCopy)
+	remoteSent uint64                // remote records written (guarded by wmu)
+	ackSeen    uint64                // the peer's ack count as last checked (guarded by wmu)
+	pin        runtime.Pinner        // keeps a remote record's buffer in place (guarded by wmu)
+	desc       [ring.RemoteSize]byte // guarded by wmu
+	ackCh      chan struct{}         // capacity 1: the outbound ack count moved
+	ackWaiting atomic.Bool
+	// reader-only
+	lastAck      uint64
+	remoteProbed bool // the peer's probe word was tried
+	remoteOK     bool // we can read the peer's memory, and told it so
+	liov         [1]unix.Iovec
+	riov         [1]unix.RemoteIovec
 
 	// send credit
 	cmu           sync.Mutex
@@ -116,13 +133,18 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		chunk:      max(uint64(l.ringSize)/8, 4<<10),
 		window:     int64(min(l.info.QueueLimit, 1<<62)),
 		maxFrame:   l.info.MaxFrame,
+		pid:        int(l.pid),
 		spaceCh:    make(chan struct{}, 1),
+		ackCh:      make(chan struct{}, 1),
 		credit:     make(chan struct{}, wakeCap),
 		goneCh:     make(chan struct{}),
 		lostCh:     make(chan struct{}),
 		lastBeatAt: time.Now(),
 		rspin:      spinner{budget: maxPoll},
 		wspin:      spinner{budget: maxPoll},
+	}
+	if t.cfg.remoteMin > 0 && p.pid > 0 {
+		p.outR.SetProbe(uint64(uintptr(unsafe.Pointer(t.probe))), *t.probe)
 	}
 	return p, nil
 }
@@ -226,6 +248,9 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	if p.wdead {
 		return errClosed("send")
 	}
+	if m := p.t.cfg.remoteMin; m > 0 && len(b) >= m && p.outR.RemoteOK() {
+		return p.sendRemote(tag, h, b)
+	}
 	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h}
 	rh.Put(p.hdr[:])
 	size := p.outR.Size()
@@ -253,6 +278,66 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 				return err
 			}
 		}
+	}
+}
+
+// sendRemote writes a remote record for b and waits until the peer has
+// read b from this process's memory. Called with wmu held.
+func (p *peer) sendRemote(tag uint32, h transport.Header, b []byte) error {
+	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h, Remote: true}
+	rh.Put(p.hdr[:])
+	p.pin.Pin(&b[0]) // b cannot move (nor, escaping, live on a stack) meanwhile
+	defer p.pin.Unpin()
+	binary.LittleEndian.PutUint64(p.desc[:], uint64(uintptr(unsafe.Pointer(&b[0]))))
+	if _, err := p.waitSpace(ring.HeaderSize + ring.RemoteSize); err != nil {
+		return err
+	}
+	p.out.Write(p.hdr[:])
+	p.out.Write(p.desc[:])
+	p.out.Publish()
+	p.peerBell.Ring()
+	p.remoteSent++
+	return p.waitAck(p.remoteSent)
+}
+
+// waitAck waits until the peer has acknowledged n remote records. Called
+// with wmu held.
+func (p *peer) waitAck(n uint64) error {
+	start := time.Now()
+	parked := false
+	for i := 0; ; i++ {
+		a := p.outR.Ack()
+		if a < p.ackSeen || a > p.remoteSent {
+			return p.corrupt("send", fmt.Errorf("%w: ack %d outside [%d, %d]", ring.ErrCorrupt, a, p.ackSeen, p.remoteSent))
+		}
+		p.ackSeen = a
+		if a >= n {
+			if i > 0 {
+				p.wspin.done(!parked)
+			}
+			return nil
+		}
+		if err := p.goneErr("send"); err != nil {
+			return err
+		}
+		if p.spinning(i, start) {
+			p.wspin.pause(start)
+			continue
+		}
+		parked = true
+		p.ackWaiting.Store(true)
+		p.outR.SetAckWait(true)
+		if p.outR.Ack() < n {
+			select {
+			case <-p.ackCh:
+			case <-p.goneCh:
+			case <-p.lostCh:
+			case <-p.t.stop:
+			}
+		}
+		p.outR.SetAckWait(false)
+		p.ackWaiting.Store(false)
+		start = time.Now()
 	}
 }
 
@@ -395,6 +480,12 @@ func (p *peer) pollOutbound() {
 			signal(p.spaceCh)
 		}
 	}
+	if p.ackWaiting.Load() {
+		if a := p.outR.Ack(); a != p.lastAck {
+			p.lastAck = a
+			signal(p.ackCh)
+		}
+	}
 	if n := p.creditWaiters.Load(); n > 0 {
 		if f := p.outR.Freed(); f != p.lastFreed {
 			p.lastFreed = f
@@ -490,6 +581,9 @@ func (p *peer) readLoop() {
 	defer t.wg.Done()
 	var hb [ring.HeaderSize]byte
 	for {
+		if !p.remoteProbed && t.cfg.remoteMin > 0 && p.pid > 0 {
+			p.probeRemote()
+		}
 		if _, err := p.wait(ring.HeaderSize); err != nil {
 			p.readEnded(err, nil, true)
 			return
@@ -504,6 +598,12 @@ func (p *peer) readLoop() {
 			p.release()
 		}
 		m := transport.Message{Header: h.Meta}
+		if h.Remote {
+			if !p.readRemoteRecord(h) {
+				return
+			}
+			continue
+		}
 		if post := t.box.Claim(p.rank, h.Tag); post != nil {
 			n := int(h.Len)
 			if n > len(post.Dst) {
@@ -535,6 +635,97 @@ func (p *peer) readLoop() {
 		} else if len(buf) >= yieldMin {
 			runtime.Gosched()
 		}
+	}
+}
+
+// probeRemote tries to read the peer's probe word from its memory and, if
+// that works, tells the peer it may send remote records.
+func (p *peer) probeRemote() {
+	addr, val := p.inR.Probe()
+	if addr == 0 {
+		return // the peer has not published it yet
+	}
+	p.remoteProbed = true
+	got := make([]byte, 8)
+	if p.readRemote(got, addr) == nil && binary.LittleEndian.Uint64(got) == val {
+		p.remoteOK = true
+		p.inR.SetRemoteOK()
+	}
+}
+
+// readRemote copies len(dst) bytes at addr in the peer's memory into dst.
+func (p *peer) readRemote(dst []byte, addr uint64) error {
+	defer func() { p.liov[0] = unix.Iovec{} }() // do not retain dst
+	for len(dst) > 0 {
+		p.liov[0] = unix.Iovec{Base: &dst[0]}
+		p.liov[0].SetLen(len(dst))
+		p.riov[0] = unix.RemoteIovec{Base: uintptr(addr), Len: len(dst)}
+		n, err := unix.ProcessVMReadv(p.pid, p.liov[:], p.riov[:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n <= 0 {
+			return fmt.Errorf("%w: reading %d bytes at %#x of the peer's memory: %v", ring.ErrCorrupt, len(dst), addr, err)
+		}
+		dst = dst[n:]
+		addr += uint64(n)
+	}
+	return nil
+}
+
+// readRemoteRecord delivers the remote record h: its body in the ring is
+// the address of the payload in the peer's memory, which is read from
+// there, then acknowledged. It reports whether the link is still usable.
+func (p *peer) readRemoteRecord(h ring.Header) bool {
+	t := p.t
+	if !p.remoteOK {
+		p.readEnded(fmt.Errorf("%w: a remote record, but this rank never said it can read the peer's memory", ring.ErrCorrupt), nil, false)
+		return false
+	}
+	var d [ring.RemoteSize]byte
+	if _, err := p.wait(ring.RemoteSize); err != nil {
+		p.readEnded(err, nil, false)
+		return false
+	}
+	p.in.Read(d[:])
+	p.release()
+	addr := binary.LittleEndian.Uint64(d[:])
+	n := int(h.Len)
+	m := transport.Message{Header: h.Meta}
+	if post := t.box.Claim(p.rank, h.Tag); post != nil {
+		if n > len(post.Dst) {
+			p.ack()
+			t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+		} else {
+			if err := p.readRemote(post.Dst[:n], addr); err != nil {
+				p.readEnded(err, post, false)
+				return false
+			}
+			p.ack()
+			t.box.Complete(post, m, n, nil)
+		}
+		p.consumed(n)
+		return true
+	}
+	buf := bufpool.Default.Get(n)
+	if err := p.readRemote(buf, addr); err != nil {
+		bufpool.Default.Put(buf)
+		p.readEnded(err, nil, false)
+		return false
+	}
+	p.ack()
+	m.Payload = buf
+	if err := t.box.Put(t.ctx, p.rank, h.Tag, m, n); err != nil {
+		bufpool.Default.Put(buf)
+	}
+	return true
+}
+
+// ack tells the peer a remote record is done with.
+func (p *peer) ack() {
+	p.inR.AddAck()
+	if p.inR.AckWait() {
+		p.peerBell.Ring()
 	}
 }
 

@@ -20,6 +20,7 @@ const (
 	DefaultHeartbeatTimeout  = 5 * time.Second
 	DefaultHandshakeTimeout  = 10 * time.Second
 	DefaultSpin              = 50 * time.Microsecond
+	DefaultSingleCopy        = 256 << 10 // bytes
 )
 
 // Errors of package shm. Failures caused by a peer are reported as
@@ -56,6 +57,7 @@ type config struct {
 	hbTimeout  time.Duration
 	hsTimeout  time.Duration
 	spin       time.Duration
+	remoteMin  int
 	logger     *slog.Logger
 }
 
@@ -68,6 +70,7 @@ func defaultConfig() config {
 		hbTimeout:  DefaultHeartbeatTimeout,
 		hsTimeout:  DefaultHandshakeTimeout,
 		spin:       DefaultSpin,
+		remoteMin:  DefaultSingleCopy,
 	}
 }
 
@@ -184,6 +187,23 @@ func WithSpin(d time.Duration) Option {
 			return fmt.Errorf("%w: spin %v not in [0, 1s]", ErrConfig, d)
 		}
 		c.spin = d
+		return nil
+	}
+}
+
+// WithSingleCopy sets the size from which a message is not streamed
+// through the ring but read by the receiver straight from the sender's
+// buffer with process_vm_readv(2): one copy instead of two, while Send
+// waits until the receiver is done (default 256 KiB). It is used only on
+// links whose receiver could read a probe word of the sender's memory (the
+// kernel allows it between processes of one user unless ptrace is
+// restricted); 0 disables it, for messages to and from this rank.
+func WithSingleCopy(min int) Option {
+	return func(c *config) error {
+		if min < 0 {
+			return fmt.Errorf("%w: single-copy size %d", ErrConfig, min)
+		}
+		c.remoteMin = min
 		return nil
 	}
 }

@@ -4,6 +4,8 @@ package shm
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
@@ -46,6 +48,10 @@ type Transport struct {
 	setupErr error             // (guarded by mu)
 	linkCh   chan struct{}
 	pendHS   atomic.Int32
+
+	// probe is a word of this process's memory whose address and value
+	// each link publishes, so the peer can test reading our memory.
+	probe *uint64
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -64,6 +70,10 @@ func newTransport(rank, world int, cfg config) *Transport {
 		linkCh:   make(chan struct{}, 1),
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	var pv [8]byte
+	rand.Read(pv[:])
+	t.probe = new(uint64)
+	*t.probe = binary.LittleEndian.Uint64(pv[:]) | 1
 	if cfg.hbInterval > 0 && world > 1 {
 		t.wg.Add(1)
 		go t.monitor()

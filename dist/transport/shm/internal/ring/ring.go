@@ -32,8 +32,13 @@ const (
 	offSpaceWait  = 8          // u32, producer: a sender waits for ring space
 	offCreditWait = 12         // u32, producer: a sender waits for credit
 	offBeat       = 16         // u64, producer: its heartbeat counter
+	offAckWait    = 24         // u32, producer: a sender waits for a remote record's ack
+	offProbe      = 32         // u64, producer: address of a word in its memory (remote reads probe)
+	offProbeVal   = 40         // u64, producer: that word's value
 	offTail       = line       // u64, consumer: bytes read
 	offFreed      = line + 8   // u64, consumer: payload bytes its application took (credit)
+	offAck        = line + 16  // u64, consumer: remote records it has finished reading
+	offRemoteOK   = line + 24  // u32, consumer: it can read the producer's memory
 	offBell       = 2 * line   // u32: the consumer's doorbell (a futex word)
 	offSleeping   = 2*line + 4 // u32, consumer: parked (or about to park) on the bell
 
@@ -121,6 +126,39 @@ func (r *Ring) Beat() uint64 { return r.u64(offBeat).Load() }
 
 // AddBeat increments the producer's heartbeat counter.
 func (r *Ring) AddBeat() { r.u64(offBeat).Add(1) }
+
+// AckWait reports whether the producer asked to be told about acks.
+func (r *Ring) AckWait() bool { return r.u32(offAckWait).Load() != 0 }
+
+// SetAckWait is the producer asking (or no longer asking) to be told
+// when the consumer acknowledges a remote record.
+func (r *Ring) SetAckWait(on bool) { r.u32(offAckWait).Store(b32(on)) }
+
+// Ack is the number of remote records the consumer finished, unchecked.
+func (r *Ring) Ack() uint64 { return r.u64(offAck).Load() }
+
+// AddAck is the consumer acknowledging a remote record.
+func (r *Ring) AddAck() { r.u64(offAck).Add(1) }
+
+// RemoteOK reports whether the consumer said it can read the producer's
+// memory (unchecked: a consumer that lies only hurts itself).
+func (r *Ring) RemoteOK() bool { return r.u32(offRemoteOK).Load() != 0 }
+
+// SetRemoteOK is the consumer saying it can read the producer's memory.
+func (r *Ring) SetRemoteOK() { r.u32(offRemoteOK).Store(1) }
+
+// SetProbe is the producer publishing the address and value of a word of
+// its memory, for the consumer to test remote reads with.
+func (r *Ring) SetProbe(addr, val uint64) {
+	r.u64(offProbeVal).Store(val)
+	r.u64(offProbe).Store(addr)
+}
+
+// Probe returns what SetProbe published (0, 0 before), unchecked.
+func (r *Ring) Probe() (addr, val uint64) {
+	addr = r.u64(offProbe).Load()
+	return addr, r.u64(offProbeVal).Load()
+}
 
 // TailHint is the consumer's tail, unchecked: a hint that it moved.
 func (r *Ring) TailHint() uint64 { return r.u64(offTail).Load() }
@@ -241,23 +279,35 @@ func (c *Consumer) Release() bool {
 const (
 	// HeaderSize is the size of a record header.
 	HeaderSize = 32
-	// Magic starts every record header.
+	// Magic starts every record header whose payload follows in the ring.
 	Magic uint32 = 0x4d534447 // "GDSM" little-endian
+	// MagicRemote starts a remote record: instead of the payload, the
+	// ring holds RemoteSize bytes, the address of the payload in the
+	// producer's memory, which the consumer reads with process_vm_readv
+	// and then acknowledges (Ack).
+	MagicRemote uint32 = 0x52534447 // "GDSR"
+	// RemoteSize is the size of a remote record's body in the ring.
+	RemoteSize = 8
 )
 
 // Header is a record header: a message's tag, its opaque 16-byte meta
 // (the transport.Header) and its payload length. The payload follows it
 // in the ring.
 type Header struct {
-	Tag  uint32
-	Len  uint64
-	Meta [16]byte
+	Tag    uint32
+	Len    uint64
+	Meta   [16]byte
+	Remote bool // a remote record
 }
 
 // Put encodes h into b[:HeaderSize].
 func (h *Header) Put(b []byte) {
 	_ = b[HeaderSize-1]
-	binary.LittleEndian.PutUint32(b[0:], Magic)
+	m := Magic
+	if h.Remote {
+		m = MagicRemote
+	}
+	binary.LittleEndian.PutUint32(b[0:], m)
 	binary.LittleEndian.PutUint32(b[4:], h.Tag)
 	binary.LittleEndian.PutUint64(b[8:], h.Len)
 	copy(b[16:32], h.Meta[:])
@@ -270,10 +320,11 @@ var ErrTooLarge = errors.New("ring: record too large")
 // must not exceed max.
 func ParseHeader(b []byte, max uint64) (Header, error) {
 	_ = b[HeaderSize-1]
-	if m := binary.LittleEndian.Uint32(b[0:]); m != Magic {
+	m := binary.LittleEndian.Uint32(b[0:])
+	if m != Magic && m != MagicRemote {
 		return Header{}, fmt.Errorf("%w: record magic %#x", ErrCorrupt, m)
 	}
-	h := Header{Tag: binary.LittleEndian.Uint32(b[4:]), Len: binary.LittleEndian.Uint64(b[8:])}
+	h := Header{Tag: binary.LittleEndian.Uint32(b[4:]), Len: binary.LittleEndian.Uint64(b[8:]), Remote: m == MagicRemote}
 	copy(h.Meta[:], b[16:32])
 	if h.Len > max {
 		return Header{}, fmt.Errorf("%w: %w: %d bytes, limit %d", ErrCorrupt, ErrTooLarge, h.Len, max)
