@@ -41,6 +41,15 @@
 // into a pooled buffer queued for Recv. Steady-state Send, Recv, RecvInto
 // and Release do not allocate.
 //
+// Large messages (WithSingleCopy, from 256 KiB by default) take one copy
+// instead of two: the ring carries only a remote record with the address
+// of the sender's buffer, which the receiver reads with
+// process_vm_readv(2) straight into the caller's buffer (or a pooled one)
+// while Send waits for its acknowledgement. A link uses this only after
+// the receiver has read a probe word of the sender's memory that way (the
+// kernel allows it between processes of one user unless ptrace is
+// restricted); otherwise large messages stream through the ring.
+//
 // Waiting polls the ring briefly (WithSpin; the poll yields the CPU once
 // it stops paying, as when both ranks share a CPU), then parks on a futex
 // in the shared memory; the other side makes the futex system call only

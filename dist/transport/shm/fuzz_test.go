@@ -55,6 +55,8 @@ func FuzzCorruptRing(f *testing.F) {
 		f.Add(uint16(off), []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, uint8(3), uint16(100))
 		f.Add(uint16(off), []byte{1}, uint8(1), uint16(5000))
 	}
+	// A remote record pointing anywhere, written where the next record goes.
+	f.Add(uint16(ring.CtrlSize+region/2), []byte("GDSR\x01\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00"), uint8(0), uint16(0))
 	f.Fuzz(func(t *testing.T, off uint16, data []byte, msgs uint8, size uint16) {
 		ts := pair(t, WithRingSize(fuzzRing), WithMaxFrame(64<<10), WithQueueLimit(256<<10), WithHeartbeat(0, 0), WithSpin(0))
 		var wg sync.WaitGroup
