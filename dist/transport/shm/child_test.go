@@ -29,6 +29,9 @@ const (
 
 const midMessageLen = 8 << 20
 
+// childModes holds the modes defined elsewhere.
+var childModes = map[string]func(context.Context, *Transport) error{}
+
 func runChild(mode string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -36,6 +39,9 @@ func runChild(mode string) error {
 		WithHeartbeat(50*time.Millisecond, 30*time.Second))
 	if err != nil {
 		return err
+	}
+	if f := childModes[mode]; f != nil {
+		return f(ctx, t)
 	}
 	switch mode {
 	case childMidMessage:
@@ -66,4 +72,27 @@ func runChild(mode string) error {
 		return t.Close()
 	}
 	return errors.New("unknown child mode " + mode)
+}
+
+// childEcho: receive echoMsgs large messages and send each back.
+const (
+	childEcho = "echo"
+	echoMsgs  = 4
+	echoSize  = 3<<20 + 17
+)
+
+func init() {
+	childModes[childEcho] = func(ctx context.Context, t *Transport) error {
+		buf := make([]byte, echoSize)
+		for range echoMsgs {
+			h, n, err := t.RecvInto(ctx, 0, 3, buf)
+			if err != nil {
+				return err
+			}
+			if err := t.Send(ctx, 0, 3, h, buf[:n]); err != nil {
+				return err
+			}
+		}
+		return t.Close()
+	}
 }

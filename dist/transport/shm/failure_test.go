@@ -4,8 +4,10 @@ package shm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -439,4 +441,43 @@ func TestNewSubset(t *testing.T) {
 	m, err := ts[0].Recv(ctx, 1, 1)
 	require.NoError(t, err)
 	require.Equal(t, "sub", string(m.Payload))
+}
+
+// TestLargeMessagesAcrossProcesses: large messages between two processes
+// arrive intact, through remote reads (single copy) or, with it off,
+// through the ring.
+func TestLargeMessagesAcrossProcesses(t *testing.T) {
+	for _, single := range []bool{true, false} {
+		t.Run(fmt.Sprint("single-copy=", single), func(t *testing.T) {
+			var opts []Option
+			if !single {
+				opts = append(opts, WithSingleCopy(0)) // this side neither sends nor accepts remote records
+			}
+			tr, cmd, _ := child(t, childEcho, opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			big := make([]byte, echoSize)
+			got := make([]byte, echoSize)
+			for i := range echoMsgs {
+				for k := range big {
+					big[k] = byte(k*13 + i)
+				}
+				require.NoError(t, tr.Send(ctx, 1, 3, transport.Header{byte(i)}, big))
+				h, n, err := tr.RecvInto(ctx, 1, 3, got)
+				require.NoError(t, err)
+				require.Equal(t, transport.Header{byte(i)}, h)
+				require.Equal(t, echoSize, n)
+				require.True(t, bytes.Equal(big, got), "message %d", i)
+			}
+			require.NoError(t, cmd.Wait())
+			p := tr.peers[1].Load()
+			p.wmu.Lock()
+			sent := p.remoteSent
+			p.wmu.Unlock()
+			t.Logf("remote records sent: %d of %d", sent, echoMsgs)
+			if !single {
+				require.Zero(t, sent)
+			}
+		})
+	}
 }

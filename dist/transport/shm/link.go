@@ -471,6 +471,10 @@ func (p *peer) consumed(n int) {
 // errGone ends the reader when the peer said goodbye and the ring is drained.
 var errGone = errors.New("peer said goodbye")
 
+// errPeerExited: the peer's process is gone (a remote read found no such
+// process); its socket's end of file is on the way.
+var errPeerExited = errors.New("peer process exited")
+
 // pollOutbound wakes this rank's senders waiting for ring space or credit
 // if the peer's consumer moved.
 func (p *peer) pollOutbound() {
@@ -664,6 +668,9 @@ func (p *peer) readRemote(dst []byte, addr uint64) error {
 		if err == unix.EINTR {
 			continue
 		}
+		if err == unix.ESRCH {
+			return errPeerExited
+		}
 		if err != nil || n <= 0 {
 			return fmt.Errorf("%w: reading %d bytes at %#x of the peer's memory: %v", ring.ErrCorrupt, len(dst), addr, err)
 		}
@@ -744,6 +751,9 @@ func (p *peer) readEnded(err error, post *mailbox.Post[transport.Message], atBou
 		t.box.CloseSource(p.rank, perr)
 	case errors.Is(err, ring.ErrCorrupt):
 		p.corrupt("recv", err)
+		perr = p.goneErr("recv")
+	case errors.Is(err, errPeerExited):
+		t.fail(p.rank, fmt.Errorf("%w: %w", transport.ErrPeerLost, err))
 		perr = p.goneErr("recv")
 	default: // closing or lost
 		perr = p.goneErr("recv")
