@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -57,6 +58,7 @@ func New(ctx context.Context, rank, world int, ln net.Listener, addrs []string, 
 		}()
 	}
 	if err := t.waitLinked(sctx); err != nil {
+		err = t.setupError(sctx, err)
 		cancel()
 		t.Close()
 		return nil, err
@@ -97,6 +99,7 @@ func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Opt
 	} else {
 		t.accept = func(r int) bool { return r > rank }
 		t.acceptMode = wire.ModeMesh
+		t.joining = true
 	}
 	t.startAccepting()
 	sctx, cancel := t.setupContext(ctx)
@@ -108,6 +111,7 @@ func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Opt
 		err = t.waitLinked(sctx)
 	}
 	if err != nil {
+		err = t.setupError(sctx, err)
 		cancel()
 		t.Close()
 		return nil, err
@@ -128,11 +132,63 @@ func checkArgs(rank, world int, cfg *config) error {
 	return cfg.validate(world)
 }
 
-// setupContext is ctx, also cancelled when the transport stops.
+// errInitTimeout is the cause of a setup context that ran out of init time.
+var errInitTimeout = errors.New("tcp: init timeout")
+
+// setupContext is ctx, also cancelled when the transport stops and when
+// the init timeout expires (with cause errInitTimeout).
 func (t *Transport) setupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	sctx, cancel := context.WithCancel(ctx)
+	tctx, tcancel := context.WithTimeoutCause(sctx, t.cfg.initTimeout, errInitTimeout)
 	stop := context.AfterFunc(t.ctx, cancel)
-	return sctx, func() { stop(); cancel() }
+	return tctx, func() { stop(); tcancel(); cancel() }
+}
+
+// setupError turns err, which ended the setup, into an *InitTimeoutError
+// if the init timeout is what ended it.
+func (t *Transport) setupError(sctx context.Context, err error) error {
+	if !errors.Is(context.Cause(sctx), errInitTimeout) {
+		return err
+	}
+	e := &InitTimeoutError{Rank: t.rank, Timeout: t.cfg.initTimeout, Refused: t.refused.list()}
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		e.Last = err
+	} else if last := t.lastDialErr(); last != nil {
+		e.Last = last
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.joining && t.waiting != "" {
+		e.Waiting = t.waiting
+		return e
+	}
+	if t.joining {
+		e.Missing = []int{0}
+		return e
+	}
+	registered := make([]bool, t.world)
+	for _, r := range t.regs {
+		registered[r.l.rank] = true
+	}
+	for j := range t.world {
+		if j != t.rank && t.peers[j].Load() == nil && !registered[j] {
+			e.Missing = append(e.Missing, j)
+		}
+	}
+	return e
+}
+
+// noteDialErr records the latest error of a dial that is being retried.
+func (t *Transport) noteDialErr(err error) {
+	t.mu.Lock()
+	t.dialErr = err
+	t.mu.Unlock()
+}
+
+func (t *Transport) lastDialErr() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.dialErr
 }
 
 // joinRendezvous registers with rank 0, receives the table and dials the
@@ -142,13 +198,19 @@ func (t *Transport) joinRendezvous(ctx context.Context, master string) error {
 	if err != nil {
 		return err
 	}
+	t.mu.Lock()
+	t.waiting = "registered with rank 0, waiting for the table: rank 0 names the ranks it waits for"
+	t.mu.Unlock()
 	addrs, err := t.register(ctx, l)
 	if err != nil {
 		l.conn.Close()
 		return err
 	}
 	addrs[0] = master
+	t.mu.Lock()
 	t.addrs = addrs
+	t.joining, t.waiting = false, ""
+	t.mu.Unlock()
 	if err := t.addPeer(l); err != nil {
 		return err
 	}
@@ -234,6 +296,7 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 			if err == nil {
 				t.mu.Lock()
 				t.claimed[to] = true
+				t.joinedFrom[to] = addr
 				t.mu.Unlock()
 				return link{rank: to, conn: conn, br: br, info: info}, nil
 			}
@@ -243,6 +306,7 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 			}
 		}
 		last = err
+		t.noteDialErr(fmt.Errorf("connect to rank %d at %s: %w", to, addr, err))
 		t.log.Debug("tcp: dial failed; retrying", "peer", to, "addr", addr, "err", err)
 		select {
 		case <-ctx.Done():
@@ -362,7 +426,8 @@ func (t *Transport) acceptLoop() {
 		}
 		if t.pendingHS.Add(1) > int32(t.cfg.maxPendingHS) {
 			t.pendingHS.Add(-1)
-			t.log.Warn("tcp: refused connection: too many handshakes in progress", "remote", c.RemoteAddr())
+			t.refused.addReason(c.RemoteAddr().String(), -1, 0,
+				fmt.Sprintf("too many handshakes in progress (%d)", t.cfg.maxPendingHS))
 			c.Close()
 			continue
 		}
@@ -376,11 +441,11 @@ func (t *Transport) serve(conn *net.TCPConn) {
 	defer t.wg.Done()
 	t.tune(conn)
 	br := newFrameReader(conn, readBuf)
-	l, err := t.serverHandshake(conn, br)
+	l, claimed, err := t.serverHandshake(conn, br)
+	t.pendingHS.Add(-1) // authenticated (or refused): the slot is free
 	if err == nil && t.acceptMode == wire.ModeRendezvous {
 		err = t.acceptRegistration(l)
 	}
-	t.pendingHS.Add(-1)
 	if err != nil {
 		conn.Close()
 		select {
@@ -388,12 +453,7 @@ func (t *Transport) serve(conn *net.TCPConn) {
 			return // closing: not worth a warning
 		default:
 		}
-		var he *hsError
-		reason := "i/o"
-		if errors.As(err, &he) {
-			reason = he.reason.String()
-		}
-		t.log.Warn("tcp: refused connection", "remote", conn.RemoteAddr().String(), "reason", reason, "err", err)
+		t.refused.add(conn.RemoteAddr().String(), claimed, err)
 		return
 	}
 	if t.acceptMode == wire.ModeRendezvous {
