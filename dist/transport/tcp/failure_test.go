@@ -581,7 +581,7 @@ func TestKilledPeer(t *testing.T) {
 		r0 <- res{tr, err}
 	}()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=1", envChildMaster+"="+addrs[0])
+	cmd.Env = append(os.Environ(), envChild+"=killed", envChildMaster+"="+addrs[0])
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, cmd.Start())
 	defer cmd.Process.Kill()
