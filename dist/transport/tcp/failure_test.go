@@ -332,6 +332,7 @@ func TestHeartbeatTimeout(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, 1, pe.Rank)
 	assert.ErrorIs(t, err, transport.ErrPeerLost)
+	assert.ErrorIs(t, err, transport.ErrPeerUnresponsive)
 	assert.ErrorIs(t, err, ErrHeartbeatTimeout)
 	assert.Less(t, el, 2*time.Second)
 	assert.GreaterOrEqual(t, el, 250*time.Millisecond)

@@ -30,6 +30,9 @@ const (
 	// MinTokenBytes is the shortest job token WithToken accepts: 128 bits.
 	// A token written in hex counts its decoded bytes (see WithToken).
 	MinTokenBytes = 16
+	// defaultMaxPendingHS is how many incoming connections may be in the
+	// handshake at once.
+	defaultMaxPendingHS = 64
 )
 
 // Errors of package tcp. Failures caused by a peer are reported as
@@ -107,7 +110,7 @@ func defaultConfig() config {
 		hbTimeout:    DefaultHeartbeatTimeout,
 		hsTimeout:    DefaultHandshakeTimeout,
 		initTimeout:  DefaultInitTimeout,
-		maxPendingHS: 64,
+		maxPendingHS: defaultMaxPendingHS,
 	}
 }
 

@@ -129,6 +129,9 @@ func newRefusals(log *slog.Logger) *refusals {
 
 // refusalReason puts a handshake failure in words.
 func refusalReason(err error) (wire.RejectReason, string) {
+	if errors.Is(err, errEvicted) {
+		return 0, errEvicted.Error()
+	}
 	var he *hsError
 	if errors.As(err, &he) {
 		switch he.reason {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -424,25 +425,59 @@ func (t *Transport) acceptLoop() {
 			c.Close()
 			continue
 		}
-		if t.pendingHS.Add(1) > int32(t.cfg.maxPendingHS) {
-			t.pendingHS.Add(-1)
-			t.refused.addReason(c.RemoteAddr().String(), -1, 0,
-				fmt.Sprintf("too many handshakes in progress (%d)", t.cfg.maxPendingHS))
-			c.Close()
-			continue
-		}
+		slot := t.takeSlot(conn)
 		t.wg.Add(1)
-		go t.serve(conn)
+		go t.serve(conn, slot)
 	}
 }
 
+// hsSlot is an incoming connection that has not authenticated yet.
+type hsSlot struct {
+	conn    *net.TCPConn
+	evicted bool // guarded by Transport.hsMu
+}
+
+// takeSlot gives conn one of the handshake slots. When all are taken, the
+// connection that has held its slot longest is dropped: a connection with
+// the token authenticates in a few round trips, so a flood of connections
+// that do not cannot keep a rank from joining, and none holds a slot for
+// longer than the handshake timeout.
+func (t *Transport) takeSlot(conn *net.TCPConn) *hsSlot {
+	s := &hsSlot{conn: conn}
+	t.hsMu.Lock()
+	var old *hsSlot
+	if len(t.hsSlots) >= t.cfg.maxPendingHS {
+		old = t.hsSlots[0]
+		old.evicted = true
+		t.hsSlots = slices.Delete(t.hsSlots, 0, 1)
+	}
+	t.hsSlots = append(t.hsSlots, s)
+	t.hsMu.Unlock()
+	if old != nil {
+		old.conn.Close() // its serve goroutine records the refusal
+	}
+	return s
+}
+
+// freeSlot releases s; it reports whether s had been evicted.
+func (t *Transport) freeSlot(s *hsSlot) bool {
+	t.hsMu.Lock()
+	defer t.hsMu.Unlock()
+	if i := slices.Index(t.hsSlots, s); i >= 0 {
+		t.hsSlots = slices.Delete(t.hsSlots, i, i+1)
+	}
+	return s.evicted
+}
+
 // serve authenticates one incoming connection and makes it a peer.
-func (t *Transport) serve(conn *net.TCPConn) {
+func (t *Transport) serve(conn *net.TCPConn, slot *hsSlot) {
 	defer t.wg.Done()
 	t.tune(conn)
 	br := newFrameReader(conn, readBuf)
 	l, claimed, err := t.serverHandshake(conn, br)
-	t.pendingHS.Add(-1) // authenticated (or refused): the slot is free
+	if t.freeSlot(slot) && err != nil { // authenticated (or refused): the slot is free
+		err = fmt.Errorf("%w (%v)", errEvicted, err)
+	}
 	if err == nil && t.acceptMode == wire.ModeRendezvous {
 		err = t.acceptRegistration(l)
 	}
@@ -463,6 +498,10 @@ func (t *Transport) serve(conn *net.TCPConn) {
 		return
 	}
 }
+
+// errEvicted is the refusal of a connection that lost its handshake slot to
+// a newer one.
+var errEvicted = fmt.Errorf("dropped: all %d handshake slots were taken", defaultMaxPendingHS)
 
 // registrant is a rank registered with rank 0, waiting for the table.
 type registrant struct {

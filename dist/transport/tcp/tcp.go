@@ -50,7 +50,8 @@ type Transport struct {
 	linkCh     chan struct{}
 	accept     func(rank int) bool // which ranks may connect to this listener
 	acceptMode uint8
-	pendingHS  atomic.Int32
+	hsMu       sync.Mutex
+	hsSlots    []*hsSlot    // connections in the handshake, oldest first (guarded by hsMu)
 	addrs      []string     // rendezvous: the table
 	regs       []registrant // rank 0 in rendezvous: registered links waiting for the table
 	refused    *refusals    // connections refused, for the log and InitTimeoutError
