@@ -141,13 +141,22 @@ func apply(opts []Option) (config, error) {
 // gdistrun's generated tokens are 64 hex digits (256 bits).
 func WithToken(token []byte) Option {
 	return func(c *config) error {
-		if n := tokenStrength(token); n < MinTokenBytes {
-			return fmt.Errorf("%w: job token too short: %s; it must hold at least %d random bytes (128 bits), e.g. GDIST_TOKEN=$(openssl rand -hex 32)",
-				ErrConfig, describeToken(token), MinTokenBytes)
+		if err := CheckToken(token); err != nil {
+			return err
 		}
 		c.token = append([]byte(nil), token...)
 		return nil
 	}
+}
+
+// CheckToken returns an error matching ErrConfig if WithToken would refuse
+// token (see there), and nil otherwise.
+func CheckToken(token []byte) error {
+	if n := tokenStrength(token); n < MinTokenBytes {
+		return fmt.Errorf("%w: job token too short: %s; it must hold at least %d random bytes (128 bits), e.g. GDIST_TOKEN=$(openssl rand -hex 32)",
+			ErrConfig, describeToken(token), MinTokenBytes)
+	}
+	return nil
 }
 
 // tokenStrength is the number of bytes a token stands for: half its
