@@ -8,8 +8,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/launchenv"
@@ -81,7 +83,10 @@ const (
 //     buffers come from GDIST_HEARTBEAT_TIMEOUT, GDIST_HEARTBEAT_INTERVAL,
 //     GDIST_INIT_TIMEOUT, GDIST_MAX_FRAME and GDIST_SOCKET_BUFFER when set
 //     (gdistrun's -heartbeat-timeout and -init-timeout set the first and
-//     the third), then from WithTCPOptions.
+//     the third), then from WithTCPOptions. With WithMetricsAddr (or
+//     GDIST_METRICS_ADDR) the transport's heartbeat round trips go to the
+//     gdist_heartbeat_rtt_seconds histogram, unless WithTCPOptions sets a
+//     tcp.WithHeartbeatObserver of its own.
 //
 // InitFromEnv returns when every rank has connected, or when ctx ends. A
 // missing or malformed variable gives an error matching ErrEnv that names
@@ -103,6 +108,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		return nil, fmt.Errorf("%w: world size %d not in [1, %d]", ErrEnv, job.WorldSize, MaxWorldSize)
 	}
 	var t transport.Transport
+	var rtts atomic.Pointer[metrics.Metrics] // where heartbeat round trips go, once the group has metrics
 	if job.WorldSize == 1 && job.MasterAddr == "" {
 		ls, err := transport.NewLocal(1)
 		if err != nil {
@@ -110,7 +116,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		}
 		t = ls[0]
 	} else {
-		tt, err := dialFromEnv(ctx, job, &cfg)
+		tt, err := dialFromEnv(ctx, job, &cfg, &rtts)
 		if err != nil {
 			return nil, err
 		}
@@ -121,11 +127,14 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		t.Close()
 		return nil, err
 	}
+	if g.obs.met != nil {
+		rtts.Store(g.obs.met) // the transport's heartbeat round trips, from now on
+	}
 	g.localRank = job.LocalRank
 	return g, nil
 }
 
-func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config) (*tcp.Transport, error) {
+func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config, rtts *atomic.Pointer[metrics.Metrics]) (*tcp.Transport, error) {
 	rank, world := job.Rank, job.WorldSize
 	if job.MasterAddr == "" {
 		hint := ""
@@ -159,6 +168,11 @@ func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config) (*tcp.Tran
 		listen = "127.0.0.1:0"
 	}
 	topts = append(topts, tcp.WithListenAddr(listen))
+	topts = append(topts, tcp.WithHeartbeatObserver(func(peer int, rtt time.Duration) {
+		if m := rtts.Load(); m != nil {
+			m.HeartbeatRTT(peer, rtt)
+		}
+	}))
 	if cfg.loggerSet {
 		topts = append(topts, tcp.WithLogger(cfg.logger))
 	}

@@ -4,17 +4,22 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/launch"
+	"github.com/gdist/gdist/internal/launchenv"
 )
 
 func TestTCPEnvOptions(t *testing.T) {
@@ -187,4 +192,38 @@ func TestProcessRendezvousRefused(t *testing.T) {
 			assert.Contains(t, out1, "refused the connection")
 		})
 	}
+}
+
+// TestHeartbeatRTTMetrics: the transport InitFromEnv builds reports its
+// heartbeat round trips to the group's metrics.
+func TestHeartbeatRTTMetrics(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(EnvInsecure, "1")
+	t.Setenv(EnvHeartbeatTimeout, "400ms") // a heartbeat every 50 ms
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	ms := []*metrics.Metrics{metrics.New(0, 2, nil), metrics.New(1, 2, nil)}
+	ts := make([]*tcp.Transport, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			var p atomic.Pointer[metrics.Metrics]
+			p.Store(ms[r])
+			cfg := defaultConfig()
+			ts[r], errs[r] = dialFromEnv(bg, launchenv.Job{Rank: r, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: port}, &cfg, &p)
+		})
+	}
+	wg.Wait()
+	for r := range 2 {
+		require.NoError(t, errs[r], "rank %d", r)
+		defer ts[r].Close()
+	}
+	require.Eventually(t, func() bool {
+		rec := httptest.NewRecorder()
+		ms[0].Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return regexp.MustCompile(`gdist_heartbeat_rtt_seconds_count\{[^}]*peer="1"[^}]*\} [1-9]`).MatchString(rec.Body.String())
+	}, 5*time.Second, 20*time.Millisecond, "rank 0 records round trips to rank 1")
 }
