@@ -22,7 +22,7 @@ import (
 // that need another OS process (to kill it, stop it, or let it compute with
 // GOMAXPROCS=1).
 const (
-	envChild       = "GDIST_TCP_TEST_CHILD"  // the role: "killed", "freeze" or "compute"
+	envChild       = "GDIST_TCP_TEST_CHILD"  // the role: "killed", "freeze", "compute" or "hog"
 	envChildMaster = "GDIST_TCP_TEST_MASTER" // role killed: rank 0's address
 	envChildAddrs  = "GDIST_TCP_TEST_ADDRS"  // roles freeze, compute: every rank's address, comma-separated; the child is the last rank
 	envChildHB     = "GDIST_TCP_TEST_HB"     // roles freeze, compute: heartbeat timeout (default: the default)
@@ -43,8 +43,15 @@ func TestMain(m *testing.M) {
 func runChild(role string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if role == "killed" {
+	switch role {
+	case "killed":
 		return runKilled(ctx)
+	case "hog": // burn a CPU until killed
+		for x := 0; ; x++ {
+			if x == -1 {
+				return nil
+			}
+		}
 	}
 	addrs := strings.Split(os.Getenv(envChildAddrs), ",")
 	rank := len(addrs) - 1

@@ -134,6 +134,70 @@ func TestBusyComputeNotDeclaredDead(t *testing.T) {
 	assert.GreaterOrEqual(t, len(rtts), int(busy/DeriveHeartbeatInterval(hb))/2, "heartbeats answered during the compute")
 }
 
+// TestNoFalseAlarmUnderLoad: with a CPU hog per core in other processes, a
+// rank computing with GOMAXPROCS=1 for 15 s, and heartbeats timing out at
+// 2 s (a quarter of the default), nobody is declared dead. (The 10-minute
+// soak with the default timeout is a separate, longer run.)
+func TestNoFalseAlarmUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs CPU hogs for 15 s")
+	}
+	for range runtime.NumCPU() {
+		hog := exec.Command(os.Args[0], "-test.run=^$")
+		hog.Env = append(os.Environ(), envChild+"=hog")
+		require.NoError(t, hog.Start())
+		t.Cleanup(func() {
+			hog.Process.Kill()
+			hog.Wait()
+		})
+	}
+	const hb, busy = 2 * time.Second, 15 * time.Second
+	var mu sync.Mutex
+	var rtts []time.Duration
+	observe := func(peer int, rtt time.Duration) {
+		mu.Lock()
+		rtts = append(rtts, rtt)
+		mu.Unlock()
+	}
+	ts, _ := childJob(t, 3, "compute", []Option{WithHeartbeat(0, hb), WithHeartbeatObserver(observe)},
+		"GOMAXPROCS=1", envChildHB+"="+hb.String(), envChildFor+"="+busy.String())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Meanwhile ranks 0 and 1 exchange messages.
+	stop := make(chan struct{})
+	pp := make(chan error, 1)
+	go func() {
+		p := make([]byte, 64<<10)
+		for {
+			select {
+			case <-stop:
+				pp <- nil
+				return
+			default:
+			}
+			if err := ts[0].Send(ctx, 1, 9, transport.Header{}, p); err != nil {
+				pp <- err
+				return
+			}
+			m, err := ts[1].Recv(ctx, 0, 9)
+			if err != nil {
+				pp <- err
+				return
+			}
+			ts[1].Release(m.Payload)
+		}
+	}()
+	for i, tr := range ts {
+		_, err := tr.Recv(ctx, 2, 1)
+		require.NoError(t, err, "rank %d: the computing rank was declared dead", i)
+	}
+	close(stop)
+	require.NoError(t, <-pp, "ranks 0 and 1")
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d CPU hogs; %d heartbeat round trips, max %v, median %v", runtime.NumCPU(), len(rtts), maxDur(rtts), median(rtts))
+}
+
 func maxDur(ds []time.Duration) time.Duration {
 	m := time.Duration(0)
 	for _, d := range ds {
