@@ -249,10 +249,10 @@ func WithQueueLimit(n int) Option {
 // interval 0 derives it from timeout: min(timeout/8, 1 s). interval < 0
 // disables heartbeats (and the timeout).
 func WithHeartbeat(interval, timeout time.Duration) Option {
+	if interval == 0 { // computed once: the Option may be shared and applied concurrently
+		interval = DeriveHeartbeatInterval(timeout)
+	}
 	return func(c *config) error {
-		if interval == 0 {
-			interval = DeriveHeartbeatInterval(timeout)
-		}
 		if interval > 0 && timeout < 2*interval {
 			return fmt.Errorf("%w: heartbeat timeout %v must be at least twice the interval %v", ErrConfig, timeout, interval)
 		}
