@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -259,6 +260,9 @@ func (t *Transport) register(ctx context.Context, l link) ([]string, error) {
 		return nil, fmt.Errorf("tcp: rank %d: register with rank 0: %w", t.rank, err)
 	}
 	h, p, err := readFrame(l.br, wire.MaxHandshakePayload(t.world))
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("tcp: rank %d: rank 0 ended the rendezvous before sending the table (it failed or timed out; its error names the ranks it waited for): %w", t.rank, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tcp: rank %d: waiting for the rendezvous table: %w", t.rank, err)
 	}

@@ -126,8 +126,10 @@ func TestRendezvousTimeoutWhileRegistered(t *testing.T) {
 	errs := make([]error, 2)
 	for i := range 2 {
 		wg.Go(func() {
+			// Rank 1 gives up first: when rank 0 does, it closes the
+			// connection rank 1 waits on (see below).
 			_, errs[i] = Rendezvous(ctx, i, 3, master, WithToken(testToken), WithLogger(quiet()),
-				WithInitTimeout(time.Second))
+				WithInitTimeout(time.Duration(1000-300*i)*time.Millisecond))
 		})
 	}
 	wg.Wait()
@@ -136,6 +138,21 @@ func TestRendezvousTimeoutWhileRegistered(t *testing.T) {
 	it = requireInitTimeout(t, errs[1], 1)
 	assert.Empty(t, it.Missing)
 	assert.Contains(t, it.Waiting, "waiting for the table")
+
+	// When rank 0 gives up first, a registered rank learns it at once.
+	master = freeAddr(t)
+	for i := range 2 {
+		wg.Go(func() {
+			_, errs[i] = Rendezvous(ctx, i, 3, master, WithToken(testToken), WithLogger(quiet()),
+				WithInitTimeout(time.Duration(500+1000*i)*time.Millisecond))
+		})
+	}
+	start := time.Now()
+	wg.Wait()
+	requireInitTimeout(t, errs[0], 0)
+	require.Error(t, errs[1])
+	assert.Contains(t, errs[1].Error(), "rank 0 ended the rendezvous")
+	assert.Less(t, time.Since(start), 1500*time.Millisecond)
 
 	// Without rank 0 at all, rank 1 names rank 0.
 	_, err := Rendezvous(ctx, 1, 2, freeAddr(t), WithToken(testToken), WithLogger(quiet()),
