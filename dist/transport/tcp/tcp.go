@@ -341,7 +341,8 @@ func (t *Transport) stamp() uint64 { return uint64(time.Since(t.epoch)) + 1 }
 // for a silent one.
 func (t *Transport) monitor() {
 	defer t.wg.Done()
-	tick := time.NewTicker(max(t.cfg.hbInterval/4, time.Millisecond))
+	period := max(t.cfg.hbInterval/4, time.Millisecond)
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		select {
@@ -355,7 +356,11 @@ func (t *Transport) monitor() {
 				}
 				if rx := p.rx.Load(); rx != p.lastRx {
 					p.lastRx, p.lastRxAt = rx, now
-				} else if silent := now.Sub(p.lastRxAt); silent > t.cfg.hbTimeout {
+				} else if silent := now.Sub(p.lastRxAt); silent+period/2 > t.cfg.hbTimeout {
+					// lastRxAt is the tick that saw the last bytes, up to
+					// a period after they came; the half period absorbs the
+					// ticker's jitter, so the peer is named at the tick
+					// timeout after that one.
 					t.fail(p.rank, fmt.Errorf("%w: %w: nothing received for %v (heartbeat timeout %v)",
 						transport.ErrPeerUnresponsive, ErrHeartbeatTimeout, silent.Round(time.Millisecond), t.cfg.hbTimeout))
 					continue
