@@ -28,6 +28,7 @@ import (
 	"sync"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/tcp"
 )
 
 // setCauseLocked records the group's first failure and wakes every
@@ -172,7 +173,7 @@ func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) {
 // peerKind classifies the error of a peer that failed.
 func peerKind(err error) FailureKind {
 	switch {
-	case errors.Is(err, ErrPeerUnresponsive):
+	case errors.Is(err, ErrPeerUnresponsive), errors.Is(err, tcp.ErrHeartbeatTimeout):
 		return KindFrozen
 	case errors.Is(err, ErrPeerLost):
 		return KindLost
@@ -252,8 +253,9 @@ func (g *ProcessGroup) watch(p int, done chan<- struct{}) {
 		var pe *PeerError
 		switch {
 		case errors.As(err, &pe) && errors.Is(pe.Err, ErrPeerLost):
-			a := &AbortError{Kind: peerKind(pe.Err), Rank: pe.Rank, Reporter: g.rank, Op: "watch", Err: pe.Err, Msg: pe.Err.Error()}
-			g.fail(a, &PeerError{Rank: pe.Rank, Op: "watch", Err: a})
+			op, seq := g.runningOp()
+			a := &AbortError{Kind: peerKind(pe.Err), Rank: pe.Rank, Reporter: g.rank, Op: op, Seq: seq, Err: pe.Err, Msg: pe.Err.Error()}
+			g.fail(a, &PeerError{Rank: pe.Rank, Op: op, Err: a})
 		case errors.Is(err, ErrMessageTooLong):
 			a := &AbortError{Kind: KindProtocol, Rank: p, Reporter: g.rank, Op: "abort notice", Err: ErrProtocol, Msg: "abort notice too long"}
 			g.fail(a, &PeerError{Rank: p, Op: "abort notice", Err: a})
@@ -279,6 +281,16 @@ func (g *ProcessGroup) watch(p int, done chan<- struct{}) {
 		cause = de
 	}
 	g.fail(a, cause)
+}
+
+// runningOp names the running collective, or "group" if none runs.
+func (g *ProcessGroup) runningOp() (string, uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.running {
+		return g.cur.kind.String(), g.cur.seq
+	}
+	return "group", 0
 }
 
 // Abort fails the group on behalf of a layer above it (a pipeline, a
