@@ -106,48 +106,57 @@ var distDir = func() string {
 	return filepath.Dir(file)
 }()
 
-// sites maps the program counters of call sites seen to their hash, and
-// hashes to "file:line", so that a rank can name a peer's call site if it
-// ran that line itself (the peers run the same program).
+// sites caches, per program counter, whether it is in package dist and
+// otherwise its call-site hash, and maps hashes to "file:line", so that a
+// rank can name a peer's call site if it ran that line itself (the peers
+// run the same program).
 var sites struct {
 	mu     sync.Mutex
-	byPC   map[uintptr]uint32
+	byPC   map[uintptr]uint32 // 0: a frame of package dist
 	byHash map[uint32]string
 }
 
 // callSite returns the hash of the first caller outside package dist (0
-// when the group is not in detail mode).
+// when the group is not in detail mode). After the first call from a
+// line it costs one runtime.Callers and a few map lookups, and allocates
+// nothing.
 func (g *ProcessGroup) callSite() uint32 {
 	if g.cfg.debug < DebugDetail {
 		return 0
 	}
-	for skip := 2; skip < 12; skip++ {
-		pc, file, line, ok := runtime.Caller(skip)
+	var pcs [12]uintptr
+	n := runtime.Callers(2, pcs[:])
+	sites.mu.Lock()
+	defer sites.mu.Unlock()
+	for _, pc := range pcs[:n] {
+		h, ok := sites.byPC[pc]
 		if !ok {
-			break
+			h = resolveLocked(pc)
 		}
-		if filepath.Dir(file) == distDir && !strings.HasSuffix(file, "_test.go") {
-			continue
+		if h != 0 {
+			return h
 		}
-		return siteHash(pc, file, line)
 	}
 	return 0
 }
 
-func siteHash(pc uintptr, file string, line int) uint32 {
-	sites.mu.Lock()
-	defer sites.mu.Unlock()
-	if h, ok := sites.byPC[pc]; ok {
-		return h
-	}
-	name := fmt.Sprintf("%s:%d", file, line)
-	f := fnv.New32a()
-	f.Write([]byte(name))
-	h := f.Sum32() | 1 // never 0, which means "no site"
+// resolveLocked computes and caches the entry of pc.
+func resolveLocked(pc uintptr) uint32 {
 	if sites.byPC == nil {
 		sites.byPC, sites.byHash = make(map[uintptr]uint32), make(map[uint32]string)
 	}
-	sites.byPC[pc], sites.byHash[h] = h, name
+	var h uint32
+	if f := runtime.FuncForPC(pc - 1); f != nil {
+		file, line := f.FileLine(pc - 1)
+		if filepath.Dir(file) != distDir || strings.HasSuffix(file, "_test.go") {
+			name := fmt.Sprintf("%s:%d", file, line)
+			fh := fnv.New32a()
+			fh.Write([]byte(name))
+			h = fh.Sum32() | 1 // never 0, which means "package dist"
+			sites.byHash[h] = name
+		}
+	}
+	sites.byPC[pc] = h
 	return h
 }
 

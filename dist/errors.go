@@ -149,6 +149,10 @@ type AbortError struct {
 }
 
 func (e *AbortError) Error() string {
+	if e.Kind == KindTimeout && e.Msg != "" {
+		// The message names the collective and the ranks waited for.
+		return fmt.Sprintf("on rank %d: %s", e.Reporter, e.Msg)
+	}
 	s := fmt.Sprintf("dist: %s", e.Op)
 	if e.Seq != 0 {
 		s += fmt.Sprintf(" #%d", e.Seq)
