@@ -187,9 +187,12 @@ func childFail(scenario string) int {
 		g   *ProcessGroup
 		err error
 	)
-	if scenario == "freeze" {
+	switch scenario {
+	case "stall":
+		return childStall(ctx)
+	case "freeze":
 		g, err = freezeGroup(ctx)
-	} else {
+	default:
 		g, err = InitFromEnv(ctx)
 	}
 	if err != nil {
@@ -267,4 +270,47 @@ func freezeGroup(ctx context.Context) (*ProcessGroup, error) {
 		t.Close()
 	}
 	return g, err
+}
+
+// TestProcessStallReport: OS processes over TCP, no timeout set. Rank 2
+// enters collective #5 3.5 s late; with GDIST_STALL_THRESHOLD=1s the other
+// ranks log a stall report naming rank 2 and where it is, once per second,
+// and the collective then completes.
+func TestProcessStallReport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 4 s")
+	}
+	procs := procjob.Start(t, failWorld, procjob.Config{RoleEnv: childEnv, Role: "fail",
+		Env: []string{"GOMAXPROCS=1", scenarioEnv + "=stall", EnvStallThreshold + "=1s"}})
+	for r, p := range procs {
+		require.NoError(t, p.Wait(time.Minute), "rank %d: %s", r, p.Stderr())
+	}
+	for r := range 2 {
+		errOut := procs[r].Stderr()
+		t.Logf("rank %d stderr:\n%s", r, errOut)
+		n := strings.Count(errOut, "stalled: waiting")
+		assert.True(t, n >= 2 && n <= 4, "rank %d: %d reports", r, n)
+		assert.Regexp(t, `dist: all_reduce #5 stalled: waiting 1(\.\d)?s for rank 2 \(rank 2 last finished all_reduce #4, 1\.\d s ago\)`, errOut)
+	}
+	assert.NotContains(t, procs[2].Stderr(), "stalled")
+}
+
+func childStall(ctx context.Context) int {
+	g, err := InitFromEnv(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "init:", err)
+		return 1
+	}
+	defer g.Close()
+	d := make([]float32, 1<<10)
+	for i := range 6 {
+		if i == 4 && g.Rank() == 2 {
+			time.Sleep(3500 * time.Millisecond)
+		}
+		if err := g.AllReduce(ctx, d, Sum); err != nil {
+			fmt.Fprintln(os.Stderr, "all_reduce:", err)
+			return 1
+		}
+	}
+	return 0
 }

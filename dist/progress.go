@@ -258,7 +258,7 @@ func (g *ProcessGroup) recvProgress(p int) {
 // threshold, until it ends.
 func (g *ProcessGroup) inspectStalls() {
 	defer g.wg.Done()
-	tick := time.NewTicker(min(g.cfg.progressEvery, g.cfg.stall/2))
+	tick := time.NewTicker(max(min(g.cfg.progressEvery, g.cfg.stall/10), time.Millisecond))
 	defer tick.Stop()
 	var (
 		seq     uint64
