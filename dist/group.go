@@ -163,7 +163,10 @@ func (g *ProcessGroup) Transport() transport.Transport { return g.t }
 
 // Close shuts the group down: collectives that are running or queued fail
 // with an error matching ErrClosed, the transport is closed, and Close waits
-// for the goroutines the group owns. It is idempotent (later calls return
+// for the goroutines the group owns. Close of a failed group carries the
+// cause: the abort notice goes out on every link before the transport's
+// goodbye (each send bounded by 5 s), so peers learn why this rank left
+// rather than only that it did. It is idempotent (later calls return
 // nil); every other method except Rank, WorldSize, LocalRank, IsLeader and
 // Transport returns an error matching ErrClosed afterwards.
 func (g *ProcessGroup) Close() error {
