@@ -347,7 +347,13 @@ func TestCauseReachesPeerBeforeClose(t *testing.T) {
 		err0 := g0.Barrier(bg)
 		require.ErrorIs(t, err0, ErrAborted, "%v", err0)
 		require.NotErrorIs(t, err0, ErrPeerClosed)
-		assert.Contains(t, err0.Error(), "by rank 1")
+		var pe *PeerError
+		require.ErrorAs(t, err0, &pe)
+		assert.Equal(t, 1, pe.Rank)
+		var a *AbortError
+		require.ErrorAs(t, err0, &a)
+		assert.Equal(t, KindTimeout, a.Kind)
+		assert.Equal(t, 1, a.Reporter)
 		require.NoError(t, g0.Close())
 	}
 }
