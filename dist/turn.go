@@ -177,15 +177,12 @@ func (g *ProcessGroup) waitTurn(ctx context.Context, seq uint64, kind opKind) er
 	if errors.Is(err, ErrClosed) {
 		return fmt.Errorf("dist: %s: %w", kind, ErrClosed)
 	}
-	cause := g.giveUp(kind, seq, err)
-	if g.failed() && !errors.Is(cause, err) {
-		return g.derive(seq, kind.String())
-	}
-	return cause
+	return g.giveUp(kind, seq, err)
 }
 
 // giveUp fails the group because collective seq's context ended (with
-// err) before its turn came, and returns the error the collective reports.
+// err) before its turn came, and returns the error the collective reports:
+// that failure, or the group's earlier one.
 func (g *ProcessGroup) giveUp(kind opKind, seq uint64, err error) error {
 	e := fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", kind, seq, err)
 	a := &AbortError{Kind: KindCancelled, Rank: g.rank, Reporter: g.rank, Op: kind.String(), Seq: seq, Err: err,
@@ -197,7 +194,7 @@ func (g *ProcessGroup) giveUp(kind opKind, seq uint64, err error) error {
 	if g.fail(a, cause) {
 		return cause
 	}
-	return e
+	return g.derive(seq, kind.String())
 }
 
 // abandonLocked gives up turn seq, which nobody waits for: if it has come
