@@ -98,7 +98,7 @@ func (g *ProcessGroup) sendAbort(msg []byte) {
 // the caller sees, failing the group (and telling the peers) if this is the
 // group's first failure.
 func (g *ProcessGroup) opFailed(seq uint64, kind opKind, err error) error {
-	g.classify(kind.String(), seq, err, g.runCtxErr())
+	_ = g.classify(kind.String(), seq, err, g.runCtxErr())
 	return g.derive(seq, kind.String())
 }
 
@@ -115,15 +115,16 @@ func (g *ProcessGroup) runCtxErr() error {
 // classify records err, met by operation op (collective seq, or 0), as the
 // group's failure unless the group has failed already. ctxErr is the error
 // of the caller's context, if it has ended: then the failure is this
-// rank's own cancellation or timeout, whatever the transport said.
-func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) {
+// rank's own cancellation or timeout, whatever the transport said. It
+// reports whether err became the group's cause.
+func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) bool {
 	var pe *PeerError
 	if ctxErr == nil && errors.As(err, &pe) && (errors.Is(pe.Err, ErrPeerClosed) || errors.Is(pe.Err, ErrPeerLost)) {
 		// The peer left: first let its notice, if it sent one, be handled.
 		g.awaitWatcher(pe.Rank)
 	}
 	if g.failed() {
-		return
+		return false
 	}
 	a := &AbortError{Rank: g.rank, Reporter: g.rank, Op: op, Seq: seq, Err: err}
 	var (
@@ -136,8 +137,7 @@ func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) {
 		cur, started := g.cur, g.prog.self.started.at
 		g.mu.Unlock()
 		if cur.seq == seq {
-			g.timedOut(cur, started, ctxErr)
-			return
+			return g.timedOut(cur, started)
 		}
 		fallthrough
 	case ctxErr != nil:
@@ -146,7 +146,7 @@ func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) {
 			a.Kind = KindTimeout
 		}
 		a.Msg = ctxErr.Error()
-		cause = &ownError{a: a, err: fmt.Errorf("dist: %s #%d: %w", op, seq, ctxErr)}
+		cause = &ownError{a: a, err: fmt.Errorf("dist: %s: %w", opLabel(op, seq), ctxErr)}
 	case errors.As(err, &de):
 		a.Kind, a.Rank, a.Err, a.Msg = KindDesync, de.Peer, de, de.Error()
 		cause = de
@@ -158,16 +158,25 @@ func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) {
 	case errors.Is(err, ErrClosed):
 		// The transport was closed under the group: nothing to tell.
 		g.mu.Lock()
-		if g.cause == nil {
+		first := g.cause == nil
+		if first {
 			g.setCauseLocked(nil, err)
 		}
 		g.mu.Unlock()
-		return
+		return first
 	default:
 		a.Kind, a.Msg = KindUser, err.Error()
-		cause = &ownError{a: a, err: fmt.Errorf("dist: %s #%d: %w", op, seq, err)}
+		cause = &ownError{a: a, err: fmt.Errorf("dist: %s: %w", opLabel(op, seq), err)}
 	}
-	g.fail(a, cause)
+	return g.fail(a, cause)
+}
+
+// opLabel names operation op and its sequence number, if any.
+func opLabel(op string, seq uint64) string {
+	if seq == 0 {
+		return op
+	}
+	return fmt.Sprintf("%s #%d", op, seq)
 }
 
 // peerKind classifies the error of a peer that failed.
@@ -325,11 +334,9 @@ func (g *ProcessGroup) Abort(op string, err error) error {
 			return g.deriveOp(op)
 		}
 	}
-	g.classify(op, 0, err, ctxErr)
-	g.mu.Lock()
-	mine := g.abort != nil && g.abort.Reporter == g.rank && g.abort.Err == err
-	g.mu.Unlock()
-	if mine {
+	if g.classify(op, 0, err, ctxErr) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
 		return g.cause
 	}
 	return g.deriveOp(op)

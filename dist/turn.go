@@ -239,34 +239,35 @@ func (g *ProcessGroup) onTimer() {
 	}
 	cur, started := g.cur, g.prog.self.started.at
 	g.mu.Unlock()
-	g.timedOut(cur, started, context.DeadlineExceeded)
+	_ = g.timedOut(cur, started)
 }
 
 // timedOut fails the group because collective cur, started at started,
 // ran out of time: the cause names the ranks it was waiting for and where
 // they were. The first of them is the culprit (this rank if it knew of
 // none).
-func (g *ProcessGroup) timedOut(cur opState, started time.Time, ctxErr error) {
+func (g *ProcessGroup) timedOut(cur opState, started time.Time) bool {
 	te := &TimeoutError{Op: cur.kind.String(), Seq: cur.seq, After: time.Since(started),
 		Waiting: g.waitingFor(cur.seq)}
 	a := &AbortError{Kind: KindTimeout, Rank: g.rank, Reporter: g.rank, Op: te.Op, Seq: cur.seq, Msg: te.Error(), Err: te}
 	if len(te.Waiting) > 0 {
 		a.Rank = te.Waiting[0].Rank
 	}
-	g.failRunning(cur.seq, a, &ownError{a: a, err: te})
+	return g.failRunning(cur.seq, a, &ownError{a: a, err: te})
 }
 
 // failRunning is fail for a failure of collective seq that this rank
 // decided on its own (a timeout or cancellation), if seq is still running.
-func (g *ProcessGroup) failRunning(seq uint64, a *AbortError, cause error) {
+func (g *ProcessGroup) failRunning(seq uint64, a *AbortError, cause error) bool {
 	g.mu.Lock()
 	if !g.running || g.cur.seq != seq || g.cause != nil {
 		g.mu.Unlock()
-		return
+		return false
 	}
 	g.setCauseLocked(a, cause)
 	g.mu.Unlock()
 	g.aborted(a)
+	return true
 }
 
 // watchCtx arranges for onCancel to run when ctx ends. The registration
@@ -296,10 +297,10 @@ func (g *ProcessGroup) onCancel() {
 	cur, started, err := g.cur, g.prog.self.started.at, g.runCtx.Err()
 	g.mu.Unlock()
 	if errors.Is(err, context.DeadlineExceeded) {
-		g.timedOut(cur, started, err)
+		_ = g.timedOut(cur, started)
 		return
 	}
 	a := &AbortError{Kind: KindCancelled, Rank: g.rank, Reporter: g.rank, Op: cur.kind.String(), Seq: cur.seq,
 		Err: err, Msg: err.Error()}
-	g.failRunning(cur.seq, a, &ownError{a: a, err: fmt.Errorf("dist: %s #%d: %w", cur.kind, cur.seq, err)})
+	_ = g.failRunning(cur.seq, a, &ownError{a: a, err: fmt.Errorf("dist: %s #%d: %w", cur.kind, cur.seq, err)})
 }
