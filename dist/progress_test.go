@@ -44,7 +44,8 @@ func TestTimeoutNamesStraggler(t *testing.T) {
 	assert.Equal(t, 2, te.Waiting[0].Rank)
 	assert.Equal(t, uint64(1), te.Waiting[0].FinishedSeq)
 	assert.Equal(t, "all_reduce", te.Waiting[0].FinishedOp)
-	assert.Regexp(t, `^dist: all_reduce #2 timed out after 3\d\dms waiting for rank 2 \(rank 2 last finished all_reduce #1, 0\.\d s ago\)$`, errs[0].Error())
+	assert.Regexp(t, `^dist: all_reduce #2 timed out after \d+ms waiting for rank 2 \(rank 2 last finished all_reduce #1, \d+\.\d s ago\)$`, errs[0].Error())
+	assert.GreaterOrEqual(t, te.After, 300*time.Millisecond)
 	t.Log(errs[0])
 
 	var pe *PeerError
@@ -93,13 +94,16 @@ func TestStallReport(t *testing.T) {
 	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error { return g.Barrier(bg) }))
 	time.Sleep(30 * time.Millisecond)
 	done := make(chan error, 1)
+	start := time.Now()
 	go func() { done <- c.gs[0].AllReduce(bg, make([]float32, 4), Sum) }()
 	time.Sleep(350 * time.Millisecond) // about three thresholds
 	require.NoError(t, c.gs[1].AllReduce(bg, make([]float32, 4), Sum))
 	require.NoError(t, <-done)
+	waited := time.Since(start)
 	out := logs.String()
 	n := strings.Count(out, "stalled")
-	assert.True(t, n >= 2 && n <= 4, "%d reports:\n%s", n, out)
+	// One report per threshold waited, none before the first.
+	assert.True(t, n >= 2 && n <= int(waited/(100*time.Millisecond)), "%d reports in %v:\n%s", n, waited, out)
 	assert.Contains(t, out, "dist: all_reduce #2 stalled: waiting ")
 	assert.Contains(t, out, "for rank 1 (rank 1 last finished barrier #1, ")
 	t.Log(out)
