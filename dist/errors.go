@@ -41,10 +41,11 @@ var (
 	// a byte buffer whose length is not a multiple of the element size, a
 	// count above MaxCount, an invalid option.
 	ErrInvalidArgument = errors.New("dist: invalid argument")
-	// ErrAborted is wrapped by the errors of collectives that fail because an
-	// earlier collective failed (the group is aborted, like an NCCL
-	// communicator) or because a peer aborted the group. The error also wraps
-	// the first failure.
+	// ErrAborted is wrapped by the errors of calls that fail because the
+	// group failed earlier (like an NCCL communicator, it cannot be
+	// resumed) or because a peer's abort notice explained the failure. The
+	// error also carries the first failure (an *AbortError). It is also
+	// the sentinel of KindUser failures (ProcessGroup.Abort).
 	ErrAborted = errors.New("dist: group aborted")
 	// ErrProtocol means a peer sent a message that breaks the collective
 	// protocol (wrong payload size, malformed abort message). It appears as
@@ -119,12 +120,6 @@ func (k FailureKind) Sentinel() error {
 		return ErrProtocol
 	}
 	return ErrAborted
-}
-
-// peerKind reports whether k names a peer that failed (rather than a rank
-// that gave up for a reason of its own).
-func (k FailureKind) peerKind() bool {
-	return k == KindLost || k == KindFrozen || k == KindClosed || k == KindProtocol
 }
 
 // AbortError is a group's first failure, the cause of its abort, as every
