@@ -203,6 +203,15 @@ type ownError struct {
 func (e *ownError) Error() string   { return e.err.Error() }
 func (e *ownError) Unwrap() []error { return []error{e.err, e.a} }
 
+// failedHere reports whether this rank failed the group, for a reason of
+// its own, while collective seq ran.
+func (g *ProcessGroup) failedHere(seq uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.abort != nil && g.causeSeq == seq && g.abort.Reporter == g.rank &&
+		(g.abort.Kind == KindCancelled || g.abort.Kind == KindTimeout)
+}
+
 func (g *ProcessGroup) failed() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()

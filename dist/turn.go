@@ -130,6 +130,11 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	g.timer.Stop()
 	if err != nil {
 		err = g.opFailed(seq, c.kind, err)
+	} else if g.failedHere(seq) {
+		// This rank failed the group during the collective (its context
+		// ended, or it timed out) and told its peers so, although its own
+		// part completed: it reports the failure too, as they do.
+		err = g.derive(seq, c.kind.String())
 	}
 	if g.obs.on() {
 		g.observe(c, seq, queued, start, time.Now(), err)
