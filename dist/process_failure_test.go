@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,7 +32,6 @@ import (
 
 const (
 	scenarioEnv = "GDIST_DIST_TEST_SCENARIO"
-	triggerEnv  = "GDIST_DIST_TEST_TRIGGER" // a file whose appearance starts the cancellations
 	failVictim  = 1
 	failWorld   = 3
 	// failHeartbeat is the heartbeat timeout of the freeze scenario's
@@ -84,16 +82,15 @@ func parseResult(t *testing.T, line string) failResult {
 
 // runScenario starts a job in scenario, lets act disturb it once every rank
 // runs, and returns each rank's result (nil for a rank that reported none).
-func runScenario(t *testing.T, scenario string, act func(procs []*procjob.Proc, trigger string)) map[int]failResult {
+func runScenario(t *testing.T, scenario string, act func(procs []*procjob.Proc)) map[int]failResult {
 	t.Helper()
-	trigger := filepath.Join(t.TempDir(), "go")
-	procs := startJob(t, failWorld, "fail", scenarioEnv+"="+scenario, triggerEnv+"="+trigger)
+	procs := startJob(t, failWorld, "fail", scenarioEnv+"="+scenario)
 	for r, p := range procs {
 		_, err := p.Await(0, 60*time.Second, func(l string) bool { return l == "running" })
 		require.NoError(t, err, "rank %d did not start: %s", r, p.Stderr())
 	}
 	start := time.Now()
-	act(procs, trigger)
+	act(procs)
 	out := map[int]failResult{}
 	for r, p := range procs {
 		if scenario != "desync" && scenario != "cancel" && r == failVictim {
@@ -112,7 +109,7 @@ func TestProcessFailureScenarios(t *testing.T) {
 	reps := failureReps(t)
 	t.Run("sigkill", func(t *testing.T) {
 		for range reps {
-			res := runScenario(t, "loop", func(procs []*procjob.Proc, _ string) {
+			res := runScenario(t, "loop", func(procs []*procjob.Proc) {
 				require.NoError(t, procs[failVictim].Kill())
 			})
 			for r, x := range res {
@@ -126,7 +123,7 @@ func TestProcessFailureScenarios(t *testing.T) {
 	t.Run("freeze", func(t *testing.T) {
 		for range reps {
 			var stopped time.Time
-			res := runScenario(t, "freeze", func(procs []*procjob.Proc, _ string) {
+			res := runScenario(t, "freeze", func(procs []*procjob.Proc) {
 				pid := childPID(t, procs[failVictim])
 				require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
 				stopped = time.Now()
@@ -143,7 +140,7 @@ func TestProcessFailureScenarios(t *testing.T) {
 	})
 	t.Run("desync-close", func(t *testing.T) {
 		for range reps {
-			res := runScenario(t, "desync", func([]*procjob.Proc, string) {})
+			res := runScenario(t, "desync", func([]*procjob.Proc) {})
 			for r, x := range res {
 				assert.True(t, x.desync, "rank %d: %s", r, x.line)
 				assert.False(t, x.closed, "rank %d blames a closed rank: %s", r, x.line)
@@ -152,7 +149,7 @@ func TestProcessFailureScenarios(t *testing.T) {
 	})
 	t.Run("cancel-both", func(t *testing.T) {
 		for range reps {
-			res := runScenario(t, "cancel", func([]*procjob.Proc, string) {})
+			res := runScenario(t, "cancel", func([]*procjob.Proc) {})
 			for r, x := range res {
 				assert.Equal(t, "cancelled", x.kind, "rank %d: %s", r, x.line)
 				assert.Contains(t, []int{0, 1}, x.culprit, "rank %d: %s", r, x.line)
