@@ -149,7 +149,7 @@ func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) bool {
 		cause = &ownError{a: a, err: fmt.Errorf("dist: %s: %w", opLabel(op, seq), ctxErr)}
 	case errors.As(err, &de):
 		a.Kind, a.Rank, a.Err, a.Msg = KindDesync, de.Peer, de, de.Error()
-		cause = de
+		cause = &ownError{a: a, err: de}
 	case errors.As(err, &pe):
 		a.Rank, a.Err = pe.Rank, pe.Err
 		a.Kind = peerKind(pe.Err)
@@ -192,9 +192,9 @@ func peerKind(err error) FailureKind {
 	return KindProtocol
 }
 
-// ownError is the error of a failure that started on this rank for a
-// reason of its own (its context, a layer above): it reads like the
-// underlying error and unwraps to it and to the record.
+// ownError is the error of a failure that is not a peer's (this rank's
+// context, a layer above, a desync): it reads like the underlying error
+// and unwraps to it and to the record.
 type ownError struct {
 	a   *AbortError
 	err error
@@ -296,7 +296,7 @@ func (g *ProcessGroup) watch(p int, done chan<- struct{}) {
 	}
 	var cause error = &PeerError{Rank: blame, Op: a.Op, Err: a}
 	if de, ok := a.Err.(*DesyncError); ok {
-		cause = de
+		cause = &ownError{a: a, err: de}
 	}
 	g.fail(a, cause)
 }

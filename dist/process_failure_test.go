@@ -143,6 +143,7 @@ func TestProcessFailureScenarios(t *testing.T) {
 			res := runScenario(t, "desync", func([]*procjob.Proc) {})
 			for r, x := range res {
 				assert.True(t, x.desync, "rank %d: %s", r, x.line)
+				assert.Equal(t, "desync", x.kind, "rank %d: %s", r, x.line)
 				assert.False(t, x.closed, "rank %d blames a closed rank: %s", r, x.line)
 			}
 		}
