@@ -68,9 +68,12 @@
 // collective's call site (the file and line of the first caller outside
 // this package) to its fingerprint, so ranks that reach the same
 // collective from different lines fail at that call with a *DesyncError
-// naming both call sites (LocalSite, RemoteSite). It costs about half a
-// microsecond per collective and no allocations once a line has been seen
-// (BenchmarkDebugDetail). It cannot see a skipped call of the same line
+// naming both call sites (LocalSite, RemoteSite). Finding the call site
+// costs 0.26-0.4 µs per collective and no allocations once a line has been
+// seen; a 16 KiB all-reduce between two in-process ranks took 8.3-11.5 µs
+// with it against 5.9-7.2 µs without (BenchmarkDebugDetail, one noisy
+// 2-core machine, both ranks in one process sharing the call-site cache).
+// It cannot see a skipped call of the same line
 // (a loop that runs once more on one rank); keep the control flow of the
 // ranks identical.
 //

@@ -131,15 +131,19 @@ func (k FailureKind) Sentinel() error {
 // error the user matches first: a *PeerError naming the failed peer, a
 // *DesyncError or a *TimeoutError.
 type AbortError struct {
-	Kind     FailureKind
-	Rank     int    // the culprit: the rank that died, froze, closed, desynced, was cancelled, timed out or aborted
+	Kind FailureKind
+	// Rank is the culprit: the rank that died, froze, closed, was
+	// cancelled or aborted; for a timeout the first rank waited for; for a
+	// desync the other side, as the reporter saw it.
+	Rank     int
 	Reporter int    // the rank that found the failure
 	Op       string // the operation it happened in ("all_reduce", "recv", "pipeline", ...)
 	Seq      uint64 // the collective's sequence number (0 if none was running)
-	Msg      string // what the reporter said about it (at most maxReason bytes)
+	Msg      string // what the reporter said about it (at most 512 bytes)
 	// Err is the underlying error on the reporter (a transport error, the
 	// context's error, what was passed to Abort) and, on the other ranks,
-	// ErrAborted joined with the kind's sentinel.
+	// ErrAborted (or the *DesyncError, seen from that rank). Unwrap adds
+	// the kind's sentinel.
 	Err error
 }
 
