@@ -106,16 +106,11 @@ func (p *Pipeline) Stats() Stats {
 	return s
 }
 
-// noticeGrace is how long a call that failed because of a peer waits for
-// that peer's abort notice, which explains the failure better.
-const noticeGrace = 200 * time.Millisecond
-
 // call is the state of one Infer or TrainStep.
 type call struct {
 	p      *Pipeline
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   func() bool
 	snd    *sender
 	d      Data
 	kind   byte    // callInfer or callTrain
@@ -222,8 +217,11 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 		c.kind = callInfer
 	}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
-	c.stop = context.AfterFunc(p.abortCtx, func() { c.cancel(context.Cause(p.abortCtx)) })
-	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) { p.failPeer(err) })
+	// A failure of the group wakes the call's sends and receives (they are
+	// the group's point-to-point calls); a failed send stops the call.
+	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) {
+		c.cancel(p.fail(err))
+	})
 	p.stats.Start, p.stats.Busy, p.stats.Events = time.Now(), 0, p.stats.Events[:0]
 	return c, nil
 }
@@ -234,10 +232,10 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 func (c *call) end(err error) error {
 	p := c.p
 	if err != nil {
-		err = p.failPeer(err)
+		err = p.fail(err)
 	}
 	if serr := c.snd.finish(); serr != nil && err == nil {
-		err = p.fail(serr, true)
+		err = p.fail(serr)
 	}
 	if err != nil {
 		p.abandon()
@@ -247,7 +245,6 @@ func (c *call) end(err error) error {
 			err = cause
 		}
 	}
-	c.stop()
 	c.cancel(nil)
 	p.stats.End = time.Now()
 	p.step++
