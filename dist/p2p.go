@@ -76,7 +76,11 @@ func (g *ProcessGroup) Send(ctx context.Context, to int, tag uint32, p []byte) e
 	}
 	c, done := g.p2pCtx(ctx)
 	defer done()
-	return g.p2pErr(ctx, "send", g.t.Send(c, to, tag, transport.Header{}, p))
+	err := g.t.Send(c, to, tag, transport.Header{}, p)
+	if err == nil {
+		g.obs.met.Sent(to, len(p))
+	}
+	return g.p2pErr(ctx, "send", err)
 }
 
 // Recv returns the next message from rank `from` under tag. The caller owns
@@ -91,6 +95,7 @@ func (g *ProcessGroup) Recv(ctx context.Context, from int, tag uint32) ([]byte, 
 	if err != nil {
 		return nil, g.p2pErr(ctx, "recv", err)
 	}
+	g.obs.met.Received(from, len(m.Payload))
 	return m.Payload, nil
 }
 
@@ -106,6 +111,9 @@ func (g *ProcessGroup) RecvInto(ctx context.Context, from int, tag uint32, dst [
 	c, done := g.p2pCtx(ctx)
 	defer done()
 	_, n, err := g.t.RecvInto(c, from, tag, dst)
+	if err == nil {
+		g.obs.met.Received(from, n)
+	}
 	if errors.Is(err, transport.ErrMessageTooLong) {
 		return n, err
 	}
@@ -136,6 +144,7 @@ func (g *ProcessGroup) recvSized(ctx context.Context, from int, tag uint32, es i
 	if err != nil {
 		return nil, g.p2pErr(ctx, "recv", err)
 	}
+	g.obs.met.Received(from, len(m.Payload))
 	if len(m.Payload)%es != 0 {
 		n := len(m.Payload)
 		g.t.Release(m.Payload)
@@ -196,6 +205,9 @@ func (g *ProcessGroup) recvP2PInto(ctx context.Context, from int, tag uint32, ds
 	_, n, err := g.t.RecvInto(c, from, tag, dst)
 	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
 		return g.p2pErr(ctx, "recv", err)
+	}
+	if err == nil {
+		g.obs.met.Received(from, n)
 	}
 	if n%es != 0 {
 		return &PeerError{Rank: from, Op: "recv",
