@@ -12,6 +12,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/timeline"
 )
 
 // Data connects a call to the caller's data. Each stage fills in the
@@ -247,6 +248,7 @@ func (c *call) end(err error) error {
 	}
 	c.cancel(nil)
 	p.stats.End = time.Now()
+	p.timelineBubbles()
 	p.step++
 	p.mu.Lock()
 	p.busy = false
@@ -289,7 +291,51 @@ func (p *Pipeline) timed(kind EventKind, mb int, f func() error) error {
 	end := time.Now()
 	p.stats.Busy += end.Sub(start)
 	p.stats.Events = append(p.stats.Events, Event{Kind: kind, MicroBatch: mb, Start: start, End: end})
+	if tl := p.g.Timeline(); tl != nil {
+		tl.Add(timeline.Event{Lane: "pipeline compute", Name: fmt.Sprintf("%s mb %d", kind.longName(), mb), Cat: "pipeline",
+			Start: start, End: end, Args: [4]timeline.Arg{{Key: "micro_batch", Int: int64(mb)}, {Key: "step", Int: int64(p.step)}}})
+	}
 	return err
+}
+
+// longName names the kind on the timeline.
+func (k EventKind) longName() string {
+	switch k {
+	case Forward:
+		return "forward"
+	case Backward:
+		return "backward"
+	case ForwardBackward:
+		return "forward+backward"
+	case Recompute:
+		return "recompute"
+	case ForwardOnly:
+		return "infer"
+	}
+	return k.String()
+}
+
+// timelineBubbles puts the call's idle spans (from its start to the first
+// pass, between passes, and from the last to its end) on the timeline.
+func (p *Pipeline) timelineBubbles() {
+	tl := p.g.Timeline()
+	if tl == nil {
+		return
+	}
+	at := p.stats.Start
+	add := func(end time.Time) {
+		if end.Sub(at) > time.Microsecond {
+			tl.Add(timeline.Event{Lane: "pipeline compute", Name: "bubble", Cat: "pipeline bubble", Start: at, End: end,
+				Args: [4]timeline.Arg{{Key: "step", Int: int64(p.step)}}})
+		}
+	}
+	for _, e := range p.stats.Events {
+		add(e.Start)
+		if e.End.After(at) {
+			at = e.End
+		}
+	}
+	add(p.stats.End)
 }
 
 // fillInput gets micro-batch mb's input into s: from Data.Input on the
