@@ -44,11 +44,11 @@ const (
 // Kinds: what the error says went wrong.
 const (
 	kindNone         = "none"
-	kindLost         = "lost"         // ErrPeerLost (a broken connection)
-	kindUnresponsive = "unresponsive" // ErrPeerUnresponsive or a heartbeat timeout
-	kindClosed       = "closed"       // ErrPeerClosed (a peer that closed cleanly)
-	kindAborted      = "aborted"      // a peer's abort notice (ErrAborted)
-	kindProtocol     = "protocol"     // ErrProtocol
+	kindLost         = "lost"     // ErrPeerLost (a broken connection)
+	kindUnresponsive = "frozen"   // ErrPeerUnresponsive or a heartbeat timeout: a frozen peer
+	kindClosed       = "closed"   // ErrPeerClosed (a peer that closed cleanly)
+	kindAborted      = "aborted"  // a peer's abort notice (ErrAborted)
+	kindProtocol     = "protocol" // ErrProtocol
 	kindDesync       = "desync"
 	kindCancelled    = "cancelled" // context.Canceled
 	kindTimeout      = "timeout"   // context.DeadlineExceeded
