@@ -24,10 +24,12 @@
 // Each rank prints its final error on one line (rank, type of the error,
 // the rank it names, kind, iteration, time), classified with errors.As and
 // errors.Is; the parent judges the lines of every run. A run is "wrong" when
-// any rank's error is not one the scenario allows, and "no-report" when a
-// rank printed nothing in time (a hang). The detection time of a run is the
-// time from the fault (the signal sent, or the desynced call) until the last
-// rank's error. The summary table has, per scenario: runs, wrong, no-report,
+// any rank's error is not one the scenario allows (a wrong rank or a wrong
+// cause), "healthy" when one of those errors is a *dist.PeerError naming a
+// rank that did not fail, and "no-report" when a rank printed nothing in
+// time (a hang). The detection time of a run is the time from the fault
+// (the signal sent, or the desynced call) until the last rank's error. The
+// summary table has, per scenario: runs, wrong, healthy, no-report,
 // detection-time percentiles and the outcomes seen (type/kind: count). The
 // program exits 1 if any run was wrong or unreported.
 //

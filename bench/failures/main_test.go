@@ -107,11 +107,13 @@ func TestJudge(t *testing.T) {
 		2: rep(2, typePeer, 1, kindClosed, 30*time.Second),
 	})
 	assert.Len(t, v.Wrong, 1)
+	assert.True(t, v.Healthy)
 	// kill: the right rank, but as having closed cleanly, is the wrong cause.
 	v = judge("kill", 0, []int{2}, at, map[int]report{
 		0: rep(0, typePeer, 2, kindClosed, 0), 1: rep(1, typePeer, 2, kindLost, 0),
 	})
 	assert.Len(t, v.Wrong, 1)
+	assert.False(t, v.Healthy, "rank 2 failed, if not the way it is reported")
 	// desync: everyone must see the desync; a rank that saw the close is wrong.
 	v = judge("desync", 0, []int{1}, at, map[int]report{
 		0: rep(0, typeDesync, 1, kindDesync, 0), 1: rep(1, typeDesync, 0, kindDesync, 0),
@@ -166,7 +168,7 @@ func tableRows(t *testing.T, out string) map[string][]string {
 	rows := map[string][]string{}
 	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
-		if len(f) >= 8 && !strings.HasPrefix(l, "#") && f[0] != "scenario" {
+		if len(f) >= 9 && !strings.HasPrefix(l, "#") && f[0] != "scenario" {
 			rows[f[0]] = f
 		}
 	}
@@ -193,7 +195,7 @@ func TestScenarios(t *testing.T) {
 		rows := tableRows(t, out.String())
 		for _, sc := range strings.Split(c.scenarios, ",") {
 			require.Contains(t, rows, sc)
-			assert.Equal(t, []string{strconv.Itoa(c.n), "0", "0"}, rows[sc][1:4], "%s: runs, wrong, no-report", sc)
+			assert.Equal(t, []string{strconv.Itoa(c.n), "0", "0", "0"}, rows[sc][1:5], "%s: runs, wrong, healthy, no-report", sc)
 		}
 	}
 }

@@ -63,6 +63,7 @@ type verdict struct {
 	Run     int
 	Victims []int
 	Wrong   []string      // one line per rank whose report is not allowed
+	Healthy bool          // a wrong report names a rank that did not fail
 	Missing []int         // ranks that reported nothing in time
 	Detect  time.Duration // fault until the last report (0 when none)
 	Reports []report
@@ -82,6 +83,9 @@ func judge(scenario string, run int, vs []int, faultAt time.Time, reports map[in
 		v.Reports = append(v.Reports, rep)
 		if !allowed(scenario, vs, r, rep) {
 			v.Wrong = append(v.Wrong, fmt.Sprintf("rank %d: %s/%s naming rank %d: %s", r, rep.Type, rep.Kind, rep.Peer, rep.Msg))
+			if rep.Type == typePeer && !slices.Contains(vs, rep.Peer) {
+				v.Healthy = true
+			}
 		}
 		if d := rep.At.Sub(faultAt); d > v.Detect {
 			v.Detect = d
@@ -340,6 +344,7 @@ type summary struct {
 	Scenario string
 	Runs     int
 	Wrong    int // runs with a report not allowed
+	Healthy  int // runs in which a wrong report names a rank that did not fail
 	Missing  int // runs in which a rank did not report
 	Errors   int // runs that could not be carried out
 	Detect   []time.Duration
@@ -359,6 +364,9 @@ func summarize(scenario string, vs []verdict, took time.Duration) summary {
 			continue
 		}
 		s.Runs++
+		if v.Healthy {
+			s.Healthy++
+		}
 		if len(v.Wrong) > 0 {
 			s.Wrong++
 			if len(s.Examples) < 3 {
@@ -394,7 +402,7 @@ func printTable(w io.Writer, o options, sums []summary) {
 	}
 	fmt.Fprintf(w, "# failures: %d ranks (OS processes, TCP on loopback, GOMAXPROCS=1), all_reduce of %d float32, heartbeat %s, GOOS %s\n",
 		world, o.count, hb, runtime.GOOS)
-	fmt.Fprintf(w, "%-8s %5s %6s %9s %9s %9s %9s %9s  %s\n", "scenario", "runs", "wrong", "no-report", "p50", "p90", "p99", "max", "outcomes (type/kind: reports)")
+	fmt.Fprintf(w, "%-8s %5s %6s %7s %9s %9s %9s %9s %9s  %s\n", "scenario", "runs", "wrong", "healthy", "no-report", "p50", "p90", "p99", "max", "outcomes (type/kind: reports)")
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond)) }
 	for _, s := range sums {
 		var oc []string
@@ -402,7 +410,7 @@ func printTable(w io.Writer, o options, sums []summary) {
 			oc = append(oc, fmt.Sprintf("%s: %d", k, n))
 		}
 		sort.Strings(oc)
-		fmt.Fprintf(w, "%-8s %5d %6d %9d %9s %9s %9s %9s  %s\n", s.Scenario, s.Runs, s.Wrong, s.Missing,
+		fmt.Fprintf(w, "%-8s %5d %6d %7d %9d %9s %9s %9s %9s  %s\n", s.Scenario, s.Runs, s.Wrong, s.Healthy, s.Missing,
 			ms(percentile(s.Detect, 50)), ms(percentile(s.Detect, 90)), ms(percentile(s.Detect, 99)),
 			ms(percentile(s.Detect, 100)), strings.Join(oc, ", "))
 		if s.Errors > 0 {
