@@ -13,9 +13,11 @@
 //   - a link cut: examples/mnist trains with DDP for an epoch and a quarter
 //     (390 steps of 3x64 images), then one namespace's link is set down
 //     (`ip link set eth0 down` inside it) in the middle of the run. Every
-//     surviving rank must fail with an error that names the cut rank and no
-//     other, within the heartbeat timeout (plus slack), and its gdistrun
-//     must exit non-zero. The detection time after the cut is logged.
+//     surviving rank must fail with an error that names the cut rank as its
+//     culprit ("peer rank N" or "rank N failed") and no other, within the
+//     heartbeat timeout (plus slack), and its gdistrun must exit non-zero.
+//     The detection time after the cut is logged. (The ranks are other
+//     processes: the error text gdistrun relays is all the test can see.)
 //
 // The namespaces cannot reach any address outside 10.231.0.0/24: they have
 // no default route and no link to the host's namespace. Every namespace the
