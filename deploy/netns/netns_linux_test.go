@@ -189,8 +189,8 @@ func testLinkCut(t *testing.T, bin binaries, tp *topology, token string) {
 		require.Error(t, p.wait(limit), "gdistrun on node %d must exit non-zero", k)
 		code := p.exitCode()
 		assert.NotZero(t, code, "gdistrun on node %d", k)
-		summary = append(summary, fmt.Sprintf("rank %d named rank %d after %.2fs (gdistrun exit %d after %.2fs): %s",
-			k, victim, detect.Seconds(), code, p.ended.Sub(cutAt).Seconds(), m[1]))
+		summary = append(summary, fmt.Sprintf("rank %d named rank(s) %s after %.2fs (gdistrun exit %d after %.2fs): %s",
+			k, strings.Join(named, ","), detect.Seconds(), code, p.ended.Sub(cutAt).Seconds(), m[1]))
 	}
 	// The cut node cannot reach anyone either; it must not succeed.
 	if err := ps[victim].wait(limit); assert.Error(t, err, "the cut node's gdistrun") {
