@@ -1,11 +1,9 @@
 package dist
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,25 +18,13 @@ import (
 	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
-type traceFile struct {
-	TraceEvents []struct {
-		Name string         `json:"name"`
-		Ph   string         `json:"ph"`
-		Ts   float64        `json:"ts"`
-		Dur  float64        `json:"dur"`
-		Pid  int            `json:"pid"`
-		Tid  int            `json:"tid"`
-		Args map[string]any `json:"args"`
-	} `json:"traceEvents"`
-}
+type traceFile struct{ TraceEvents []timeline.TraceEvent }
 
 func readTrace(t *testing.T, path string) traceFile {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	var tf traceFile
-	require.NoError(t, json.Unmarshal(b, &tf), "valid trace-event JSON")
-	return tf
+	evs, err := timeline.ReadFile(path)
+	require.NoError(t, err, "valid trace-event JSON")
+	return traceFile{evs}
 }
 
 // TestTimeline: every collective of every rank is on the rank's timeline,

@@ -14,7 +14,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -107,18 +106,7 @@ func mergeCmd(args []string, stdout io.Writer) error {
 	return timeline.Merge(w, fs.Args()...)
 }
 
-// event is one complete ("X") event of a trace file.
-type event struct {
-	Name string  `json:"name"`
-	Ph   string  `json:"ph"`
-	Ts   float64 `json:"ts"`
-	Dur  float64 `json:"dur"`
-	Pid  int     `json:"pid"`
-	Tid  int     `json:"tid"`
-	Args struct {
-		Name string `json:"name"`
-	} `json:"args"`
-}
+type event = timeline.TraceEvent
 
 type row struct {
 	pid  int
@@ -130,21 +118,15 @@ func load(paths []string) ([]event, map[row]string, error) {
 	var evs []event
 	lanes := map[row]string{}
 	for _, p := range paths {
-		b, err := os.ReadFile(p)
+		all, err := timeline.ReadFile(p)
 		if err != nil {
 			return nil, nil, err
 		}
-		var f struct {
-			TraceEvents []event `json:"traceEvents"`
+		for k, v := range timeline.Lanes(all) {
+			lanes[row{pid: k[0], tid: k[1]}] = v
 		}
-		if err := json.Unmarshal(b, &f); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", p, err)
-		}
-		for _, e := range f.TraceEvents {
-			switch {
-			case e.Ph == "M" && e.Name == "thread_name":
-				lanes[row{pid: e.Pid, tid: e.Tid}] = e.Args.Name
-			case e.Ph == "X":
+		for _, e := range all {
+			if e.Ph == "X" {
 				evs = append(evs, e)
 			}
 		}
@@ -337,4 +319,3 @@ func (l legendBox) Thumbnail(c *draw.Canvas) {
 	pts := []vg.Point{{X: c.Min.X, Y: c.Min.Y}, {X: c.Max.X, Y: c.Min.Y}, {X: c.Max.X, Y: c.Max.Y}, {X: c.Min.X, Y: c.Max.Y}}
 	c.FillPolygon(l.c, pts)
 }
-

@@ -1,9 +1,7 @@
 package ddp
 
 import (
-	"encoding/json"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -51,17 +49,9 @@ func TestTimelineBuckets(t *testing.T) {
 	}
 	require.Positive(t, nBuckets)
 	for r := range 2 {
-		b, err := os.ReadFile(timeline.RankPath(path, r))
+		evs, err := timeline.ReadFile(timeline.RankPath(path, r))
 		require.NoError(t, err)
-		var tf struct {
-			TraceEvents []struct {
-				Name string         `json:"name"`
-				Ph   string         `json:"ph"`
-				Dur  float64        `json:"dur"`
-				Args map[string]any `json:"args"`
-			} `json:"traceEvents"`
-		}
-		require.NoError(t, json.Unmarshal(b, &tf))
+		tf := struct{ TraceEvents []timeline.TraceEvent }{evs}
 		count := map[string]int{}
 		for _, e := range tf.TraceEvents {
 			if e.Ph == "X" {

@@ -289,3 +289,43 @@ func Merge(w io.Writer, paths ...string) error {
 	}
 	return bw.Flush()
 }
+
+// TraceEvent is one event of a trace file as Read returns it.
+type TraceEvent struct {
+	Name string         `json:"name"`
+	Cat  string         `json:"cat,omitempty"`
+	Ph   string         `json:"ph"`  // "X" complete, "i" instant, "M" metadata
+	Ts   float64        `json:"ts"`  // microseconds since the Unix epoch
+	Dur  float64        `json:"dur"` // microseconds ("X" events)
+	Pid  int            `json:"pid"` // the rank
+	Tid  int            `json:"tid"` // the lane
+	Args map[string]any `json:"args,omitempty"`
+}
+
+// ReadFile reads the events of a trace file written by WriteFile or Merge.
+func ReadFile(path string) ([]TraceEvent, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("timeline: %w", err)
+	}
+	var f struct {
+		TraceEvents []TraceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("timeline: %s: %w", path, err)
+	}
+	return f.TraceEvents, nil
+}
+
+// Lanes returns the lane names of events' metadata, by (pid, tid).
+func Lanes(events []TraceEvent) map[[2]int]string {
+	lanes := map[[2]int]string{}
+	for _, e := range events {
+		if e.Ph == "M" && e.Name == "thread_name" {
+			if n, ok := e.Args["name"].(string); ok {
+				lanes[[2]int{e.Pid, e.Tid}] = n
+			}
+		}
+	}
+	return lanes
+}

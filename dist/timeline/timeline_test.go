@@ -12,17 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-type parsed struct {
-	TraceEvents []struct {
-		Name string         `json:"name"`
-		Ph   string         `json:"ph"`
-		Ts   float64        `json:"ts"`
-		Dur  float64        `json:"dur"`
-		Pid  int            `json:"pid"`
-		Tid  int            `json:"tid"`
-		Args map[string]any `json:"args"`
-	} `json:"traceEvents"`
-}
+type parsed struct{ TraceEvents []TraceEvent }
 
 func TestWriteValidTrace(t *testing.T) {
 	r, err := New(3)

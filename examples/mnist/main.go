@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/mnist"
 	iprogress "github.com/gdist/gdist/internal/progress"
@@ -37,6 +38,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	data := fs.String("data", "", "directory holding the MNIST IDX files (default: the GoMNIST module's data/ directory)")
 	plotPath := fs.String("plot", "", "write a loss and accuracy plot to this PNG file (rank 0)")
 	fs.StringVar(&cfg.Compress, "compress", "", "all-reduce gradients as f16 or bf16 (default: float32)")
+	fs.StringVar(&cfg.CkptDir, "ckpt-dir", "", "save checkpoints here (rank 0) and resume from the latest good one (every rank)")
+	fs.Int64Var(&cfg.CkptEvery, "ckpt-every", 100, "with -ckpt-dir: save every this many steps (0: only at the end)")
 	fs.IntVar(&cfg.BucketCap, "bucket-cap", 0, "DDP bucket size cap in bytes (default: 25 MiB; the first bucket is capped at min(this, 1 MiB))")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: [gdistrun -n N --] mnist [flags]\n\nData-parallel MLP training on MNIST.\n\nFlags:\n")
@@ -51,6 +54,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "mnist: unexpected arguments %q\n", fs.Args())
 		fs.Usage()
+		return errUsage
+	}
+	if cfg.CkptEvery < 0 {
+		fmt.Fprintf(stderr, "mnist: -ckpt-every %d: must not be negative\n", cfg.CkptEvery)
 		return errUsage
 	}
 	if _, err := ddpOptions(cfg); err != nil {
@@ -100,6 +107,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			bar = newProgress(stderr, tty, epoch, cfg.Epochs, steps, cfg.Batch*pg.WorldSize())
 		},
 		step: func(step int, loss float64) { bar.step(step, loss) },
+		resumed: func(r *ckpt.Resumed) {
+			fmt.Fprintf(out, "mnist: resumed from %s (step %d, epoch %d)\n", r.Path, r.Step, r.State.Epoch+1)
+			for _, s := range r.Skipped {
+				fmt.Fprintf(out, "mnist: passed over %s: %v\n", s.Path, s.Err)
+			}
+		},
 		end: func(e epochStats) {
 			bar.finish()
 			fmt.Fprintf(out, "epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.0f samples/s  (%d steps in %.1fs)  comm %s/step, exposed %s/step\n",
@@ -112,9 +125,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(out, "parameters identical on all %d ranks (sum %.9g, sum of squares %.9g, fnv64a %016x)\n",
 		pg.WorldSize(), res.Check.Sum, res.Check.SumSq, res.Check.Hash)
-	if leader {
+	if leader && cfg.CkptDir != "" {
+		st := res.Ckpt
+		fmt.Fprintf(out, "mnist: %d checkpoint(s) saved to %s; training waited %s per save (the copy), writes took %s each\n",
+			st.Saves, cfg.CkptDir, ms(st.Copy/time.Duration(max(st.Saves, 1))), ms(st.Write/time.Duration(max(st.Writes, 1))))
+	}
+	if leader && len(res.Epochs) == 0 {
+		fmt.Fprintf(out, "mnist: the checkpoint in %s is of a finished run: nothing to train; parameters fnv64a %016x\n", cfg.CkptDir, res.Check.Hash)
+	} else if leader {
 		last := res.Epochs[len(res.Epochs)-1]
-		fmt.Fprintf(out, "mnist: final test accuracy %.2f%% after %d epoch(s); total %.1fs\n", 100*last.Acc, len(res.Epochs), time.Since(start).Seconds())
+		fmt.Fprintf(out, "mnist: final test accuracy %.2f%% after %d epoch(s); total %.1fs; parameters fnv64a %016x\n",
+			100*last.Acc, len(res.Epochs), time.Since(start).Seconds(), res.Check.Hash)
 		if *plotPath != "" {
 			if err := writePlot(*plotPath, res); err != nil {
 				return err

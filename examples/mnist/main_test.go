@@ -22,7 +22,12 @@ import (
 	"github.com/gdist/gdist/internal/mnist"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "run" {
+		os.Exit(childMain())
+	}
+	goleak.VerifyTestMain(m)
+}
 
 var (
 	dataOnce           sync.Once

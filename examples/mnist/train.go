@@ -12,10 +12,12 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/internal/mnist"
 	mdata "github.com/gdist/gdist/models/data" // the package's tests have a func data
 	"github.com/gdist/gdist/models/mlp"
+	"github.com/gdist/gdist/models/optim"
 )
 
 // sizes are the layer widths of the model: 784-256-128-10.
@@ -40,11 +42,22 @@ type config struct {
 	Compress  string // "", "f16" or "bf16"
 	BucketCap int    // bytes; 0 means ddp's default
 
+	// CkptDir, if set, is where rank 0 saves a checkpoint every CkptEvery
+	// steps (0: only at the end) and from which every rank resumes.
+	CkptDir   string
+	CkptEvery int64
+
 	// For tests: cap the steps per epoch (0: a full epoch) and the number of
 	// test images evaluated (0: all).
 	MaxSteps  int
 	TestLimit int
+	// StopAfter > 0 makes train return errStopped right after that step,
+	// as a crash would (tests of resuming).
+	StopAfter int64
 }
+
+// errStopped is what train returns after config.StopAfter steps.
+var errStopped = errors.New("mnist: stopped (test)")
 
 // epochStats is one epoch as rank 0 reports it.
 type epochStats struct {
@@ -64,6 +77,7 @@ type result struct {
 	Losses    []float64    // this rank's loss at every step, in order
 	Check     ddp.Checksum // of the float32 parameters, each hashed as its 4 bytes
 	Identical bool         // every rank has the same checksum (verified by collectives)
+	Ckpt      ckpt.Stats   // rank 0's checkpoint writes (with CkptDir)
 }
 
 // hooks are optional callbacks train calls on rank 0 (nil ones are skipped).
@@ -78,6 +92,8 @@ type hooks struct {
 	step func(step int, loss float64)
 	// end is called after each epoch, after the evaluation.
 	end func(e epochStats)
+	// resumed is called when training resumes from a checkpoint.
+	resumed func(r *ckpt.Resumed)
 }
 
 // trainer holds one rank's model, DDP and machines.
@@ -88,7 +104,8 @@ type trainer struct {
 	params gorgonia.Nodes
 	d      *ddp.DDP
 	vm     gorgonia.VM
-	solver gorgonia.Solver
+	adam   *optim.Adam     // the solver, whose state checkpoints save
+	solver gorgonia.Solver // adam wrapped by the DDP
 	x, y   *gorgonia.Node
 	xs, ys []float32 // back x and y
 	loss   gorgonia.Value
@@ -176,7 +193,13 @@ func newTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg config, test *mn
 		return nil, fmt.Errorf("mnist: gradients: %w", err)
 	}
 	t.vm = gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(t.params...))
-	t.solver = t.d.Solver(gorgonia.NewAdamSolver(gorgonia.WithLearnRate(cfg.LR)))
+	// models/optim's Adam steps bit for bit as gorgonia.NewAdamSolver with
+	// the same settings, and its state can be saved.
+	if t.adam, err = optim.NewAdam(optim.WithLearnRate(cfg.LR)); err != nil {
+		t.vm.Close()
+		return nil, err
+	}
+	t.solver = t.d.Solver(t.adam)
 
 	if pg.IsLeader() {
 		if err := t.buildEval(cfg, test); err != nil {
@@ -312,29 +335,70 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		h.ready(n, len(t.d.Buckets()))
 	}
 	res := &result{}
-	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
-		idx := sampler.Indices(epoch - 1)
-		steps := len(idx) / cfg.Batch
+	var (
+		step    int64   // steps taken, over all epochs
+		saved   int64   // the step of the last checkpoint
+		lossSum float64 // this rank's loss summed over the epoch's steps so far
+		m       *ckpt.Manager
+	)
+	if cfg.CkptDir != "" {
+		var opts []ckpt.Option
+		if cfg.CkptEvery > 0 {
+			opts = append(opts, ckpt.WithEvery(cfg.CkptEvery))
+		}
+		if m, err = ckpt.New(pg, cfg.CkptDir, opts...); err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		r, err := m.Resume(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if !r.Fresh() {
+			if lossSum, err = t.restore(r, sampler); err != nil {
+				return nil, err
+			}
+			step = r.Step
+			if leader && h.resumed != nil {
+				h.resumed(r)
+			}
+		}
+		// Every rank must now hold what rank 0 holds: parameters, solver
+		// state, step, epoch and sampler position.
+		if err := t.verifyState(ctx, m, step, sampler, lossSum); err != nil {
+			return nil, err
+		}
+	}
+	kill := chaosStep(pg.Rank())
+	first := sampler.Epoch() + 1
+	if step == 0 {
+		first = 1
+	}
+	for epoch := first; epoch <= cfg.Epochs; epoch++ {
+		sampler.SetEpoch(epoch - 1) // keeps a resumed position in this epoch
+		steps := sampler.Len() / cfg.Batch
 		if cfg.MaxSteps > 0 {
 			steps = min(steps, cfg.MaxSteps)
 		}
 		if steps == 0 {
-			return nil, fmt.Errorf("mnist: %d training images per rank is less than one batch of %d", len(idx), cfg.Batch)
+			return nil, fmt.Errorf("mnist: %d training images per rank is less than one batch of %d", sampler.Len(), cfg.Batch)
 		}
 		if leader && h.start != nil {
 			h.start(epoch, steps)
 		}
-		var lossSum float64
 		var comm, exposed time.Duration
 		begin := time.Now()
-		for s := range steps {
+		_, next := sampler.Pos()
+		done := next / cfg.Batch // steps of this epoch before a resume
+		for s := done; s < steps; s++ {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			loss, err := t.step(trainSet, idx[s*cfg.Batch:(s+1)*cfg.Batch])
+			loss, err := t.step(trainSet, sampler.Next(cfg.Batch))
 			if err != nil {
 				return nil, fmt.Errorf("epoch %d step %d: %w", epoch, s+1, err)
 			}
+			step++
 			st := t.d.Stats()
 			comm += st.Comm
 			exposed += st.Exposed
@@ -343,11 +407,27 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 			if leader && h.step != nil {
 				h.step(s+1, loss)
 			}
+			if m != nil {
+				ok, err := t.maybeSave(ctx, m, step, epoch, sampler, lossSum)
+				if err != nil {
+					return nil, err
+				}
+				if ok {
+					saved = step
+				}
+			}
+			if step == kill {
+				killSelf()
+			}
+			if step == cfg.StopAfter {
+				return nil, errStopped
+			}
 		}
 		elapsed := time.Since(begin)
 
 		// The epoch's mean loss over all ranks (a collective: every rank).
 		mean := []float64{lossSum / float64(steps)}
+		lossSum = 0
 		if err := pg.AllReduceF64(ctx, mean, dist.Mean); err != nil {
 			return nil, fmt.Errorf("epoch %d: averaging the loss: %w", epoch, err)
 		}
@@ -356,10 +436,10 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 			Steps:      steps,
 			Loss:       mean[0],
 			Acc:        math.NaN(),
-			Throughput: float64(steps*cfg.Batch*pg.WorldSize()) / elapsed.Seconds(),
+			Throughput: float64((steps-done)*cfg.Batch*pg.WorldSize()) / elapsed.Seconds(),
 			Train:      elapsed,
-			Comm:       comm / time.Duration(steps),
-			Exposed:    exposed / time.Duration(steps),
+			Comm:       comm / time.Duration(max(steps-done, 1)),
+			Exposed:    exposed / time.Duration(max(steps-done, 1)),
 		}
 		if leader {
 			if es.Acc, err = t.evaluate(testSet); err != nil {
@@ -372,6 +452,27 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		res.Epochs = append(res.Epochs, es)
 	}
 
+	if m != nil {
+		// The final state, positioned after the last epoch, so that running
+		// the job again finds it done.
+		if sampler.Epoch() < cfg.Epochs {
+			sampler.SetEpoch(cfg.Epochs)
+			saved = -1
+		}
+		if saved != step {
+			st, err := t.liveState(step, cfg.Epochs, sampler, 0)
+			if err != nil {
+				return nil, err
+			}
+			if err := m.Save(ctx, step, st); err != nil {
+				return nil, err
+			}
+		}
+		if err := m.Close(); err != nil {
+			return nil, err
+		}
+		res.Ckpt = m.Stats()
+	}
 	if res.Check, err = ddp.ChecksumOf(t.params); err != nil {
 		return nil, err
 	}

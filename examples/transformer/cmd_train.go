@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/internal/cli"
 	iprogress "github.com/gdist/gdist/internal/progress"
 	"github.com/gdist/gdist/models/transformer"
@@ -38,6 +39,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the initial weights and of the batches (rank r samples with stream r)")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", 100, "validate every this many steps")
 	fs.IntVar(&cfg.EvalWindows, "eval-windows", 64, "validation windows (of ctx+1 characters) spread over the held-out tail")
+	fs.StringVar(&cfg.CkptDir, "ckpt-dir", "", "save training checkpoints here and resume from the newest good one")
+	fs.Int64Var(&cfg.CkptEvery, "ckpt-every", 100, "with -ckpt-dir: save every this many steps (0: only at the end)")
+	fs.BoolVar(&cfg.Pipeline, "pipeline", false, "under gdistrun: split the model into one pipeline stage per rank instead of DDP")
+	fs.IntVar(&cfg.MicroBatches, "micro-batches", 4, "with -pipeline: micro-batches per step (must divide -batch)")
 	bucketKB := fs.Int("bucket-kb", 256, "DDP: gradient bucket size cap in KiB; buckets all-reduce during backprop (0: package ddp's defaults, one bucket for the default model)")
 	valFrac := fs.Float64("val-frac", 0.1, "fraction of the text, at its end, held out for validation")
 	fs.IntVar(&def.Ctx, "ctx", def.Ctx, "model: context length (characters)")
@@ -109,16 +114,25 @@ Flags:
 		ready: func(params, buckets int) {
 			fmt.Fprintf(w, "train: %d rank(s), GOMAXPROCS %d each; %s: %d characters, vocabulary %d, %d training and %d validation tokens\n",
 				pg.WorldSize(), runtime.GOMAXPROCS(0), path, len([]rune(text)), model.Vocab, len(c.Train), len(c.Val))
-			ddpNote := ""
-			if buckets > 0 {
+			ddpNote, global := "", cfg.Batch*pg.WorldSize()
+			switch {
+			case cfg.Pipeline:
+				ddpNote, global = fmt.Sprintf(", a pipeline of %d stages with %d micro-batches", pg.WorldSize(), cfg.MicroBatches), cfg.Batch
+			case buckets > 0:
 				ddpNote = fmt.Sprintf(", DDP in %d bucket(s)", buckets)
 			}
 			fmt.Fprintf(w, "train: model ctx %d, dim %d, %d heads, %d layers, mlp %d, %v: %d parameters%s; batch %d per rank (%d global); Adam lr %g; %s\n",
 				model.Ctx, model.Dim, model.Heads, model.Layers, model.MLPHidden, model.Dtype, params, ddpNote,
-				cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, stopRule(cfg))
+				cfg.Batch, global, cfg.LR, stopRule(cfg))
 		},
 		step: bar.step,
 		eval: bar.eval,
+		resumed: func(r *ckpt.Resumed) {
+			fmt.Fprintf(w, "train: resumed from %s (step %d)\n", r.Path, r.Step)
+			for _, s := range r.Skipped {
+				fmt.Fprintf(w, "train: passed over %s: %v\n", s.Path, s.Err)
+			}
+		},
 	}
 	res, err := train(ctx, pg, c, cfg, h)
 	bar.finish()
@@ -131,9 +145,27 @@ Flags:
 	if res.Interrupted {
 		fmt.Fprintf(w, "train: interrupted at step %d\n", res.Steps)
 	}
-	fmt.Fprintf(w, "train: %d steps in %.1fs, %.0f tokens/s (%.2f steps/s)\n", res.Steps,
-		res.TrainTime.Seconds(), res.TokensPerSec, float64(res.Steps)/res.TrainTime.Seconds())
+	resumed := ""
+	if res.Start > 0 {
+		resumed = fmt.Sprintf(" (steps %d to %d, after resuming)", res.Start+1, res.Steps)
+	}
+	fmt.Fprintf(w, "train: %d steps%s in %.1fs, %.0f tokens/s (%.2f steps/s)\n", res.Steps-res.Start, resumed,
+		res.TrainTime.Seconds(), res.TokensPerSec, float64(res.Steps-res.Start)/res.TrainTime.Seconds())
 	fmt.Fprint(w, curveTable(res.Curve, 12))
+	if cfg.CkptDir != "" {
+		st := res.Ckpt
+		fmt.Fprintf(w, "train: %d checkpoint(s) saved to %s; training waited %.2f ms per save (the copy), writes took %.1f ms each\n",
+			st.Saves, cfg.CkptDir, st.Copy.Seconds()*1e3/float64(max(st.Saves, 1)), st.Write.Seconds()*1e3/float64(max(st.Writes, 1)))
+	}
+	if cfg.Pipeline {
+		hashes := make([]string, len(res.Stages))
+		for i, h := range res.Stages {
+			hashes[i] = fmt.Sprintf("%016x", h)
+		}
+		fmt.Fprintf(w, "train: pipeline of %d stages, parameters per stage fnv64a %s\n", pg.WorldSize(), strings.Join(hashes, " "))
+		fmt.Fprintf(w, "train: -out is not written by a pipeline (no rank holds the whole model); the stages' checkpoints are in -ckpt-dir\n")
+		return nil
+	}
 	if pg.WorldSize() > 1 {
 		fmt.Fprintln(w, ddpSummary(res))
 		fmt.Fprintf(w, "train: parameters identical on all %d ranks (fnv64a %016x)\n", pg.WorldSize(), res.Check.Hash)
@@ -195,7 +227,11 @@ func curveTable(curve []point, maxPoints int) string {
 		if !math.IsNaN(p.Train) {
 			train = fmt.Sprintf("%7.3f", p.Train)
 		}
-		fmt.Fprintf(&b, "  %5d  %7s %s %7.3f\n", p.Step, p.Elapsed.Round(time.Second), train, p.Val)
+		val := "      -"
+		if !math.IsNaN(p.Val) {
+			val = fmt.Sprintf("%7.3f", p.Val)
+		}
+		fmt.Fprintf(&b, "  %5d  %7s %s %s\n", p.Step, p.Elapsed.Round(time.Second), train, val)
 	}
 	return b.String()
 }

@@ -18,7 +18,8 @@
 //
 // train holds out the last -val-frac (10%) of the text, trains the model
 // (by default transformer.DefaultConfig: context 64, width 64, 4 heads, 2
-// blocks) with Adam (-lr 3e-3, gradients clipped at 1) on batches of -batch
+// blocks) with models/optim's Adam (-lr 3e-3, gradients clipped at 1; bit
+// for bit Gorgonia's AdamSolver, with a state that can be saved) on batches of -batch
 // (16) random windows, validates every -eval-every (100) steps on
 // -eval-windows (64) fixed windows of the held-out tail, and stops after
 // -steps steps or -duration (3m) — or at the next step after Ctrl-C, still
@@ -40,6 +41,29 @@
 // that the step still waited for after backprop. The ranks agree every
 // step, through the all-reduce that averages the logged loss, on whether to
 // stop.
+//
+// With -pipeline (under gdistrun -n N, N >= 2) the model's layers are split
+// evenly into N stages instead, one per rank (package pipeline, GPipe with
+// -micro-batches micro-batches per step): each rank holds and updates only
+// its own layers, every stage draws the same global batch of -batch
+// windows, and there is no validation (no rank holds the whole model) and
+// no -out file. At the end rank 0 prints every stage's parameter hash.
+//
+// With -ckpt-dir DIR training saves a checkpoint (package dist/ckpt) every
+// -ckpt-every (100) steps and at the end — parameters, Adam's moments and
+// iteration count, the step and the batch generator's state — stalling only
+// for a copy of the state (the write runs on another goroutine). Under DDP
+// rank 0 writes DIR/ckpt-<step>.gdc with every rank's generator state in
+// it; with -pipeline each stage writes its own layers to
+// DIR/stage<k>/ckpt-<step>.gdc. When DIR holds checkpoints, training
+// resumes from the newest step every rank (every stage) has intact, passing
+// over torn files, after checking that the ranks agree on the state; the
+// result is bit for bit that of a run never interrupted (-duration counts
+// from the resume). Under gdistrun -max-restarts N a killed rank costs at
+// most -ckpt-every steps:
+//
+//	go run ./cmd/gdistrun -max-restarts 3 -n 2 -- go run ./examples/transformer train -steps 3000 -ckpt-dir out/tf-ckpt
+//	go run ./cmd/gdistrun -max-restarts 3 -n 2 -- go run ./examples/transformer train -pipeline -steps 3000 -ckpt-dir out/tf-pipe
 //
 // # generate
 //

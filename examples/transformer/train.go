@@ -5,15 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"time"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/models/optim"
 	"github.com/gdist/gdist/models/transformer"
 )
 
@@ -45,6 +46,17 @@ type trainConfig struct {
 	// would sample (tests: one process then trains on exactly the global
 	// batch of a Shards-rank job).
 	Shards int
+
+	// CkptDir, if set, is where training checkpoints are saved every
+	// CkptEvery steps (0: only at the end) and resumed from.
+	CkptDir   string
+	CkptEvery int64
+
+	// Pipeline trains with the model's layers split into one stage per
+	// rank (package pipeline) instead of DDP; MicroBatches (>= 1, dividing
+	// Batch) is the number of micro-batches per step.
+	Pipeline     bool
+	MicroBatches int
 }
 
 func (c trainConfig) validate() error {
@@ -65,6 +77,10 @@ func (c trainConfig) validate() error {
 		return fmt.Errorf("transformer: bucket cap %d bytes < 0", c.BucketCap)
 	case c.Shards > 1 && c.Batch%c.Shards != 0:
 		return fmt.Errorf("transformer: batch %d not divisible into %d shards", c.Batch, c.Shards)
+	case c.CkptEvery < 0:
+		return fmt.Errorf("transformer: checkpoint interval %d < 0", c.CkptEvery)
+	case c.Pipeline && (c.MicroBatches < 1 || c.Batch%c.MicroBatches != 0):
+		return fmt.Errorf("transformer: batch %d not divisible into %d micro-batches", c.Batch, c.MicroBatches)
 	}
 	return c.Model.Validate()
 }
@@ -85,8 +101,13 @@ type trainResult struct {
 	TrainTime    time.Duration // time in training steps (validation excluded)
 	TokensPerSec float64       // tokens trained on per second, all ranks together
 	Interrupted  bool          // stopped early because ctx ended (on some rank)
+	Start        int           // the step training resumed from (0: a fresh start)
 	Weights      []checkpoint.Named
 	Check        ddp.Checksum
+	// Stages are the fnv64a hashes of every stage's parameters, in stage
+	// order (pipeline training only; Check is then this stage's).
+	Stages []uint64
+	Ckpt   ckpt.Stats // this rank's checkpoint saves (with CkptDir)
 	// DDP sums package ddp's statistics over the steps (zero on one rank):
 	// Comm - Exposed is the all-reduce time hidden behind backprop.
 	DDP ddp.Stats
@@ -103,6 +124,8 @@ type trainHooks struct {
 	step func(step int, loss, frac, tokPerSec float64)
 	// eval is called after every validation.
 	eval func(p point)
+	// resumed is called when training resumes from a checkpoint.
+	resumed func(r *ckpt.Resumed)
 }
 
 // train trains cfg.Model on c, data-parallel over pg's ranks (DDP) when
@@ -119,6 +142,9 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Pipeline {
+		return trainPipeline(ctx, pg, c, cfg, h)
+	}
 	rank, world := pg.Rank(), pg.WorldSize()
 	// Collectives and steps run to completion when ctx ends: the ranks
 	// first agree to stop. A lost peer still fails them promptly.
@@ -133,7 +159,14 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	if err != nil {
 		return nil, err
 	}
-	topts := []transformer.TrainerOption{transformer.WithLearnRate(cfg.LR), transformer.WithClip(1)}
+	// models/optim's Adam steps bit for bit as Gorgonia's AdamSolver with
+	// the same settings, and its state can be saved.
+	adam, err := optim.NewAdam(optim.WithLearnRate(cfg.LR), optim.WithClip(1))
+	if err != nil {
+		return nil, err
+	}
+	var solver gorgonia.Solver = adam
+	var topts []transformer.TrainerOption
 	var d *ddp.DDP
 	buckets := 0
 	if world > 1 {
@@ -150,10 +183,11 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		if d, err = ddp.Wrap(cctx, pg, st.Learnables(), dopts...); err != nil {
 			return nil, err
 		}
-		inner := gorgonia.NewAdamSolver(gorgonia.WithLearnRate(cfg.LR), gorgonia.WithClip(1))
-		topts = append(topts, transformer.WithHook(d.Hook), transformer.WithSolver(d.Solver(inner)))
+		topts = append(topts, transformer.WithHook(d.Hook))
+		solver = d.Solver(adam)
 		buckets = len(d.Buckets())
 	}
+	topts = append(topts, transformer.WithSolver(solver))
 	graphMu.Lock()
 	tr, err := transformer.NewTrainerFor(st, topts...)
 	graphMu.Unlock()
@@ -170,7 +204,32 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		h.ready(cfg.Model.NumParams(), buckets)
 	}
 
+	sampler := newSampler(cfg, rank)
+	rs := &resumable{params: st.Learnables(), adam: adam, sampler: sampler,
+		run: runConfig{Format: "gdist.transformer.train", Model: cfg.Model, Batch: cfg.Batch, LR: cfg.LR, Seed: cfg.Seed,
+			World: world, SameData: cfg.SameData, Shards: cfg.Shards, Layers: [2]int{0, cfg.Model.HeadLayer()}}}
 	res := &trainResult{}
+	var m *ckpt.Manager
+	if cfg.CkptDir != "" {
+		// Every rank draws its own batches: WithRankRNG saves every
+		// rank's generator state.
+		opts := []ckpt.Option{ckpt.WithRankRNG()}
+		if cfg.CkptEvery > 0 {
+			opts = append(opts, ckpt.WithEvery(cfg.CkptEvery))
+		}
+		if m, err = ckpt.New(pg, cfg.CkptDir, opts...); err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		start, r, err := rs.resume(cctx, m, st)
+		if err != nil {
+			return nil, err
+		}
+		res.Start = int(start)
+		if rank == 0 && h.resumed != nil && !r.Fresh() {
+			h.resumed(r)
+		}
+	}
 	begin := time.Now()
 	validate := func(step int, trainLoss float64) error {
 		val, err := ev.loss(cctx, pg, tr.Stage)
@@ -184,15 +243,18 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		}
 		return nil
 	}
-	if err := validate(0, math.NaN()); err != nil {
+	if err := validate(res.Start, math.NaN()); err != nil {
 		return nil, err
 	}
 
-	sample := newSampler(cfg, rank)
 	tokensPerStep := float64(cfg.Batch * cfg.Model.Ctx * world)
 	var sinceEval float64
-	for step := 1; ; step++ {
-		in, tgt, err := sample(c.Train)
+	kill := chaosStep(rank)
+	saved := -1
+	res.Steps = res.Start
+	finished := cfg.Steps > 0 && res.Start >= cfg.Steps // a finished run, resumed
+	for step := res.Start + 1; !finished; step++ {
+		in, tgt, err := sampler.sample(c.Train)
 		if err != nil {
 			return nil, err
 		}
@@ -234,6 +296,18 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		res.Steps = step
 		sinceEval += mean
 		stop = agree[1] > 0
+		if m != nil {
+			ok, err := m.Step(cctx, int64(step), func() (*checkpoint.State, error) { return rs.state(int64(step)) })
+			if err != nil {
+				return nil, fmt.Errorf("step %d: %w", step, err)
+			}
+			if ok {
+				saved = step
+			}
+		}
+		if int64(step) == kill {
+			killSelf()
+		}
 		if rank == 0 && h.step != nil {
 			frac := 0.0
 			if cfg.Steps > 0 {
@@ -242,7 +316,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 			if cfg.Duration > 0 {
 				frac = max(frac, float64(time.Since(begin))/float64(cfg.Duration))
 			}
-			h.step(step, mean, min(frac, 1), float64(step)*tokensPerStep/res.TrainTime.Seconds())
+			h.step(step, mean, min(frac, 1), float64(step-res.Start)*tokensPerStep/res.TrainTime.Seconds())
 		}
 		if stop || step%cfg.EvalEvery == 0 {
 			n := step - res.Curve[len(res.Curve)-1].Step
@@ -256,7 +330,13 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		}
 	}
 	res.Interrupted = ctx.Err() != nil
-	res.TokensPerSec = float64(res.Steps) * tokensPerStep / res.TrainTime.Seconds()
+	res.TokensPerSec = float64(res.Steps-res.Start) * tokensPerStep / res.TrainTime.Seconds()
+	if m != nil {
+		if err := finalSave(cctx, m, rs, res.Steps, saved); err != nil {
+			return nil, err
+		}
+		res.Ckpt = m.Stats()
+	}
 	res.Weights = tr.Weights()
 	res.Check, err = checksumOf(res.Weights)
 	if err != nil {
@@ -270,38 +350,6 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		return res, fmt.Errorf("%w: rank %d has sum %v, sum of squares %v, hash %016x", errDiverged, rank, res.Check.Sum, res.Check.SumSq, res.Check.Hash)
 	}
 	return res, nil
-}
-
-// newSampler returns the function that draws each step's batch on rank:
-// Batch windows from the generator PCG(Seed, rank) (PCG(Seed, 0) with
-// SameData), or with Shards > 1 the concatenation of Batch/Shards windows
-// from each of PCG(Seed, 0..Shards-1). The caller owns the returned slices.
-func newSampler(cfg trainConfig, rank int) func(data []int) (in, tgt []int, err error) {
-	streams := []uint64{uint64(rank)}
-	switch {
-	case cfg.Shards > 1:
-		streams = streams[:0]
-		for k := range cfg.Shards {
-			streams = append(streams, uint64(k))
-		}
-	case cfg.SameData:
-		streams[0] = 0
-	}
-	rngs := make([]*rand.Rand, len(streams))
-	for i, s := range streams {
-		rngs[i] = rand.New(rand.NewPCG(cfg.Seed, s))
-	}
-	per := cfg.Batch / len(rngs)
-	return func(data []int) (in, tgt []int, err error) {
-		for _, rng := range rngs {
-			i, t, err := transformer.SampleBatch(rng, data, per, cfg.Model.Ctx)
-			if err != nil {
-				return nil, nil, err
-			}
-			in, tgt = append(in, i...), append(tgt, t...)
-		}
-		return in, tgt, nil
-	}
 }
 
 // evaluator computes the validation loss: the mean next-token

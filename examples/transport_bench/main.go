@@ -8,7 +8,12 @@
 //     1 MiB and 16 MiB messages (the receiver acks at the end);
 //   - the gdist tcp transport: the same ping-pong and streams;
 //   - dist all-reduce (sum) latency at 4096 and 32768 float32 and the bus
-//     bandwidth of a 16 MiB ring all-reduce.
+//     bandwidth of a 16 MiB ring all-reduce;
+//   - on Linux (-shm, the default there), the shared-memory transport
+//     (dist/transport/shm) between the same processes: ping-pong and
+//     streams paired round by round with gdist TCP (and raw TCP), the CPU
+//     use of an idle rank blocked in a receive over each, and the dist
+//     all-reduce over shm against the TCP one.
 //
 // Run alone, it starts both ranks itself (re-executed twice through
 // internal/launch, with a fresh job token) and prints rank 0's report; the
@@ -61,6 +66,7 @@ type config struct {
 	SockBuf       int
 	QueueMiB      int
 	Sizes         []int
+	Shm           bool
 }
 
 var (
@@ -97,6 +103,7 @@ func parseFlags(args []string, stderr io.Writer) error {
 		return nil
 	})
 	fs.IntVar(&cfg.QueueMiB, "queue-mib", 0, "gdist receive queue limit per peer in MiB (0: the transport's default)")
+	fs.BoolVar(&cfg.Shm, "shm", shmSupported, "also measure the shared-memory transport (dist/transport/shm) against TCP")
 	fs.IntVar(&cfg.SockBuf, "sockbuf", 0, "kernel socket buffer size for both raw and gdist connections (0: kernel default)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err
@@ -151,6 +158,7 @@ type bench struct {
 	rank int
 	tr   *tcp.Transport
 	raw  *rawtcp.Conn
+	shm  shmTransport // nil unless cfg.Shm
 }
 
 // runRank is one rank of the benchmark; rank 0 writes the report to stdout.
@@ -193,13 +201,29 @@ func runRank(ctx context.Context, stdout io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 
+	if cfg.Shm {
+		if err := b.setupShm(ctx, net.JoinHostPort(host, port)); err != nil {
+			return fmt.Errorf("shm: %w", err)
+		}
+		defer b.shm.Close()
+	}
 	res := &results{}
 	if err := b.measure(ctx, res); err != nil {
 		return err
 	}
+	if cfg.Shm {
+		if err := b.measureShm(ctx, res); err != nil {
+			return fmt.Errorf("shm: %w", err)
+		}
+	}
 	if !cfg.NoAllReduce {
 		if err := b.allReduce(ctx, res); err != nil {
 			return err
+		}
+		if cfg.Shm {
+			if err := b.allReduceShm(ctx, res); err != nil {
+				return fmt.Errorf("shm: %w", err)
+			}
 		}
 	}
 	if rank == 0 {
@@ -260,6 +284,7 @@ type results struct {
 	rawBidir       []float64         // bytes/s each way, 16 MiB both ways at once, per round
 	arBusbw        []float64         // 16 MiB all-reduce busbw, per round (paired with rawBidir)
 	ar             []arResult
+	shm            *shmResults // cfg.Shm only
 }
 
 type arResult struct {
@@ -321,7 +346,10 @@ func (b *bench) rawPingPong(ctx context.Context) (latency, error) {
 	return b.raw.PingPong(ctx, 8, cfg.Warmup, cfg.PingPongIters)
 }
 
-func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
+func (b *bench) gdistPingPong(ctx context.Context) (latency, error) { return b.pingPongOn(ctx, b.tr) }
+
+// pingPongOn runs the ping-pong over tr.
+func (b *bench) pingPongOn(ctx context.Context, tr transport.Transport) (latency, error) {
 	if err := b.raw.Sync(ctx); err != nil {
 		return latency{}, err
 	}
@@ -331,24 +359,24 @@ func (b *bench) gdistPingPong(ctx context.Context) (latency, error) {
 	for i := range cfg.Warmup + cfg.PingPongIters {
 		if b.rank == 0 {
 			t0 := time.Now()
-			if err := b.tr.Send(ctx, other, tagPing, transport.Header{}, buf); err != nil {
+			if err := tr.Send(ctx, other, tagPing, transport.Header{}, buf); err != nil {
 				return latency{}, err
 			}
-			m, err := b.tr.Recv(ctx, other, tagPing)
+			m, err := tr.Recv(ctx, other, tagPing)
 			if err != nil {
 				return latency{}, err
 			}
-			b.tr.Release(m.Payload)
+			tr.Release(m.Payload)
 			if i >= cfg.Warmup {
 				lat = append(lat, time.Since(t0))
 			}
 		} else {
-			m, err := b.tr.Recv(ctx, other, tagPing)
+			m, err := tr.Recv(ctx, other, tagPing)
 			if err != nil {
 				return latency{}, err
 			}
-			err = b.tr.Send(ctx, other, tagPing, transport.Header{}, m.Payload)
-			b.tr.Release(m.Payload)
+			err = tr.Send(ctx, other, tagPing, transport.Header{}, m.Payload)
+			tr.Release(m.Payload)
 			if err != nil {
 				return latency{}, err
 			}
@@ -368,6 +396,11 @@ func (b *bench) rawStream(ctx context.Context, size, n int) (float64, error) {
 }
 
 func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
+	return b.streamOn(ctx, b.tr, size, n)
+}
+
+// streamOn runs the one-way stream over tr.
+func (b *bench) streamOn(ctx context.Context, tr transport.Transport, size, n int) (float64, error) {
 	buf := make([]byte, size)
 	once := func(n int) (time.Duration, error) {
 		if err := b.raw.Sync(ctx); err != nil {
@@ -376,24 +409,24 @@ func (b *bench) gdistStream(ctx context.Context, size, n int) (float64, error) {
 		t0 := time.Now()
 		if b.rank == 0 {
 			for range n {
-				if err := b.tr.Send(ctx, 1, tagStream, transport.Header{}, buf); err != nil {
+				if err := tr.Send(ctx, 1, tagStream, transport.Header{}, buf); err != nil {
 					return 0, err
 				}
 			}
-			m, err := b.tr.Recv(ctx, 1, tagAck)
+			m, err := tr.Recv(ctx, 1, tagAck)
 			if err != nil {
 				return 0, err
 			}
-			b.tr.Release(m.Payload)
+			tr.Release(m.Payload)
 		} else {
 			for range n {
-				m, err := b.tr.Recv(ctx, 0, tagStream)
+				m, err := tr.Recv(ctx, 0, tagStream)
 				if err != nil {
 					return 0, err
 				}
-				b.tr.Release(m.Payload)
+				tr.Release(m.Payload)
 			}
-			if err := b.tr.Send(ctx, 0, tagAck, transport.Header{}, []byte{1}); err != nil {
+			if err := tr.Send(ctx, 0, tagAck, transport.Header{}, []byte{1}); err != nil {
 				return 0, err
 			}
 		}
@@ -583,6 +616,9 @@ func (r *results) print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 
+	if r.shm != nil {
+		defer r.printShm(w)
+	}
 	if len(r.ar) == 0 {
 		fmt.Fprintln(w, "all-reduce: skipped (-no-allreduce)")
 		return

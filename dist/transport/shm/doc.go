@@ -1,0 +1,96 @@
+// Package shm implements transport.Transport over shared memory between
+// the ranks of one host (Linux only): ranks exchange messages through
+// memory both processes map, not through the kernel's network stack.
+//
+// Experimental: the layout (spec.md) and the options may still change.
+//
+// # Setup
+//
+// Each pair of ranks has a Unix socket connection. Rendezvous makes them:
+// every rank but the last listens on SocketName(name, rank) and dials the
+// ranks below it, retrying until its context ends; prefer an abstract
+// name ("@..."), which never touches the file system. New takes
+// connections the caller already has, for any subset of the ranks — the
+// building block of a hybrid transport that uses shared memory for the
+// peers on its host and TCP for the others (ranks without a connection
+// fail with ErrNoLink; HasLink tells them apart).
+//
+// Over each connection the two ranks first check that the other process
+// runs as the same user (SO_PEERCRED) and authenticate with a mutual
+// HMAC-SHA256 challenge-response over the job token (WithToken), as package
+// tcp does. Only then does the lower rank create the pair's memory: an
+// anonymous memfd (no name in /dev/shm or anywhere else), mode 0600, its
+// size sealed so that neither side can shrink it under the other's
+// mapping, sent over the socket with SCM_RIGHTS. The other rank checks
+// the seals, size, owner and mode, maps it and both close their file
+// descriptors: from then on the memory exists only in the two mappings and
+// disappears with the last of them, whether the processes exit or are
+// killed. Rendezvous closes its listener once every link is up.
+//
+// # Data path
+//
+// The memory holds one single-producer/single-consumer byte ring per
+// direction, each with a control block whose producer-written,
+// consumer-written and doorbell words sit on separate cache lines. A
+// message is a 32-byte record header (tag, the opaque transport.Header,
+// length) followed by its payload, streamed through the ring in chunks
+// while the receiver consumes them, so a message of any size passes a ring
+// of any size. The receiving rank has one reader goroutine per peer: when
+// a RecvInto is already waiting on the message's (source, tag) it copies
+// the payload from the ring straight into the caller's buffer; otherwise
+// into a pooled buffer queued for Recv. Steady-state Send, Recv, RecvInto
+// and Release do not allocate.
+//
+// Large messages (WithSingleCopy, from 256 KiB by default) take one copy
+// instead of two: the ring carries only a remote record with the address
+// of the sender's buffer, which the receiver reads with
+// process_vm_readv(2) straight into the caller's buffer (or a pooled one)
+// while Send waits for its acknowledgement. A link uses this only after
+// the receiver has read a probe word of the sender's memory that way (the
+// kernel allows it between processes of one user unless ptrace is
+// restricted); otherwise large messages stream through the ring.
+//
+// Waiting polls the ring briefly (WithSpin; the poll yields the CPU once
+// it stops paying, as when both ranks share a CPU), then parks on a futex
+// in the shared memory; the other side makes the futex system call only
+// when someone is parked. An idle rank blocked in a receive uses almost no
+// CPU (its heartbeat ticks).
+// Flow control is credit based, as in package tcp: a sender never has more
+// unconsumed bytes outstanding than the receiver's queue limit, so the
+// reader never waits for queue space and always drains its ring, and two
+// ranks streaming at each other cannot deadlock.
+//
+// # Failure
+//
+// A peer whose process ends without Close is noticed at once: the kernel
+// closes its socket. A peer that stops (a frozen or stopped process) is
+// noticed when its heartbeat counter in the shared memory has not moved
+// for the heartbeat timeout (WithHeartbeat, default 5 s). Either way it is
+// lost: pending and later calls involving it fail with a
+// *transport.PeerError naming it and wrapping transport.ErrPeerLost
+// (transport.ErrPeerUnresponsive for a frozen one), including a receive
+// whose message it was in the middle of writing. A peer that calls Close
+// is merely gone: what it wrote is still delivered (it stays in the
+// mapping), then calls involving it return a *transport.PeerError
+// wrapping transport.ErrPeerClosed. Links to other peers are not affected.
+//
+// Everything read from the shared memory is untrusted: indices are
+// checked (monotone, within a ring of each other), lengths against the
+// maximum frame before anything is allocated, and every access is masked
+// to the ring, so a buggy or hostile peer scribbling on the memory makes
+// this rank fail the link with a *transport.PeerError naming it and
+// wrapping ErrProtocol — never crash or read out of bounds. (It can still
+// corrupt payloads it sends, or stall the link, as any peer can.)
+//
+// # Usage
+//
+//	ctx := context.Background()
+//	tok := []byte(os.Getenv("GDIST_TOKEN"))
+//	name := "@gdist-" + jobID // unique to the job, the same on every rank
+//	tr, err := shm.Rendezvous(ctx, rank, world, name, shm.WithToken(tok))
+//	if err != nil {
+//		return err
+//	}
+//	defer tr.Close()
+//	pg, err := dist.New(tr)
+package shm

@@ -1,0 +1,333 @@
+// Package ring is the shared-memory layout of package shm: a region holding
+// two single-producer/single-consumer byte rings (one per direction of a
+// pair of ranks), their control blocks and the doorbells the two processes
+// park on. See ../../spec.md for the layout.
+//
+// Everything read from the region is treated as untrusted: the other
+// process can write any byte of it at any time. Producer and Consumer keep
+// their own indices in private memory, read the other side's index once,
+// check it (monotone, never more than a ring apart) and only then use it,
+// and every access to the data area is masked to the ring's size, so a
+// scribbling peer causes an error wrapping ErrCorrupt, never an
+// out-of-bounds access.
+package ring
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Layout constants.
+const (
+	// CtrlSize is the size of one direction's control block.
+	CtrlSize = 4096
+	// line separates fields written by different processes (two cache
+	// lines, so the adjacent-line prefetcher does not couple them).
+	line = 128
+
+	offHead       = 0          // u64, producer: bytes written
+	offSpaceWait  = 8          // u32, producer: a sender waits for ring space
+	offCreditWait = 12         // u32, producer: a sender waits for credit
+	offBeat       = 16         // u64, producer: its heartbeat counter
+	offAckWait    = 24         // u32, producer: a sender waits for a remote record's ack
+	offProbe      = 32         // u64, producer: address of a word in its memory (remote reads probe)
+	offProbeVal   = 40         // u64, producer: that word's value
+	offTail       = line       // u64, consumer: bytes read
+	offFreed      = line + 8   // u64, consumer: payload bytes its application took (credit)
+	offAck        = line + 16  // u64, consumer: remote records it has finished reading
+	offRemoteOK   = line + 24  // u32, consumer: it can read the producer's memory
+	offBell       = 2 * line   // u32: the consumer's doorbell (a futex word)
+	offSleeping   = 2*line + 4 // u32, consumer: parked (or about to park) on the bell
+
+	// MinSize and MaxSize bound a ring's data area; sizes are powers of two.
+	MinSize = 4 << 10
+	MaxSize = 1 << 30
+)
+
+// ErrCorrupt means a value read from shared memory violates the protocol.
+var ErrCorrupt = errors.New("ring: corrupt shared memory")
+
+// RegionSize is the size of a region whose two rings hold size bytes each.
+func RegionSize(size int) int { return 2 * (CtrlSize + size) }
+
+// CheckSize reports whether size is a valid ring size.
+func CheckSize(size int) error {
+	if size < MinSize || size > MaxSize || size&(size-1) != 0 {
+		return fmt.Errorf("ring size %d is not a power of two in [%d, %d]", size, MinSize, MaxSize)
+	}
+	return nil
+}
+
+// Ring is one direction of a region: its control block and data area.
+type Ring struct {
+	ctrl []byte
+	data []byte
+	mask uint64
+}
+
+// View returns direction dir (0 or 1) of region, whose rings hold size bytes.
+func View(region []byte, size, dir int) (*Ring, error) {
+	if err := CheckSize(size); err != nil {
+		return nil, err
+	}
+	if len(region) != RegionSize(size) || dir < 0 || dir > 1 {
+		return nil, fmt.Errorf("ring: region of %d bytes, direction %d, for rings of %d", len(region), dir, size)
+	}
+	if uintptr(unsafe.Pointer(&region[0]))%8 != 0 {
+		return nil, errors.New("ring: region not 8-byte aligned")
+	}
+	base := dir * (CtrlSize + size)
+	return &Ring{
+		ctrl: region[base : base+CtrlSize : base+CtrlSize],
+		data: region[base+CtrlSize : base+CtrlSize+size : base+CtrlSize+size],
+		mask: uint64(size - 1),
+	}, nil
+}
+
+// CtrlBytes is the ring's control block, for tests that corrupt it.
+func (r *Ring) CtrlBytes() []byte { return r.ctrl }
+
+// DataBytes is the ring's data area, for tests that corrupt it.
+func (r *Ring) DataBytes() []byte { return r.data }
+
+// Size is the ring's data capacity in bytes.
+func (r *Ring) Size() uint64 { return r.mask + 1 }
+
+func (r *Ring) u64(off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&r.ctrl[off]))
+}
+
+func (r *Ring) u32(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&r.ctrl[off]))
+}
+
+// Bell is the doorbell of the ring's consumer.
+func (r *Ring) Bell() Bell { return Bell{seq: r.u32(offBell), sleeping: r.u32(offSleeping)} }
+
+// SpaceWait reports whether the producer asked to be told about free space.
+func (r *Ring) SpaceWait() bool { return r.u32(offSpaceWait).Load() != 0 }
+
+// CreditWait reports whether the producer asked to be told about credit.
+func (r *Ring) CreditWait() bool { return r.u32(offCreditWait).Load() != 0 }
+
+// SetSpaceWait is the producer asking (or no longer asking) to be told
+// when the consumer frees ring space.
+func (r *Ring) SetSpaceWait(on bool) { r.u32(offSpaceWait).Store(b32(on)) }
+
+// SetCreditWait is the producer asking (or no longer asking) to be told
+// when the consumer returns credit.
+func (r *Ring) SetCreditWait(on bool) { r.u32(offCreditWait).Store(b32(on)) }
+
+// Beat is the producer's heartbeat counter.
+func (r *Ring) Beat() uint64 { return r.u64(offBeat).Load() }
+
+// AddBeat increments the producer's heartbeat counter.
+func (r *Ring) AddBeat() { r.u64(offBeat).Add(1) }
+
+// AckWait reports whether the producer asked to be told about acks.
+func (r *Ring) AckWait() bool { return r.u32(offAckWait).Load() != 0 }
+
+// SetAckWait is the producer asking (or no longer asking) to be told
+// when the consumer acknowledges a remote record.
+func (r *Ring) SetAckWait(on bool) { r.u32(offAckWait).Store(b32(on)) }
+
+// Ack is the number of remote records the consumer finished, unchecked.
+func (r *Ring) Ack() uint64 { return r.u64(offAck).Load() }
+
+// AddAck is the consumer acknowledging a remote record.
+func (r *Ring) AddAck() { r.u64(offAck).Add(1) }
+
+// RemoteOK reports whether the consumer said it can read the producer's
+// memory (unchecked: a consumer that lies only hurts itself).
+func (r *Ring) RemoteOK() bool { return r.u32(offRemoteOK).Load() != 0 }
+
+// SetRemoteOK is the consumer saying it can read the producer's memory.
+func (r *Ring) SetRemoteOK() { r.u32(offRemoteOK).Store(1) }
+
+// SetProbe is the producer publishing the address and value of a word of
+// its memory, for the consumer to test remote reads with.
+func (r *Ring) SetProbe(addr, val uint64) {
+	r.u64(offProbeVal).Store(val)
+	r.u64(offProbe).Store(addr)
+}
+
+// Probe returns what SetProbe published (0, 0 before), unchecked.
+func (r *Ring) Probe() (addr, val uint64) {
+	addr = r.u64(offProbe).Load()
+	return addr, r.u64(offProbeVal).Load()
+}
+
+// TailHint is the consumer's tail, unchecked: a hint that it moved.
+func (r *Ring) TailHint() uint64 { return r.u64(offTail).Load() }
+
+// Freed is the credit the consumer returned so far, unchecked: the
+// producer checks it against what it sent.
+func (r *Ring) Freed() uint64 { return r.u64(offFreed).Load() }
+
+// AddFreed is the consumer returning n bytes of credit.
+func (r *Ring) AddFreed(n uint64) { r.u64(offFreed).Add(n) }
+
+func b32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Producer writes into a ring. It is not safe for concurrent use.
+type Producer struct {
+	r    *Ring
+	head uint64 // private: bytes written (published or not)
+	pub  uint64 // head last published
+	tail uint64 // the consumer's tail, as last checked
+}
+
+// NewProducer returns the producer side of r, which must be fresh.
+func NewProducer(r *Ring) *Producer { return &Producer{r: r} }
+
+// Ring returns the producer's ring.
+func (p *Producer) Ring() *Ring { return p.r }
+
+// Space returns how many bytes may be written now. It reads and checks the
+// consumer's tail.
+func (p *Producer) Space() (uint64, error) {
+	t := p.r.u64(offTail).Load()
+	if t < p.tail || t > p.pub {
+		return 0, fmt.Errorf("%w: tail %d outside [%d, %d]", ErrCorrupt, t, p.tail, p.pub)
+	}
+	p.tail = t
+	return p.r.Size() - (p.head - t), nil
+}
+
+// Write copies b into the ring after what was written before; len(b) must
+// not exceed the last Space minus what was written since. It does not
+// publish.
+func (p *Producer) Write(b []byte) {
+	for len(b) > 0 {
+		i := p.head & p.r.mask
+		n := copy(p.r.data[i:], b)
+		b = b[n:]
+		p.head += uint64(n)
+	}
+}
+
+// Publish makes what was written visible to the consumer. It reports
+// whether anything new was published.
+func (p *Producer) Publish() bool {
+	if p.head == p.pub {
+		return false
+	}
+	p.pub = p.head
+	p.r.u64(offHead).Store(p.head)
+	return true
+}
+
+// Consumer reads from a ring. It is not safe for concurrent use.
+type Consumer struct {
+	r    *Ring
+	tail uint64 // private: bytes read
+	pub  uint64 // tail last published
+	head uint64 // the producer's head, as last checked
+}
+
+// NewConsumer returns the consumer side of r, which must be fresh.
+func NewConsumer(r *Ring) *Consumer { return &Consumer{r: r} }
+
+// Ring returns the consumer's ring.
+func (c *Consumer) Ring() *Ring { return c.r }
+
+// Avail returns how many bytes can be read now. It reads and checks the
+// producer's head.
+func (c *Consumer) Avail() (uint64, error) {
+	h := c.r.u64(offHead).Load()
+	if h < c.head || h-c.pub > c.r.Size() {
+		return 0, fmt.Errorf("%w: head %d outside [%d, %d]", ErrCorrupt, h, c.head, c.pub+c.r.Size())
+	}
+	c.head = h
+	return h - c.tail, nil
+}
+
+// Read copies len(dst) bytes out of the ring; len(dst) must not exceed the
+// last Avail minus what was read since. It does not release the space.
+func (c *Consumer) Read(dst []byte) {
+	for len(dst) > 0 {
+		i := c.tail & c.r.mask
+		n := copy(dst, c.r.data[i:])
+		dst = dst[n:]
+		c.tail += uint64(n)
+	}
+}
+
+// Skip drops n bytes, as Read does.
+func (c *Consumer) Skip(n uint64) { c.tail += n }
+
+// Release hands what was read back to the producer. It reports whether
+// anything new was released.
+func (c *Consumer) Release() bool {
+	if c.tail == c.pub {
+		return false
+	}
+	c.pub = c.tail
+	c.r.u64(offTail).Store(c.tail)
+	return true
+}
+
+// Record headers.
+const (
+	// HeaderSize is the size of a record header.
+	HeaderSize = 32
+	// Magic starts every record header whose payload follows in the ring.
+	Magic uint32 = 0x4d534447 // "GDSM" little-endian
+	// MagicRemote starts a remote record: instead of the payload, the
+	// ring holds RemoteSize bytes, the address of the payload in the
+	// producer's memory, which the consumer reads with process_vm_readv
+	// and then acknowledges (Ack).
+	MagicRemote uint32 = 0x52534447 // "GDSR"
+	// RemoteSize is the size of a remote record's body in the ring.
+	RemoteSize = 8
+)
+
+// Header is a record header: a message's tag, its opaque 16-byte meta
+// (the transport.Header) and its payload length. The payload follows it
+// in the ring.
+type Header struct {
+	Tag    uint32
+	Len    uint64
+	Meta   [16]byte
+	Remote bool // a remote record
+}
+
+// Put encodes h into b[:HeaderSize].
+func (h *Header) Put(b []byte) {
+	_ = b[HeaderSize-1]
+	m := Magic
+	if h.Remote {
+		m = MagicRemote
+	}
+	binary.LittleEndian.PutUint32(b[0:], m)
+	binary.LittleEndian.PutUint32(b[4:], h.Tag)
+	binary.LittleEndian.PutUint64(b[8:], h.Len)
+	copy(b[16:32], h.Meta[:])
+}
+
+// ErrTooLarge is returned by ParseHeader for a record longer than allowed.
+var ErrTooLarge = errors.New("ring: record too large")
+
+// ParseHeader decodes and checks the header in b[:HeaderSize]; its length
+// must not exceed max.
+func ParseHeader(b []byte, max uint64) (Header, error) {
+	_ = b[HeaderSize-1]
+	m := binary.LittleEndian.Uint32(b[0:])
+	if m != Magic && m != MagicRemote {
+		return Header{}, fmt.Errorf("%w: record magic %#x", ErrCorrupt, m)
+	}
+	h := Header{Tag: binary.LittleEndian.Uint32(b[4:]), Len: binary.LittleEndian.Uint64(b[8:]), Remote: m == MagicRemote}
+	copy(h.Meta[:], b[16:32])
+	if h.Len > max {
+		return Header{}, fmt.Errorf("%w: %w: %d bytes, limit %d", ErrCorrupt, ErrTooLarge, h.Len, max)
+	}
+	return h, nil
+}

@@ -1,0 +1,123 @@
+package ring
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func newPair(t *testing.T, size int) (*Producer, *Consumer, *Ring) {
+	t.Helper()
+	region := make([]byte, RegionSize(size))
+	r, err := View(region, size, 1)
+	require.NoError(t, err)
+	return NewProducer(r), NewConsumer(r), r
+}
+
+// TestStreamWraps: bytes written in pieces of every length come out in
+// order across many wrap-arounds, and Space/Avail account for them.
+func TestStreamWraps(t *testing.T) {
+	const size = MinSize
+	p, c, _ := newPair(t, size)
+	var want, got []byte
+	for i := range 3000 {
+		n := (i * 37) % (size / 3)
+		b := make([]byte, n)
+		for k := range b {
+			b[k] = byte(i + k)
+		}
+		s, err := p.Space()
+		require.NoError(t, err)
+		require.Equal(t, uint64(size), s)
+		p.Write(b)
+		require.True(t, p.Publish() || n == 0)
+		want = append(want, b...)
+		a, err := c.Avail()
+		require.NoError(t, err)
+		require.Equal(t, uint64(n), a)
+		out := make([]byte, a)
+		c.Read(out)
+		c.Release()
+		got = append(got, out...)
+	}
+	require.True(t, bytes.Equal(want, got))
+}
+
+// TestChecks: indices from the other side that could not happen are
+// reported as ErrCorrupt; records are checked too.
+func TestChecks(t *testing.T) {
+	p, c, r := newPair(t, MinSize)
+	p.Write(make([]byte, 100))
+	p.Publish()
+	_, err := c.Avail()
+	require.NoError(t, err)
+
+	r.u64(offHead).Store(50) // backwards
+	_, err = c.Avail()
+	require.ErrorIs(t, err, ErrCorrupt)
+	r.u64(offHead).Store(MinSize + 1) // more than a ring ahead of the released tail
+	_, err = c.Avail()
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	r.u64(offTail).Store(101) // beyond the published head
+	_, err = p.Space()
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	var b [HeaderSize]byte
+	h := Header{Tag: 7, Len: 1 << 20, Meta: [16]byte{1, 2}, Remote: true}
+	h.Put(b[:])
+	got, err := ParseHeader(b[:], 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, h, got)
+	_, err = ParseHeader(b[:], 1<<20-1)
+	require.True(t, errors.Is(err, ErrTooLarge) && errors.Is(err, ErrCorrupt))
+	b[0] ^= 1
+	_, err = ParseHeader(b[:], 1<<20)
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	require.Error(t, CheckSize(MinSize+1))
+	require.Error(t, CheckSize(MinSize/2))
+	_, err = View(make([]byte, 10), MinSize, 0)
+	require.Error(t, err)
+}
+
+// FuzzConsumer: whatever the other side writes into the control block and
+// the data area, the consumer's checks and reads stay in bounds.
+func FuzzConsumer(f *testing.F) {
+	f.Add(uint64(10), uint64(0), []byte("GDSM"))
+	f.Add(uint64(1<<63), uint64(5), []byte{})
+	f.Fuzz(func(t *testing.T, head, tail uint64, data []byte) {
+		p, c, r := newPair(t, MinSize)
+		p.Write(make([]byte, 64))
+		p.Publish()
+		r.u64(offHead).Store(head)
+		r.u64(offTail).Store(tail)
+		copy(r.data, data)
+		for range 4 {
+			a, err := c.Avail()
+			if err != nil {
+				require.ErrorIs(t, err, ErrCorrupt)
+				break
+			}
+			require.LessOrEqual(t, a, uint64(MinSize))
+			if a >= HeaderSize {
+				var hb [HeaderSize]byte
+				c.Read(hb[:])
+				if _, err := ParseHeader(hb[:], 1<<20); err != nil {
+					require.ErrorIs(t, err, ErrCorrupt)
+				}
+				a -= HeaderSize
+			}
+			out := make([]byte, a)
+			c.Read(out)
+			c.Release()
+		}
+		if s, err := p.Space(); err == nil {
+			require.LessOrEqual(t, s, uint64(MinSize))
+		} else {
+			require.ErrorIs(t, err, ErrCorrupt)
+		}
+	})
+}

@@ -1,0 +1,819 @@
+//go:build linux
+
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/internal/bufpool"
+	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
+)
+
+const (
+	// parkMax bounds one futex wait; everything that matters rings the bell,
+	// so it is only a safety net.
+	parkMax = 250 * time.Millisecond
+	// yieldMin: after queueing a payload this large the reader yields, so a
+	// waiting receiver can take it (and recycle its buffer) first.
+	yieldMin = 16 << 10
+	// wakeCap bounds how many credit waiters one change wakes directly.
+	wakeCap = 1024
+)
+
+// peer is one established link: the pair's region, this rank's producer
+// side of the outbound ring and consumer side of the inbound one.
+type peer struct {
+	t      *Transport
+	rank   int
+	conn   *net.UnixConn
+	region []byte
+
+	outR, inR *ring.Ring
+	out       *ring.Producer // guarded by wmu
+	in        *ring.Consumer // reader goroutine only
+	myBell    ring.Bell      // this rank parks on it (inbound ring's consumer bell)
+	peerBell  ring.Bell      // the peer parks on it (outbound ring's consumer bell)
+	chunk     uint64         // bytes a sender writes before publishing
+
+	window   int64  // the peer's queue limit: our send window (0 = unbounded)
+	maxFrame uint64 // the largest payload the peer accepts
+	pid      int    // the peer's process id, from the kernel (SO_PEERCRED)
+
+	// write side
+	wmu          sync.Mutex
+	wdead        bool // the region is about to be unmapped (guarded by wmu)
+	hdr          [ring.HeaderSize]byte
+	spaceCh      chan struct{} // capacity 1: the outbound tail moved
+	spaceWaiting atomic.Bool
+
+	// single copy: remote records (see WithSingleCopy)
+	remoteSent uint64                // remote records written (guarded by wmu)
+	ackSeen    uint64                // the peer's ack count as last checked (guarded by wmu)
+	pin        runtime.Pinner        // keeps a remote record's buffer in place (guarded by wmu)
+	desc       [ring.RemoteSize]byte // guarded by wmu
+	ackCh      chan struct{}         // capacity 1: the outbound ack count moved
+	ackWaiting atomic.Bool
+	// reader-only
+	lastAck      uint64
+	remoteProbed bool // the peer's probe word was tried
+	remoteOK     bool // we can read the peer's memory, and told it so
+	liov         [1]unix.Iovec
+	riov         [1]unix.RemoteIovec
+
+	// send credit
+	cmu           sync.Mutex
+	cdead         bool   // guarded by cmu
+	sent          uint64 // payload bytes acquired (guarded by cmu)
+	freedSeen     uint64 // the peer's freed counter as last checked (guarded by cmu)
+	creditWaiters atomic.Int32
+	credit        chan struct{}
+
+	// receive credit: application goroutines return credit under fmu
+	fmu   sync.Mutex
+	fdead bool
+
+	// reader-only: what the outbound ring looked like at the last poll,
+	// and how the reader spins
+	lastTail, lastFreed uint64
+	rspin               spinner
+	wspin               spinner // guarded by wmu
+
+	// liveness (monitor only)
+	lastBeat   uint64
+	lastBeatAt time.Time
+
+	gone     atomic.Bool // the peer said goodbye
+	goneCh   chan struct{}
+	goneOnce sync.Once
+
+	lost     atomic.Bool
+	lostErr  error // set before lost
+	lostCh   chan struct{}
+	lostOnce sync.Once
+}
+
+func newPeer(t *Transport, l link) (*peer, error) {
+	// The lower rank (the server) writes direction 0.
+	outDir, inDir := 1, 0
+	if l.server {
+		outDir, inDir = 0, 1
+	}
+	outR, err := ring.View(l.region, l.ringSize, outDir)
+	if err != nil {
+		return nil, err
+	}
+	inR, err := ring.View(l.region, l.ringSize, inDir)
+	if err != nil {
+		return nil, err
+	}
+	p := &peer{
+		t:          t,
+		rank:       l.rank,
+		conn:       l.conn,
+		region:     l.region,
+		outR:       outR,
+		inR:        inR,
+		out:        ring.NewProducer(outR),
+		in:         ring.NewConsumer(inR),
+		myBell:     inR.Bell(),
+		peerBell:   outR.Bell(),
+		chunk:      max(uint64(l.ringSize)/8, 4<<10),
+		window:     int64(min(l.info.QueueLimit, 1<<62)),
+		maxFrame:   l.info.MaxFrame,
+		pid:        int(l.pid),
+		spaceCh:    make(chan struct{}, 1),
+		ackCh:      make(chan struct{}, 1),
+		credit:     make(chan struct{}, wakeCap),
+		goneCh:     make(chan struct{}),
+		lostCh:     make(chan struct{}),
+		lastBeatAt: time.Now(),
+		rspin:      spinner{budget: maxPoll},
+		wspin:      spinner{budget: maxPoll},
+	}
+	if t.cfg.remoteMin > 0 && p.pid > 0 {
+		p.outR.SetProbe(uint64(uintptr(unsafe.Pointer(t.probe))), *t.probe)
+	}
+	return p, nil
+}
+
+func signal(c chan struct{}) { wake(c, 1) }
+
+func wake(c chan struct{}, n int) {
+	for range min(n, cap(c)) {
+		select {
+		case c <- struct{}{}:
+		default:
+			return
+		}
+	}
+}
+
+// goneErr returns the error of an operation op involving a peer that was
+// lost or said goodbye (or ErrClosed after Close), nil for a live one.
+func (p *peer) goneErr(op string) error {
+	switch {
+	case p.t.closing.Load():
+		return errClosed(op)
+	case p.lost.Load():
+		return &transport.PeerError{Rank: p.rank, Op: op, Err: p.lostErr}
+	case p.gone.Load():
+		return &transport.PeerError{Rank: p.rank, Op: op, Err: transport.ErrPeerClosed}
+	}
+	return nil
+}
+
+// spinning reports whether a waiter that started at start (and has
+// polled i times) should keep polling rather than park.
+func (p *peer) spinning(i int, start time.Time) bool {
+	return i < 4 || (p.t.cfg.spin > 0 && time.Since(start) < p.t.cfg.spin)
+}
+
+// spinner adapts how long a waiter polls before it also yields the CPU
+// to the kernel. When the peer runs on another CPU its reply comes while
+// we poll, and yielding would only cost latency (or hand the CPU to an
+// unrelated process). When the two processes share a CPU the reply comes
+// only after we yield, and polling longer merely delays it: the budget
+// halves down to zero. Every probeEvery waits it is reset to the maximum,
+// to notice that the processes moved apart again.
+type spinner struct {
+	budget  time.Duration // poll this long before yielding
+	yielded bool          // the current wait yielded
+	waits   uint32
+}
+
+const (
+	maxPoll    = 20 * time.Microsecond
+	probeEvery = 64
+)
+
+// pause is one step of a spin that started at start.
+func (s *spinner) pause(start time.Time) {
+	runtime.Gosched() // let this process's other goroutines run
+	if time.Since(start) >= s.budget {
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		s.yielded = true
+	}
+}
+
+// done records how a wait that spun ended: served while spinning or not.
+func (s *spinner) done(served bool) {
+	s.waits++
+	switch {
+	case s.waits%probeEvery == 0:
+		s.budget = maxPoll
+	case !served || s.yielded:
+		s.budget /= 2
+		if s.budget < time.Microsecond {
+			s.budget = 0
+		}
+	default:
+		s.budget = min(2*s.budget+time.Microsecond, maxPoll)
+	}
+	s.yielded = false
+}
+
+// ---- send side ----
+
+// send writes one message into the outbound ring: it waits, under ctx,
+// for credit (the peer's queue limit), then streams the record through the
+// ring in chunks as space frees up. Once writing has started it is not
+// interrupted by ctx (that would leave half a record); it ends early only
+// if the peer is lost or leaves, or this transport closes.
+func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byte) error {
+	if uint64(len(b)) > p.maxFrame {
+		return fmt.Errorf("shm: send to rank %d: %w: %d bytes, the peer accepts %d",
+			p.rank, transport.ErrFrameTooLarge, len(b), p.maxFrame)
+	}
+	if err := p.goneErr("send"); err != nil {
+		return err
+	}
+	if err := p.acquire(ctx, len(b)); err != nil {
+		return err
+	}
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	if p.wdead {
+		return errClosed("send")
+	}
+	if m := p.t.cfg.remoteMin; m > 0 && len(b) >= m && p.outR.RemoteOK() {
+		return p.sendRemote(tag, h, b)
+	}
+	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h}
+	rh.Put(p.hdr[:])
+	size := p.outR.Size()
+	want := min(uint64(ring.HeaderSize+len(b)), size)
+	space, err := p.waitSpace(want)
+	if err != nil {
+		return err
+	}
+	p.out.Write(p.hdr[:])
+	space -= ring.HeaderSize
+	for {
+		k := min(space, uint64(len(b)), p.chunk)
+		p.out.Write(b[:k])
+		b = b[k:]
+		space -= k
+		if len(b) == 0 || space == 0 || k == p.chunk {
+			p.out.Publish()
+			p.peerBell.Ring()
+		}
+		if len(b) == 0 {
+			return nil
+		}
+		if space == 0 {
+			if space, err = p.waitSpace(min(uint64(len(b)), p.chunk)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// sendRemote writes a remote record for b and waits until the peer has
+// read b from this process's memory. Called with wmu held.
+func (p *peer) sendRemote(tag uint32, h transport.Header, b []byte) error {
+	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h, Remote: true}
+	rh.Put(p.hdr[:])
+	p.pin.Pin(&b[0]) // b cannot move (nor, escaping, live on a stack) meanwhile
+	defer p.pin.Unpin()
+	binary.LittleEndian.PutUint64(p.desc[:], uint64(uintptr(unsafe.Pointer(&b[0]))))
+	if _, err := p.waitSpace(ring.HeaderSize + ring.RemoteSize); err != nil {
+		return err
+	}
+	p.out.Write(p.hdr[:])
+	p.out.Write(p.desc[:])
+	p.out.Publish()
+	p.peerBell.Ring()
+	p.remoteSent++
+	return p.waitAck(p.remoteSent)
+}
+
+// waitAck waits until the peer has acknowledged n remote records. Called
+// with wmu held.
+func (p *peer) waitAck(n uint64) error {
+	start := time.Now()
+	parked := false
+	for i := 0; ; i++ {
+		a := p.outR.Ack()
+		if a < p.ackSeen || a > p.remoteSent {
+			return p.corrupt("send", fmt.Errorf("%w: ack %d outside [%d, %d]", ring.ErrCorrupt, a, p.ackSeen, p.remoteSent))
+		}
+		p.ackSeen = a
+		if a >= n {
+			if i > 0 {
+				p.wspin.done(!parked)
+			}
+			return nil
+		}
+		if err := p.goneErr("send"); err != nil {
+			return err
+		}
+		if p.spinning(i, start) {
+			p.wspin.pause(start)
+			continue
+		}
+		parked = true
+		p.ackWaiting.Store(true)
+		p.outR.SetAckWait(true)
+		if p.outR.Ack() < n {
+			select {
+			case <-p.ackCh:
+			case <-p.goneCh:
+			case <-p.lostCh:
+			case <-p.t.stop:
+			}
+		}
+		p.outR.SetAckWait(false)
+		p.ackWaiting.Store(false)
+		start = time.Now()
+	}
+}
+
+// waitSpace waits until at least want bytes of the outbound ring are free
+// and returns how many are. Called with wmu held.
+func (p *peer) waitSpace(want uint64) (uint64, error) {
+	start := time.Now()
+	parked := false
+	for i := 0; ; i++ {
+		s, err := p.out.Space()
+		if err != nil {
+			return 0, p.corrupt("send", err)
+		}
+		if s >= want {
+			if i > 0 {
+				p.wspin.done(!parked)
+			}
+			return s, nil
+		}
+		if err := p.goneErr("send"); err != nil {
+			return 0, err
+		}
+		if p.spinning(i, start) {
+			p.wspin.pause(start)
+			continue
+		}
+		parked = true
+		p.spaceWaiting.Store(true)
+		p.outR.SetSpaceWait(true)
+		if s, err = p.out.Space(); err == nil && s < want {
+			select {
+			case <-p.spaceCh:
+			case <-p.goneCh:
+			case <-p.lostCh:
+			case <-p.t.stop:
+			}
+		}
+		p.outR.SetSpaceWait(false)
+		p.spaceWaiting.Store(false)
+		start = time.Now()
+	}
+}
+
+// acquire waits until the peer can queue n more bytes from us and reserves
+// them. Nothing is reserved when it returns an error.
+func (p *peer) acquire(ctx context.Context, n int) error {
+	if p.window <= 0 {
+		return nil
+	}
+	registered, waited := false, false
+	deregister := func() {
+		if p.creditWaiters.Add(-1) == 0 && !p.cdead {
+			p.outR.SetCreditWait(false)
+		}
+	}
+	p.cmu.Lock()
+	for {
+		if p.cdead {
+			p.cmu.Unlock()
+			return errClosed("send")
+		}
+		f := p.outR.Freed()
+		if f < p.freedSeen || f > p.sent {
+			if registered {
+				deregister()
+			}
+			p.cmu.Unlock()
+			return p.corrupt("send", fmt.Errorf("%w: credit %d outside [%d, %d]", ring.ErrCorrupt, f, p.freedSeen, p.sent))
+		}
+		p.freedSeen = f
+		inflight := int64(p.sent - f)
+		if inflight == 0 || inflight+int64(n) <= p.window {
+			if registered {
+				deregister()
+			}
+			p.sent += uint64(n)
+			room := inflight+int64(n) < p.window
+			p.cmu.Unlock()
+			if waited && room {
+				signal(p.credit) // more waiters than wakeCap: pass the wake-up on
+			}
+			return nil
+		}
+		if !registered {
+			// Ask for a doorbell, then look again before sleeping.
+			registered = true
+			p.creditWaiters.Add(1)
+			p.outR.SetCreditWait(true)
+			continue
+		}
+		p.cmu.Unlock()
+		var err error
+		select {
+		case <-p.credit:
+		case <-ctx.Done():
+			err = fmt.Errorf("shm: send to rank %d: %w", p.rank, ctx.Err())
+		case <-p.goneCh:
+			err = p.goneErr("send")
+		case <-p.lostCh:
+			err = p.goneErr("send")
+		case <-p.t.stop:
+			err = errClosed("send")
+		}
+		p.cmu.Lock()
+		if err != nil {
+			deregister()
+			p.cmu.Unlock()
+			return err
+		}
+		waited = true
+	}
+}
+
+// consumed returns n bytes of credit to the peer: the application took them.
+func (p *peer) consumed(n int) {
+	if n == 0 || p.t.cfg.queueLimit == 0 {
+		return
+	}
+	p.fmu.Lock()
+	if !p.fdead {
+		p.inR.AddFreed(uint64(n))
+		if p.inR.CreditWait() {
+			p.peerBell.Ring()
+		}
+	}
+	p.fmu.Unlock()
+}
+
+// ---- receive side ----
+
+// errGone ends the reader when the peer said goodbye and the ring is drained.
+var errGone = errors.New("peer said goodbye")
+
+// errPeerExited: the peer's process is gone (a remote read found no such
+// process); its socket's end of file is on the way.
+var errPeerExited = errors.New("peer process exited")
+
+// pollOutbound wakes this rank's senders waiting for ring space or credit
+// if the peer's consumer moved.
+func (p *peer) pollOutbound() {
+	if p.spaceWaiting.Load() {
+		if t := p.outR.TailHint(); t != p.lastTail {
+			p.lastTail = t
+			signal(p.spaceCh)
+		}
+	}
+	if p.ackWaiting.Load() {
+		if a := p.outR.Ack(); a != p.lastAck {
+			p.lastAck = a
+			signal(p.ackCh)
+		}
+	}
+	if n := p.creditWaiters.Load(); n > 0 {
+		if f := p.outR.Freed(); f != p.lastFreed {
+			p.lastFreed = f
+			wake(p.credit, int(n))
+		}
+	}
+}
+
+// wait waits until at least need bytes can be read from the inbound ring,
+// polling briefly and then parking on this rank's doorbell.
+func (p *peer) wait(need uint64) (uint64, error) {
+	start := time.Now()
+	parked := false
+	for i := 0; ; i++ {
+		a, err := p.in.Avail()
+		if err != nil {
+			return 0, err
+		}
+		if a >= need {
+			if i > 0 {
+				p.rspin.done(!parked)
+			}
+			return a, nil
+		}
+		p.pollOutbound()
+		if p.t.closing.Load() || p.lost.Load() {
+			return 0, errClosed("recv")
+		}
+		if p.gone.Load() {
+			// The goodbye came after everything the peer wrote.
+			if a, err = p.in.Avail(); err != nil || a >= need {
+				return a, err
+			}
+			return a, errGone
+		}
+		if p.spinning(i, start) {
+			p.rspin.pause(start)
+			continue
+		}
+		parked = true
+		seq := p.myBell.Prepare()
+		a, err = p.in.Avail()
+		if err == nil && a < need && !p.t.closing.Load() && !p.lost.Load() && !p.gone.Load() {
+			p.pollOutbound()
+			p.myBell.Wait(seq, parkMax)
+		}
+		p.myBell.Done()
+		start = time.Now()
+	}
+}
+
+// release hands consumed ring space back to the peer.
+func (p *peer) release() {
+	if p.in.Release() && p.inR.SpaceWait() {
+		p.peerBell.Ring()
+	}
+}
+
+// readInto fills dst from the inbound ring, chunk by chunk as it arrives.
+func (p *peer) readInto(dst []byte) error {
+	for len(dst) > 0 {
+		a, err := p.wait(1)
+		if err != nil {
+			return err
+		}
+		k := min(a, uint64(len(dst)), p.chunk)
+		p.in.Read(dst[:k])
+		dst = dst[k:]
+		p.release()
+	}
+	return nil
+}
+
+// skip drops n bytes from the inbound ring.
+func (p *peer) skip(n uint64) error {
+	for n > 0 {
+		a, err := p.wait(1)
+		if err != nil {
+			return err
+		}
+		k := min(a, n)
+		p.in.Skip(k)
+		n -= k
+		p.release()
+	}
+	return nil
+}
+
+// readLoop delivers the records of the inbound ring until the peer leaves,
+// is lost or the transport closes.
+func (p *peer) readLoop() {
+	t := p.t
+	defer t.wg.Done()
+	var hb [ring.HeaderSize]byte
+	for {
+		if !p.remoteProbed && t.cfg.remoteMin > 0 && p.pid > 0 {
+			p.probeRemote()
+		}
+		if _, err := p.wait(ring.HeaderSize); err != nil {
+			p.readEnded(err, nil, true)
+			return
+		}
+		p.in.Read(hb[:])
+		h, err := ring.ParseHeader(hb[:], uint64(t.cfg.maxFrame))
+		if err != nil {
+			p.readEnded(err, nil, false)
+			return
+		}
+		if h.Len == 0 {
+			p.release()
+		}
+		m := transport.Message{Header: h.Meta}
+		if h.Remote {
+			if !p.readRemoteRecord(h) {
+				return
+			}
+			continue
+		}
+		if post := t.box.Claim(p.rank, h.Tag); post != nil {
+			n := int(h.Len)
+			if n > len(post.Dst) {
+				err = p.skip(h.Len)
+			} else {
+				err = p.readInto(post.Dst[:n])
+			}
+			if err != nil {
+				p.readEnded(err, post, false)
+				return
+			}
+			if n > len(post.Dst) {
+				t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+			} else {
+				t.box.Complete(post, m, n, nil)
+			}
+			p.consumed(n)
+			continue
+		}
+		buf := bufpool.Default.Get(int(h.Len))
+		if err := p.readInto(buf); err != nil {
+			bufpool.Default.Put(buf)
+			p.readEnded(err, nil, false)
+			return
+		}
+		m.Payload = buf
+		if err := t.box.Put(t.ctx, p.rank, h.Tag, m, len(buf)); err != nil {
+			bufpool.Default.Put(buf) // closing or lost
+		} else if len(buf) >= yieldMin {
+			runtime.Gosched()
+		}
+	}
+}
+
+// probeRemote tries to read the peer's probe word from its memory and, if
+// that works, tells the peer it may send remote records.
+func (p *peer) probeRemote() {
+	addr, val := p.inR.Probe()
+	if addr == 0 {
+		return // the peer has not published it yet
+	}
+	p.remoteProbed = true
+	got := make([]byte, 8)
+	if p.readRemote(got, addr) == nil && binary.LittleEndian.Uint64(got) == val {
+		p.remoteOK = true
+		p.inR.SetRemoteOK()
+	}
+}
+
+// readRemote copies len(dst) bytes at addr in the peer's memory into dst.
+func (p *peer) readRemote(dst []byte, addr uint64) error {
+	defer func() { p.liov[0] = unix.Iovec{} }() // do not retain dst
+	for len(dst) > 0 {
+		p.liov[0] = unix.Iovec{Base: &dst[0]}
+		p.liov[0].SetLen(len(dst))
+		p.riov[0] = unix.RemoteIovec{Base: uintptr(addr), Len: len(dst)}
+		n, err := unix.ProcessVMReadv(p.pid, p.liov[:], p.riov[:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.ESRCH {
+			return errPeerExited
+		}
+		if err != nil || n <= 0 {
+			return fmt.Errorf("%w: reading %d bytes at %#x of the peer's memory: %v", ring.ErrCorrupt, len(dst), addr, err)
+		}
+		dst = dst[n:]
+		addr += uint64(n)
+	}
+	return nil
+}
+
+// readRemoteRecord delivers the remote record h: its body in the ring is
+// the address of the payload in the peer's memory, which is read from
+// there, then acknowledged. It reports whether the link is still usable.
+func (p *peer) readRemoteRecord(h ring.Header) bool {
+	t := p.t
+	if !p.remoteOK {
+		p.readEnded(fmt.Errorf("%w: a remote record, but this rank never said it can read the peer's memory", ring.ErrCorrupt), nil, false)
+		return false
+	}
+	var d [ring.RemoteSize]byte
+	if _, err := p.wait(ring.RemoteSize); err != nil {
+		p.readEnded(err, nil, false)
+		return false
+	}
+	p.in.Read(d[:])
+	p.release()
+	addr := binary.LittleEndian.Uint64(d[:])
+	n := int(h.Len)
+	m := transport.Message{Header: h.Meta}
+	if post := t.box.Claim(p.rank, h.Tag); post != nil {
+		if n > len(post.Dst) {
+			p.ack()
+			t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+		} else {
+			if err := p.readRemote(post.Dst[:n], addr); err != nil {
+				p.readEnded(err, post, false)
+				return false
+			}
+			p.ack()
+			t.box.Complete(post, m, n, nil)
+		}
+		p.consumed(n)
+		return true
+	}
+	buf := bufpool.Default.Get(n)
+	if err := p.readRemote(buf, addr); err != nil {
+		bufpool.Default.Put(buf)
+		p.readEnded(err, nil, false)
+		return false
+	}
+	p.ack()
+	m.Payload = buf
+	if err := t.box.Put(t.ctx, p.rank, h.Tag, m, n); err != nil {
+		bufpool.Default.Put(buf)
+	}
+	return true
+}
+
+// ack tells the peer a remote record is done with.
+func (p *peer) ack() {
+	p.inR.AddAck()
+	if p.inR.AckWait() {
+		p.peerBell.Ring()
+	}
+}
+
+// readEnded handles the end of the reader: err says why, post is the
+// receive it was filling (completed here), atBoundary whether it stopped
+// between records.
+func (p *peer) readEnded(err error, post *mailbox.Post[transport.Message], atBoundary bool) {
+	t := p.t
+	var perr error
+	switch {
+	case errors.Is(err, errGone):
+		perr = &transport.PeerError{Rank: p.rank, Op: "recv", Err: transport.ErrPeerClosed}
+		if !atBoundary {
+			t.log.Warn("shm: peer left in the middle of a message", "peer", p.rank)
+		}
+		t.box.CloseSource(p.rank, perr)
+	case errors.Is(err, ring.ErrCorrupt):
+		p.corrupt("recv", err)
+		perr = p.goneErr("recv")
+	case errors.Is(err, errPeerExited):
+		t.fail(p.rank, fmt.Errorf("%w: %w", transport.ErrPeerLost, err))
+		perr = p.goneErr("recv")
+	default: // closing or lost
+		perr = p.goneErr("recv")
+		if perr == nil {
+			perr = errClosed("recv")
+		}
+	}
+	if post != nil {
+		t.box.Complete(post, transport.Message{}, 0, perr)
+	}
+}
+
+// corrupt fails the peer for writing something invalid into the shared
+// memory and returns the error for operation op.
+func (p *peer) corrupt(op string, err error) error {
+	p.t.fail(p.rank, fmt.Errorf("%w: %w: %w", transport.ErrPeerLost, ErrProtocol, err))
+	if e := p.goneErr(op); e != nil {
+		return e
+	}
+	return &transport.PeerError{Rank: p.rank, Op: op, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}
+}
+
+// ctlLoop reads the link's socket: a goodbye, or the end of the peer's
+// process (the kernel closes the socket of a process that dies, however
+// it dies).
+func (p *peer) ctlLoop() {
+	t := p.t
+	defer t.wg.Done()
+	var b [1]byte
+	for {
+		n, err := p.conn.Read(b[:])
+		if err != nil || n == 0 {
+			if p.gone.Load() || t.closing.Load() {
+				return
+			}
+			t.fail(p.rank, fmt.Errorf("%w: socket closed without goodbye: %v", transport.ErrPeerLost, err))
+			return
+		}
+		if b[0] != msgBye || p.gone.Load() {
+			t.fail(p.rank, fmt.Errorf("%w: %w: unexpected byte %#x on the control socket", transport.ErrPeerLost, ErrProtocol, b[0]))
+			return
+		}
+		p.gone.Store(true)
+		p.goneOnce.Do(func() { close(p.goneCh) })
+		p.myBell.Force() // the reader drains, then reports the peer closed
+	}
+}
+
+// unmap releases the region once nothing can touch it any more: the
+// transport's goroutines have exited, and the locks keep the application's
+// goroutines out.
+func (p *peer) unmap() {
+	p.wmu.Lock()
+	p.wdead = true
+	p.wmu.Unlock()
+	p.cmu.Lock()
+	p.cdead = true
+	p.cmu.Unlock()
+	p.fmu.Lock()
+	p.fdead = true
+	p.fmu.Unlock()
+	unix.Munmap(p.region)
+}

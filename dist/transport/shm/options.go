@@ -1,0 +1,230 @@
+//go:build linux
+
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
+)
+
+// Defaults for the options.
+const (
+	DefaultRingSize          = 1 << 20  // bytes per direction of each pair
+	DefaultMaxFrame          = 64 << 20 // bytes
+	DefaultQueueLimit        = 64 << 20 // bytes per source
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	DefaultHeartbeatTimeout  = 5 * time.Second
+	DefaultHandshakeTimeout  = 10 * time.Second
+	DefaultSpin              = 50 * time.Microsecond
+	DefaultSingleCopy        = 256 << 10 // bytes
+)
+
+// Errors of package shm. Failures caused by a peer are reported as
+// *transport.PeerError wrapping transport.ErrPeerLost (or ErrPeerClosed)
+// and, where it applies, one of these.
+var (
+	// ErrConfig is returned by the constructors for invalid arguments or options.
+	ErrConfig = errors.New("shm: invalid configuration")
+	// ErrAuth means a peer failed to prove the job token or runs as another user.
+	ErrAuth = errors.New("shm: authentication failed")
+	// ErrProtocol means a peer sent something the protocol does not allow,
+	// or wrote something invalid into the shared memory.
+	ErrProtocol = errors.New("shm: protocol error")
+	// ErrHeartbeatTimeout means a peer's heartbeat counter stopped moving
+	// for the heartbeat timeout.
+	ErrHeartbeatTimeout = errors.New("shm: heartbeat timeout")
+	// ErrNoLink is returned for a peer this transport has no link to (New
+	// was given no connection for it).
+	ErrNoLink = errors.New("shm: no shared-memory link to this rank")
+)
+
+// Option configures New and Rendezvous. Options are applied in order and
+// validated by the constructor, which returns an error matching ErrConfig
+// for an invalid one.
+type Option func(*config) error
+
+type config struct {
+	token      []byte
+	insecure   bool
+	ringSize   int
+	maxFrame   int
+	queueLimit int
+	hbInterval time.Duration
+	hbTimeout  time.Duration
+	hsTimeout  time.Duration
+	spin       time.Duration
+	remoteMin  int
+	logger     *slog.Logger
+}
+
+func defaultConfig() config {
+	return config{
+		ringSize:   DefaultRingSize,
+		maxFrame:   DefaultMaxFrame,
+		queueLimit: DefaultQueueLimit,
+		hbInterval: DefaultHeartbeatInterval,
+		hbTimeout:  DefaultHeartbeatTimeout,
+		hsTimeout:  DefaultHandshakeTimeout,
+		spin:       DefaultSpin,
+		remoteMin:  DefaultSingleCopy,
+	}
+}
+
+func apply(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return cfg, fmt.Errorf("%w: nil option", ErrConfig)
+		}
+		if err := o(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// WithToken sets the job token every rank proves it knows in the handshake
+// (HMAC-SHA256 challenge-response, as package tcp does). It is required
+// when the world has more than one rank, unless WithInsecure is given. The
+// token is copied; an empty token is invalid.
+func WithToken(token []byte) Option {
+	return func(c *config) error {
+		if len(token) == 0 {
+			return fmt.Errorf("%w: empty token", ErrConfig)
+		}
+		c.token = append([]byte(nil), token...)
+		return nil
+	}
+}
+
+// WithInsecure allows a job without a token: ranks and world size are still
+// checked, and so is the peer's user id, but any process of that user that
+// can reach the socket can join.
+func WithInsecure() Option {
+	return func(c *config) error { c.insecure = true; return nil }
+}
+
+// WithRingSize sets the data capacity, in bytes, of each direction's ring
+// of the links this rank creates (the lower rank of a pair creates the
+// memory, so its setting governs the pair). n must be a power of two
+// between 4 KiB and 1 GiB; the default is 1 MiB. Messages of any size
+// stream through a ring of any size.
+func WithRingSize(n int) Option {
+	return func(c *config) error {
+		if err := ring.CheckSize(n); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		c.ringSize = n
+		return nil
+	}
+}
+
+// WithMaxFrame sets the largest message, in bytes, this rank accepts
+// (default 64 MiB). A peer announcing a longer record is treated as lost;
+// Send refuses a message longer than the receiver's maximum with an error
+// matching transport.ErrFrameTooLarge.
+func WithMaxFrame(n int) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return fmt.Errorf("%w: max frame %d", ErrConfig, n)
+		}
+		c.maxFrame = n
+		return nil
+	}
+}
+
+// WithQueueLimit bounds the bytes this rank queues from each peer before
+// that peer's sends wait (default 64 MiB); n == 0 means unbounded, n < 0 is
+// invalid. A single message larger than the bound still passes when
+// nothing is queued.
+func WithQueueLimit(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: queue limit %d", ErrConfig, n)
+		}
+		c.queueLimit = n
+		return nil
+	}
+}
+
+// WithHeartbeat sets how often this rank advances its heartbeat counters
+// in shared memory (default 500 ms) and after how long without a peer's
+// counter moving that peer is considered unresponsive (default 5 s; a
+// peer that dies is noticed at once, through its socket). timeout must
+// exceed interval; interval <= 0 disables both.
+func WithHeartbeat(interval, timeout time.Duration) Option {
+	return func(c *config) error {
+		if interval > 0 && timeout <= interval {
+			return fmt.Errorf("%w: heartbeat timeout %v must exceed interval %v", ErrConfig, timeout, interval)
+		}
+		c.hbInterval, c.hbTimeout = interval, timeout
+		return nil
+	}
+}
+
+// WithHandshakeTimeout bounds how long a connection may take to
+// authenticate and set up its memory (default 10 s). d must be positive.
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: handshake timeout %v", ErrConfig, d)
+		}
+		c.hsTimeout = d
+		return nil
+	}
+}
+
+// WithSpin sets how long a waiting reader or sender polls the shared
+// memory before it parks on the futex (default 50 µs). Longer spins lower
+// latency under bursts and cost CPU while idle; 0 parks at once.
+func WithSpin(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 || d > time.Second {
+			return fmt.Errorf("%w: spin %v not in [0, 1s]", ErrConfig, d)
+		}
+		c.spin = d
+		return nil
+	}
+}
+
+// WithSingleCopy sets the size from which a message is not streamed
+// through the ring but read by the receiver straight from the sender's
+// buffer with process_vm_readv(2): one copy instead of two, while Send
+// waits until the receiver is done (default 256 KiB). It is used only on
+// links whose receiver could read a probe word of the sender's memory (the
+// kernel allows it between processes of one user unless ptrace is
+// restricted); 0 disables it, for messages to and from this rank.
+func WithSingleCopy(min int) Option {
+	return func(c *config) error {
+		if min < 0 {
+			return fmt.Errorf("%w: single-copy size %d", ErrConfig, min)
+		}
+		c.remoteMin = min
+		return nil
+	}
+}
+
+// WithLogger sets where refused connections and lost peers are logged
+// (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error { c.logger = l; return nil }
+}
+
+func (c *config) validate(rank, world int) error {
+	switch {
+	case world < 1 || int64(world) > 1<<20:
+		return fmt.Errorf("%w: world size %d", ErrConfig, world)
+	case rank < 0 || rank >= world:
+		return fmt.Errorf("%w: rank %d not in [0, %d)", ErrConfig, rank, world)
+	case world > 1 && len(c.token) == 0 && !c.insecure:
+		return fmt.Errorf("%w: a token is required (WithToken) unless WithInsecure is given", ErrConfig)
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	return nil
+}

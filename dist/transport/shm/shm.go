@@ -1,0 +1,353 @@
+//go:build linux
+
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/internal/bufpool"
+	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+)
+
+// Transport is a shared-memory transport between ranks of one host: a
+// pair of single-producer/single-consumer rings per pair of ranks, in
+// memory the two processes share, and a Unix socket per pair for setup and
+// liveness (see the package documentation). Create it with Rendezvous or
+// New. It is safe for concurrent use.
+type Transport struct {
+	rank, world int
+	cfg         config
+	log         *slog.Logger
+	box         *mailbox.Mailbox[transport.Message]
+	peers       []atomic.Pointer[peer] // by rank; nil for this rank and ranks without a link
+	linkedTo    []bool                 // ranks this transport has (or will have) a link to; fixed at construction
+
+	// lifetime
+	ctx      context.Context // cancelled when the transport stops
+	cancel   context.CancelFunc
+	stop     chan struct{}
+	stopOnce sync.Once
+	closing  atomic.Bool
+	closeOne sync.Once
+	wg       sync.WaitGroup // every goroutine the transport owns
+
+	// setup
+	mu       sync.Mutex
+	ln       *net.UnixListener // Rendezvous only, until every link is up (guarded by mu)
+	claimed  []bool            // (guarded by mu)
+	linked   int               // (guarded by mu)
+	setupErr error             // (guarded by mu)
+	linkCh   chan struct{}
+	pendHS   atomic.Int32
+
+	// probe is a word of this process's memory whose address and value
+	// each link publishes, so the peer can test reading our memory.
+	probe *uint64
+}
+
+var _ transport.Transport = (*Transport)(nil)
+
+func newTransport(rank, world int, cfg config) *Transport {
+	t := &Transport{
+		rank:     rank,
+		world:    world,
+		cfg:      cfg,
+		log:      cfg.logger.With("rank", rank),
+		box:      mailbox.New(world, cfg.queueLimit, func(m transport.Message) { bufpool.Default.Put(m.Payload) }),
+		peers:    make([]atomic.Pointer[peer], world),
+		linkedTo: make([]bool, world),
+		stop:     make(chan struct{}),
+		claimed:  make([]bool, world),
+		linkCh:   make(chan struct{}, 1),
+	}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	var pv [8]byte
+	rand.Read(pv[:])
+	t.probe = new(uint64)
+	*t.probe = binary.LittleEndian.Uint64(pv[:]) | 1
+	if cfg.hbInterval > 0 && world > 1 {
+		t.wg.Add(1)
+		go t.monitor()
+	}
+	return t
+}
+
+// Rank implements transport.Transport.
+func (t *Transport) Rank() int { return t.rank }
+
+// WorldSize implements transport.Transport.
+func (t *Transport) WorldSize() int { return t.world }
+
+// HasLink reports whether this transport reaches rank r: r is this rank or
+// a peer it has a shared-memory link to.
+func (t *Transport) HasLink(r int) bool {
+	return r == t.rank || (r >= 0 && r < t.world && t.linkedTo[r])
+}
+
+// peerFor returns the peer of rank r, or an error for op.
+func (t *Transport) peerFor(op string, r int) (*peer, error) {
+	if !t.linkedTo[r] {
+		return nil, fmt.Errorf("shm: %s rank %d: %w", op, r, ErrNoLink)
+	}
+	p := t.peers[r].Load()
+	if p == nil { // cannot happen once the constructor has returned
+		return nil, &transport.PeerError{Rank: r, Op: op, Err: transport.ErrPeerLost}
+	}
+	return p, nil
+}
+
+// Send implements transport.Transport. It waits, under ctx, until the
+// receiver has queue space for p (flow control), then streams the message
+// through the pair's ring; it returns once p is in the ring (p may be
+// reused and is not retained). Streaming is not interrupted by ctx (that
+// would leave half a message in the ring): the receiver always drains its
+// ring, so it finishes unless the peer dies or freezes, which the socket
+// and the heartbeat bound. A message longer than the receiver's maximum is
+// refused with an error matching transport.ErrFrameTooLarge.
+func (t *Transport) Send(ctx context.Context, to int, tag uint32, h transport.Header, p []byte) error {
+	if t.closing.Load() {
+		return errClosed("send")
+	}
+	if err := transport.CheckRank(to, t.world); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("shm: send to rank %d: %w", to, err)
+	}
+	if to == t.rank {
+		return t.sendSelf(ctx, tag, h, p)
+	}
+	pr, err := t.peerFor("send to", to)
+	if err != nil {
+		return err
+	}
+	return pr.send(ctx, tag, h, p)
+}
+
+func (t *Transport) sendSelf(ctx context.Context, tag uint32, h transport.Header, p []byte) error {
+	if len(p) > t.cfg.maxFrame {
+		return fmt.Errorf("shm: send to self: %w: %d bytes, limit %d", transport.ErrFrameTooLarge, len(p), t.cfg.maxFrame)
+	}
+	if post := t.box.Claim(t.rank, tag); post != nil {
+		if len(p) > len(post.Dst) {
+			t.box.Complete(post, transport.Message{Header: h}, len(p), transport.TooLong(t.rank, len(p), len(post.Dst)))
+		} else {
+			t.box.Complete(post, transport.Message{Header: h}, copy(post.Dst, p), nil)
+		}
+		return nil
+	}
+	buf := bufpool.Default.Get(len(p))
+	copy(buf, p)
+	if err := t.box.Put(ctx, t.rank, tag, transport.Message{Header: h, Payload: buf}, len(buf)); err != nil {
+		bufpool.Default.Put(buf)
+		return t.stateErr("send", err)
+	}
+	return nil
+}
+
+// Recv implements transport.Transport. The returned payload belongs to the
+// caller; handing it back with Release lets the transport reuse it.
+func (t *Transport) Recv(ctx context.Context, from int, tag uint32) (transport.Message, error) {
+	if t.closing.Load() {
+		return transport.Message{}, errClosed("recv")
+	}
+	if err := transport.CheckRank(from, t.world); err != nil {
+		return transport.Message{}, err
+	}
+	var pr *peer
+	if from != t.rank {
+		var err error
+		if pr, err = t.peerFor("recv from", from); err != nil {
+			return transport.Message{}, err
+		}
+	}
+	m, err := t.box.Get(ctx, from, tag)
+	if err != nil {
+		return transport.Message{}, t.stateErr("recv", err)
+	}
+	if pr != nil {
+		pr.consumed(len(m.Payload))
+	}
+	return m, nil
+}
+
+// RecvInto implements transport.Transport. When it is already waiting and
+// nothing from (from, tag) is queued, the peer's reader copies the next
+// message straight from the ring into dst, chunk by chunk as it arrives (a
+// posted receive); otherwise the queued message is copied into dst and its
+// buffer reused. Once the reader has started filling dst, RecvInto waits
+// for the whole message even if ctx ends meanwhile, and returns it; a
+// peer that dies or freezes meanwhile ends the wait with a
+// *transport.PeerError.
+func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) (transport.Header, int, error) {
+	if t.closing.Load() {
+		return transport.Header{}, 0, errClosed("recv")
+	}
+	if err := transport.CheckRank(from, t.world); err != nil {
+		return transport.Header{}, 0, err
+	}
+	var pr *peer
+	if from != t.rank {
+		var err error
+		if pr, err = t.peerFor("recv from", from); err != nil {
+			return transport.Header{}, 0, err
+		}
+	}
+	m, n, direct, err := t.box.GetInto(ctx, from, tag, dst)
+	if direct { // the reader filled dst and returned the credit
+		if err != nil {
+			return m.Header, n, t.stateErr("recv", err)
+		}
+		return m.Header, n, nil
+	}
+	if err != nil {
+		return transport.Header{}, 0, t.stateErr("recv", err)
+	}
+	n = len(m.Payload)
+	if n > len(dst) {
+		err = transport.TooLong(from, n, len(dst))
+	} else {
+		copy(dst, m.Payload)
+	}
+	bufpool.Default.Put(m.Payload)
+	if pr != nil {
+		pr.consumed(n)
+	}
+	return m.Header, n, err
+}
+
+// Release implements transport.Transport.
+func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
+
+// Close implements transport.Transport: it tells every peer goodbye (they
+// see this rank as closed, not lost, once they have read what it sent —
+// which stays readable in their mapping after this process unmaps or
+// exits), closes the sockets, waits for every goroutine the transport
+// started and unmaps the memory. Pending calls return an error matching
+// transport.ErrClosed, as do all later ones. Close is idempotent and
+// always returns nil.
+func (t *Transport) Close() error {
+	t.closeOne.Do(func() { t.shutdown(true) })
+	return nil
+}
+
+// Kill simulates this rank crashing: it drops every socket without a
+// goodbye, so peers see it as lost (transport.ErrPeerLost), as if the
+// process had died. Later calls return transport.ErrClosed. It is meant for
+// tests of failure handling; Close is the normal way out.
+func (t *Transport) Kill() {
+	t.closeOne.Do(func() { t.shutdown(false) })
+}
+
+func (t *Transport) shutdown(graceful bool) {
+	t.mu.Lock()
+	t.closing.Store(true)
+	ln := t.ln
+	t.ln = nil
+	t.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	t.box.Fail(errClosed("recv"))
+	t.stopNow()
+	for r := range t.peers {
+		p := t.peers[r].Load()
+		if p == nil {
+			continue
+		}
+		if graceful && !p.lost.Load() {
+			p.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			p.conn.Write([]byte{msgBye})
+		}
+		p.conn.Close()
+		p.myBell.Force()
+	}
+	t.wg.Wait()
+	for r := range t.peers {
+		if p := t.peers[r].Load(); p != nil {
+			p.unmap()
+		}
+	}
+}
+
+func (t *Transport) stopNow() {
+	t.stopOnce.Do(func() {
+		close(t.stop)
+		t.cancel()
+	})
+}
+
+// fail records that peer rank was lost: pending and later calls involving
+// it return a *transport.PeerError naming it, and what it sent that nobody
+// received yet is dropped. The other links are left alone.
+func (t *Transport) fail(rank int, cause error) {
+	p := t.peers[rank].Load()
+	if t.closing.Load() || p == nil {
+		return
+	}
+	p.lostOnce.Do(func() {
+		p.lostErr = cause
+		p.lost.Store(true)
+		close(p.lostCh)
+		t.log.Error("shm: peer lost", "peer", rank, "err", cause)
+		t.box.FailSource(rank, &transport.PeerError{Rank: rank, Op: "recv", Err: cause})
+		p.conn.Close()
+		// Wake the reader. fail may run on an application goroutine (a
+		// Send that found corrupt memory) while Close unmaps: fmu keeps
+		// the region mapped meanwhile.
+		p.fmu.Lock()
+		if !p.fdead {
+			p.myBell.Force()
+		}
+		p.fmu.Unlock()
+	})
+}
+
+// stateErr maps an error from a blocking operation to what the caller
+// should see: ErrClosed after Close, err otherwise.
+func (t *Transport) stateErr(op string, err error) error {
+	if t.closing.Load() {
+		return errClosed(op)
+	}
+	return err
+}
+
+func errClosed(op string) error { return fmt.Errorf("shm: %s: %w", op, transport.ErrClosed) }
+
+// monitor advances this rank's heartbeat counters and fails a peer whose
+// counter has not moved for the heartbeat timeout (a stopped or frozen
+// process: one that dies closes its socket, which ctlLoop sees at once).
+func (t *Transport) monitor() {
+	defer t.wg.Done()
+	tick := time.NewTicker(t.cfg.hbInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case now := <-tick.C:
+			for r := range t.peers {
+				p := t.peers[r].Load()
+				if p == nil || p.gone.Load() || p.lost.Load() {
+					continue
+				}
+				p.outR.AddBeat()
+				if b := p.inR.Beat(); b != p.lastBeat {
+					p.lastBeat, p.lastBeatAt = b, now
+				} else if silent := now.Sub(p.lastBeatAt); silent > t.cfg.hbTimeout {
+					t.fail(p.rank, fmt.Errorf("%w: %w: no heartbeat for %v",
+						transport.ErrPeerUnresponsive, ErrHeartbeatTimeout, silent.Round(time.Millisecond)))
+				}
+			}
+		}
+	}
+}

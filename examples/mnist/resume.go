@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+
+	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/ckpt"
+	"github.com/gdist/gdist/models/checkpoint"
+	mdata "github.com/gdist/gdist/models/data"
+	"github.com/gdist/gdist/models/optim"
+)
+
+// ckptConfig is what a checkpoint records of the run's configuration; a
+// checkpoint of another configuration does not resume this run.
+type ckptConfig struct {
+	Format string `json:"format"`
+	Sizes  []int  `json:"sizes"`
+	Batch  int    `json:"batch"`
+	World  int    `json:"world"`
+	LR     float64
+	Seed   int64
+}
+
+// metaLossSum is the metadata key of the epoch's running loss sum over all
+// ranks, so that a resumed epoch reports the mean loss of an uninterrupted
+// one (up to rounding: each rank resumes with the sum / world).
+const metaLossSum = "mnist.loss_sum"
+
+// position encodes a sampler's position (epoch, next index) without its
+// rank, for Verify: every rank is at the same position, while the
+// sampler's MarshalBinary also records the rank.
+func position(s *mdata.DistributedSampler) []byte {
+	e, n := s.Pos()
+	b := binary.LittleEndian.AppendUint64(nil, uint64(e))
+	return binary.LittleEndian.AppendUint64(b, uint64(n))
+}
+
+// liveState is the trainer's state after step: parameters (shared, not
+// copied: Save copies them), the solver's state, where the sampler is and
+// the epoch's loss sum so far.
+func (t *trainer) liveState(step int64, epoch int, sampler *mdata.DistributedSampler, lossSum float64) (*checkpoint.State, error) {
+	pos, err := sampler.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	st := &checkpoint.State{
+		Config:    t.ckptConfig(),
+		Optimizer: t.adam.State().Checkpoint(),
+		Step:      step,
+		Epoch:     int64(epoch),
+		Sampler:   pos,
+		Meta:      map[string]string{metaLossSum: strconv.FormatFloat(lossSum, 'g', -1, 64)},
+	}
+	for _, p := range t.params {
+		st.Params = append(st.Params, checkpoint.Named{Name: p.Name(), Tensor: p.Value().(tensor.Tensor)})
+	}
+	return st, nil
+}
+
+func (t *trainer) ckptConfig() ckptConfig {
+	return ckptConfig{Format: "gdist.mnist", Sizes: sizes, Batch: t.cfg.Batch, World: t.pg.WorldSize(), LR: t.cfg.LR, Seed: t.cfg.Seed}
+}
+
+// maybeSave saves a checkpoint after step if one is due and reports
+// whether it was. Every rank calls it: the ranks first add up their loss
+// sums (a collective).
+func (t *trainer) maybeSave(ctx context.Context, m *ckpt.Manager, step int64, epoch int, sampler *mdata.DistributedSampler, lossSum float64) (bool, error) {
+	due, err := m.Due(ctx, step)
+	if err != nil || !due {
+		return false, err
+	}
+	sum := []float64{lossSum}
+	if err := t.pg.AllReduceF64(ctx, sum, dist.Sum); err != nil {
+		return false, fmt.Errorf("mnist: step %d: adding up the loss for the checkpoint: %w", step, err)
+	}
+	if !m.Writer() {
+		return true, nil
+	}
+	st, err := t.liveState(step, epoch-1, sampler, sum[0])
+	if err != nil {
+		return false, err
+	}
+	return true, m.Save(ctx, step, st)
+}
+
+// restore loads a checkpoint into the trainer, the solver and the sampler
+// and returns the epoch's loss sum so far.
+func (t *trainer) restore(r *ckpt.Resumed, sampler *mdata.DistributedSampler) (float64, error) {
+	f := r.File
+	var got ckptConfig
+	if err := f.Config(&got); err != nil {
+		return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
+	}
+	if want := t.ckptConfig(); fmt.Sprint(got) != fmt.Sprint(want) {
+		return 0, fmt.Errorf("mnist: checkpoint %s is of another run (%+v), not this one (%+v): use another -ckpt-dir", r.Path, got, want)
+	}
+	for _, p := range t.params {
+		src, err := f.Tensor(p.Name())
+		if err != nil {
+			return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
+		}
+		dst := p.Value().Data().([]float32)
+		data, ok := src.Data().([]float32)
+		if !ok || len(data) != len(dst) {
+			return 0, fmt.Errorf("mnist: checkpoint %s: parameter %s is %v %v, want %v float32", r.Path, p.Name(), src.Shape(), src.Dtype(), p.Shape())
+		}
+		copy(dst, data)
+	}
+	st, err := optim.FromCheckpoint(r.State.Optimizer)
+	if err != nil {
+		return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
+	}
+	if err := t.adam.SetState(st); err != nil {
+		return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
+	}
+	if err := sampler.UnmarshalBinary(r.State.Sampler); err != nil {
+		return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
+	}
+	lossSum, err := strconv.ParseFloat(r.State.Meta[metaLossSum], 64)
+	if err != nil || math.IsNaN(lossSum) {
+		return 0, fmt.Errorf("mnist: checkpoint %s: bad %s %q", r.Path, metaLossSum, r.State.Meta[metaLossSum])
+	}
+	return lossSum / float64(t.pg.WorldSize()), nil
+}
+
+// verifyState checks that every rank holds the same state before training
+// (a collective).
+func (t *trainer) verifyState(ctx context.Context, m *ckpt.Manager, step int64, sampler *mdata.DistributedSampler, lossSum float64) error {
+	st, err := t.liveState(step, sampler.Epoch(), sampler, lossSum)
+	if err != nil {
+		return err
+	}
+	st.Sampler = position(sampler)
+	return m.Verify(ctx, st)
+}
+
+// chaosEnv makes the program SIGKILL itself, for the chaos test: a list of
+// "rank:step:restart" triples separated by commas; rank `rank` kills itself
+// right after step `step` when GDIST_RESTART_COUNT is `restart`.
+const chaosEnv = "GDIST_CHAOS_KILL"
+
+// chaosStep returns the step after which this rank must kill itself, or -1.
+func chaosStep(rank int) int64 {
+	restart := os.Getenv("GDIST_RESTART_COUNT")
+	if restart == "" {
+		restart = "0"
+	}
+	for _, spec := range strings.Split(os.Getenv(chaosEnv), ",") {
+		f := strings.Split(spec, ":")
+		if len(f) != 3 || f[0] != strconv.Itoa(rank) || f[2] != restart {
+			continue
+		}
+		if s, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			return s
+		}
+	}
+	return -1
+}
