@@ -3,10 +3,15 @@ package dist
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
 
+	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/launchenv"
@@ -22,6 +27,30 @@ const (
 	EnvToken      = "GDIST_TOKEN"       // job token (required for world > 1 ...)
 	EnvInsecure   = "GDIST_INSECURE"    // ... unless this is "1"
 	EnvListenAddr = "GDIST_LISTEN_ADDR" // where ranks other than 0 listen (default 127.0.0.1:0)
+)
+
+// Environment variables InitFromEnv reads to configure the TCP transport.
+// Each overrides the transport's default; options given with
+// WithTCPOptions override them in turn.
+const (
+	// EnvHeartbeatTimeout: after how long without a byte from a peer it is
+	// reported unresponsive, a Go duration (default 8s:
+	// tcp.DefaultHeartbeatTimeout).
+	EnvHeartbeatTimeout = "GDIST_HEARTBEAT_TIMEOUT"
+	// EnvHeartbeatInterval: how often each link sends a heartbeat, a Go
+	// duration (default: min(timeout/8, 1s)).
+	EnvHeartbeatInterval = "GDIST_HEARTBEAT_INTERVAL"
+	// EnvInitTimeout: how long the rendezvous may take before every
+	// waiting rank fails naming the ranks that never joined, a Go duration
+	// (default 5m: tcp.DefaultInitTimeout).
+	EnvInitTimeout = "GDIST_INIT_TIMEOUT"
+	// EnvMaxFrame: the largest message this rank accepts, in bytes, with an
+	// optional K, M or G suffix (binary: 64M = 64 MiB; default 64M).
+	EnvMaxFrame = "GDIST_MAX_FRAME"
+	// EnvSocketBuffer: kernel send and receive buffer size of every
+	// connection, in bytes with an optional K, M or G suffix (default: the
+	// kernel's auto-tuning).
+	EnvSocketBuffer = "GDIST_SOCKET_BUFFER"
 )
 
 // InitFromEnv joins the job described by the environment and returns this
@@ -47,7 +76,17 @@ const (
 //     (127.0.0.1:0) when the launcher says every rank is on this host, and
 //     on all interfaces (0.0.0.0:0, advertising the address that reaches rank
 //     0) when the ranks may span hosts. Connections are authenticated with
-//     the job token GDIST_TOKEN, which is required unless GDIST_INSECURE=1.
+//     the job token GDIST_TOKEN, which is required unless GDIST_INSECURE=1
+//     and must hold at least 128 bits (32 hex digits or 16 bytes; see
+//     tcp.WithToken).
+//   - the transport's heartbeat, init timeout, maximum frame and socket
+//     buffers come from GDIST_HEARTBEAT_TIMEOUT, GDIST_HEARTBEAT_INTERVAL,
+//     GDIST_INIT_TIMEOUT, GDIST_MAX_FRAME and GDIST_SOCKET_BUFFER when set
+//     (gdistrun's -heartbeat-timeout and -init-timeout set the first and
+//     the third), then from WithTCPOptions. With WithMetricsAddr (or
+//     GDIST_METRICS_ADDR) the transport's heartbeat round trips go to the
+//     gdist_heartbeat_rtt_seconds histogram, unless WithTCPOptions sets a
+//     tcp.WithHeartbeatObserver of its own.
 //
 // InitFromEnv returns when every rank has connected, or when ctx ends. A
 // missing or malformed variable gives an error matching ErrEnv that names
@@ -69,6 +108,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		return nil, fmt.Errorf("%w: world size %d not in [1, %d]", ErrEnv, job.WorldSize, MaxWorldSize)
 	}
 	var t transport.Transport
+	var rtts atomic.Pointer[metrics.Metrics] // where heartbeat round trips go, once the group has metrics
 	if job.WorldSize == 1 && job.MasterAddr == "" {
 		ls, err := transport.NewLocal(1)
 		if err != nil {
@@ -76,7 +116,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		}
 		t = ls[0]
 	} else {
-		tt, err := dialFromEnv(ctx, job, &cfg)
+		tt, err := dialFromEnv(ctx, job, &cfg, &rtts)
 		if err != nil {
 			return nil, err
 		}
@@ -87,11 +127,14 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		t.Close()
 		return nil, err
 	}
+	if g.obs.met != nil {
+		rtts.Store(g.obs.met) // the transport's heartbeat round trips, from now on
+	}
 	g.localRank = job.LocalRank
 	return g, nil
 }
 
-func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config) (*tcp.Transport, error) {
+func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config, rtts *atomic.Pointer[metrics.Metrics]) (*tcp.Transport, error) {
 	rank, world := job.Rank, job.WorldSize
 	if job.MasterAddr == "" {
 		hint := ""
@@ -107,6 +150,9 @@ func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config) (*tcp.Tran
 	var topts []tcp.Option
 	switch token, insecure := os.Getenv(EnvToken), os.Getenv(EnvInsecure); {
 	case token != "":
+		if err := tcp.CheckToken([]byte(token)); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrEnv, EnvToken, err)
+		}
 		topts = append(topts, tcp.WithToken([]byte(token)))
 	case insecure == "1":
 		topts = append(topts, tcp.WithInsecure())
@@ -122,9 +168,19 @@ func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config) (*tcp.Tran
 		listen = "127.0.0.1:0"
 	}
 	topts = append(topts, tcp.WithListenAddr(listen))
+	topts = append(topts, tcp.WithHeartbeatObserver(func(peer int, rtt time.Duration) {
+		if m := rtts.Load(); m != nil {
+			m.HeartbeatRTT(peer, rtt)
+		}
+	}))
 	if cfg.loggerSet {
 		topts = append(topts, tcp.WithLogger(cfg.logger))
 	}
+	eopts, err := tcpEnvOptions(os.LookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	topts = append(append(topts, eopts...), cfg.tcpOpts...)
 	t, err := tcp.Rendezvous(ctx, rank, world, net.JoinHostPort(addr, port), topts...)
 	if err != nil {
 		return nil, fmt.Errorf("dist: rank %d of %d: join %s:%s: %w", rank, world, addr, port, err)
@@ -150,4 +206,92 @@ func envOptions(opts []Option) ([]Option, error) {
 		env = append(env, func(c *config) error { c.restarts = n; return nil })
 	}
 	return append(env, opts...), nil
+}
+
+// tcpEnvOptions returns the TCP transport options the environment asks
+// for (GDIST_HEARTBEAT_TIMEOUT, GDIST_HEARTBEAT_INTERVAL,
+// GDIST_INIT_TIMEOUT, GDIST_MAX_FRAME, GDIST_SOCKET_BUFFER). A malformed
+// value is an error matching ErrEnv that names the variable.
+func tcpEnvOptions(lookup func(string) (string, bool)) ([]tcp.Option, error) {
+	var opts []tcp.Option
+	dur := func(name string) (time.Duration, bool, error) {
+		v, ok := lookup(name)
+		if !ok || v == "" {
+			return 0, false, nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return 0, false, fmt.Errorf("%w: %s=%q is not a positive duration (e.g. 10s)", ErrEnv, name, v)
+		}
+		return d, true, nil
+	}
+	hbTimeout, tset, err := dur(EnvHeartbeatTimeout)
+	if err != nil {
+		return nil, err
+	}
+	hbInterval, iset, err := dur(EnvHeartbeatInterval)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case tset || iset:
+		if !tset {
+			hbTimeout = tcp.DefaultHeartbeatTimeout
+		}
+		if iset && hbTimeout < 2*hbInterval {
+			return nil, fmt.Errorf("%w: %s=%v must be at least twice %s=%v", ErrEnv,
+				EnvHeartbeatTimeout, hbTimeout, EnvHeartbeatInterval, hbInterval)
+		}
+		opts = append(opts, tcp.WithHeartbeat(hbInterval, hbTimeout)) // interval 0: derived
+	}
+	if d, ok, err := dur(EnvInitTimeout); err != nil {
+		return nil, err
+	} else if ok {
+		opts = append(opts, tcp.WithInitTimeout(d))
+	}
+	size := func(name string) (int, bool, error) {
+		v, ok := lookup(name)
+		if !ok || v == "" {
+			return 0, false, nil
+		}
+		n, err := parseBytes(v)
+		if err != nil || n <= 0 {
+			return 0, false, fmt.Errorf("%w: %s=%q is not a positive size in bytes (e.g. 67108864 or 64M)", ErrEnv, name, v)
+		}
+		return n, true, nil
+	}
+	if n, ok, err := size(EnvMaxFrame); err != nil {
+		return nil, err
+	} else if ok {
+		opts = append(opts, tcp.WithMaxFrame(n))
+	}
+	if n, ok, err := size(EnvSocketBuffer); err != nil {
+		return nil, err
+	} else if ok {
+		opts = append(opts, tcp.WithSocketBuffer(n))
+	}
+	return opts, nil
+}
+
+// parseBytes parses a byte count with an optional binary suffix K, M or G
+// (also KiB, MiB, GiB).
+func parseBytes(s string) (int, error) {
+	mult := 1
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if t, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = t, u.mult
+			break
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, err
+	}
+	if n > math.MaxInt/mult {
+		return 0, fmt.Errorf("%d * %d overflows", n, mult)
+	}
+	return n * mult, nil
 }

@@ -20,7 +20,8 @@ func clearEnv(t *testing.T) {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}
-	for _, v := range []string{EnvMasterAddr, EnvMasterPort, EnvToken, EnvInsecure, EnvListenAddr} {
+	for _, v := range []string{EnvMasterAddr, EnvMasterPort, EnvToken, EnvInsecure, EnvListenAddr,
+		EnvHeartbeatTimeout, EnvHeartbeatInterval, EnvInitTimeout, EnvMaxFrame, EnvSocketBuffer} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}

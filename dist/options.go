@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/options"
 )
 
@@ -72,6 +73,8 @@ type config struct {
 	timeline    string // WithTimeline
 	metricsAddr string // WithMetricsAddr
 	restarts    int    // GDIST_RESTART_COUNT, from InitFromEnv
+
+	tcpOpts []tcp.Option // WithTCPOptions, for InitFromEnv
 }
 
 func defaultConfig() config {
@@ -144,6 +147,24 @@ func WithLogger(l *slog.Logger) Option {
 			return invalidOption("WithLogger(nil)")
 		}
 		c.logger, c.loggerSet = l, true
+		return nil
+	}
+}
+
+// WithTCPOptions passes opts to the TCP transport InitFromEnv creates (New
+// takes a transport and ignores them), after the options InitFromEnv
+// derives from the environment (GDIST_TOKEN, GDIST_LISTEN_ADDR,
+// GDIST_HEARTBEAT_TIMEOUT, ...), so they win. Given several times, the
+// lists add up. The transport validates them: InitFromEnv fails with its
+// error (matching tcp.ErrConfig) for a bad one. A nil option is refused.
+func WithTCPOptions(opts ...tcp.Option) Option {
+	return func(c *config) error {
+		for i, o := range opts {
+			if o == nil {
+				return invalidOption("WithTCPOptions: option %d is nil", i)
+			}
+		}
+		c.tcpOpts = append(c.tcpOpts, opts...)
 		return nil
 	}
 }

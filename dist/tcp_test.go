@@ -14,7 +14,7 @@ import (
 	"github.com/gdist/gdist/dist/transport/tcp"
 )
 
-var testToken = []byte("dist-test-token")
+var testToken = []byte("dist-test-token-0123456789")
 
 // newTCPCluster is n ranks in this process connected by the TCP transport
 // over loopback.

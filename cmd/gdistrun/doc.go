@@ -28,6 +28,12 @@
 //	-no-prefix       do not prefix output lines with the rank
 //	-timeout D       stop the job after D, restarts included (default: no limit)
 //	-kill-grace D    time between SIGTERM and SIGKILL when stopping (default 3s)
+//	-heartbeat-timeout D  report a rank that stops responding after D
+//	                 (-heartbeat_timeout; sets GDIST_HEARTBEAT_TIMEOUT for the
+//	                 ranks; default: gdist's, 8s)
+//	-init-timeout D  fail the rendezvous after D, naming the ranks that never
+//	                 joined (-init_timeout; sets GDIST_INIT_TIMEOUT; default:
+//	                 gdist's, 5m)
 //
 // Two spellings of one flag with different values (-n 2 --nproc_per_node 3),
 // -rdzv-endpoint with a different -master-addr or -master-port, and

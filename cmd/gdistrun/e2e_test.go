@@ -113,6 +113,10 @@ func childMain(mode string) int {
 		return 0
 	case "ctl", "ctl-stubborn":
 		return ctlChild(mode == "ctl-stubborn", dir, rank, count)
+	case "timeouts":
+		fmt.Printf("GDIST_HEARTBEAT_TIMEOUT=%s GDIST_INIT_TIMEOUT=%s\n",
+			os.Getenv("GDIST_HEARTBEAT_TIMEOUT"), os.Getenv("GDIST_INIT_TIMEOUT"))
+		return 0
 	}
 	switch mode {
 	case "sleep":

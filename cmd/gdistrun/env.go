@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gdist/gdist/internal/launch"
 )
@@ -50,6 +51,12 @@ func resolveJob(cfg config, environ []string) (launch.Spec, error) {
 		return j, fmt.Errorf("%w: -max-restarts must not be negative, got %d", errUsage, cfg.maxRestarts)
 	case cfg.killGrace < 0:
 		return j, fmt.Errorf("%w: -kill-grace must not be negative, got %v", errUsage, cfg.killGrace)
+	case cfg.heartbeatTimeout < 0:
+		return j, fmt.Errorf("%w: -heartbeat-timeout must not be negative, got %v", errUsage, cfg.heartbeatTimeout)
+	case cfg.heartbeatTimeout > 0 && cfg.heartbeatTimeout < 10*time.Millisecond:
+		return j, fmt.Errorf("%w: -heartbeat-timeout must be at least 10ms, got %v", errUsage, cfg.heartbeatTimeout)
+	case cfg.initTimeout < 0:
+		return j, fmt.Errorf("%w: -init-timeout must not be negative, got %v", errUsage, cfg.initTimeout)
 	case len(cfg.argv) == 0:
 		return j, fmt.Errorf("%w: %w", errUsage, errNoProgram)
 	case cfg.nnodes > 1 && cfg.masterPort == 0:

@@ -69,6 +69,9 @@ func TestResolveJobRejects(t *testing.T) {
 		"empty addr":      func(c *config) { c.masterAddr = "" },
 		"timeout<0":       func(c *config) { c.timeout = -time.Second },
 		"grace<0":         func(c *config) { c.killGrace = -time.Second },
+		"heartbeat<0":     func(c *config) { c.heartbeatTimeout = -time.Second },
+		"heartbeat<10ms":  func(c *config) { c.heartbeatTimeout = time.Millisecond },
+		"init<0":          func(c *config) { c.initTimeout = -time.Second },
 		"max-restarts<0":  func(c *config) { c.maxRestarts = -1 },
 		"no program":      func(c *config) { c.argv = nil },
 	} {

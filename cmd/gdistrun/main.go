@@ -49,6 +49,9 @@ Environment of each rank:
                       ranks do not oversubscribe the CPUs (printed once)
   GDIST_LISTEN_ADDR   with -nnodes > 1, unless set: 0.0.0.0:0, so that ranks
                       on other hosts can reach this host's ranks
+  GDIST_HEARTBEAT_TIMEOUT, GDIST_INIT_TIMEOUT
+                      -heartbeat-timeout, -init-timeout when given (they
+                      win over the inherited environment)
 
 Each rank runs in a process group of its own. If a rank exits non-zero or is
 killed, every other rank's group gets SIGTERM, then SIGKILL after -kill-grace,
@@ -119,6 +122,10 @@ func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
 	fs.add(boolValue(&cfg.noPrefix), "do not prefix output lines with the rank", "no-prefix")
 	fs.add(durationValue(&cfg.timeout, 0), "stop the job after this long, restarts included, e.g. 30m (0: no limit)", "timeout")
 	fs.add(durationValue(&cfg.killGrace, defaultKillGrace), "time between SIGTERM and SIGKILL when stopping ranks", "kill-grace")
+	fs.add(durationValue(&cfg.heartbeatTimeout, 0), "report a rank that stops responding after this long, e.g. 20s (GDIST_HEARTBEAT_TIMEOUT; 0: gdist's default, 8s)",
+		"heartbeat-timeout", "heartbeat_timeout")
+	fs.add(durationValue(&cfg.initTimeout, 0), "fail the rendezvous, naming the ranks that never joined, after this long (GDIST_INIT_TIMEOUT; 0: gdist's default, 5m)",
+		"init-timeout", "init_timeout")
 	return fs
 }
 

@@ -28,6 +28,16 @@ func TestParseArgs(t *testing.T) {
 	assert.Empty(t, stderr.String())
 }
 
+func TestParseArgsTimeouts(t *testing.T) {
+	var out bytes.Buffer
+	cfg, err := parseArgs([]string{"-heartbeat-timeout", "20s", "--init_timeout", "1m", "prog"}, &out, &out)
+	require.NoError(t, err)
+	assert.Equal(t, 20*time.Second, cfg.heartbeatTimeout)
+	assert.Equal(t, time.Minute, cfg.initTimeout)
+	_, err = parseArgs([]string{"-heartbeat-timeout", "soon", "prog"}, &out, &out)
+	require.Error(t, err)
+}
+
 func TestParseArgsDefaults(t *testing.T) {
 	var out bytes.Buffer
 	cfg, err := parseArgs([]string{"prog", "-n", "3"}, &out, &out)
@@ -178,6 +188,8 @@ func TestUsageListsSpellingsCompactly(t *testing.T) {
 		"  -max-restarts, -max_restarts N\n",
 		"  -log-dir, -log_dir DIR\n",
 		"  -kill-grace duration\n",
+		"  -heartbeat-timeout, -heartbeat_timeout duration\n",
+		"  -init-timeout, -init_timeout duration\n",
 	} {
 		assert.Equal(t, 1, strings.Count(u, line), "%q once in\n%s", line, u)
 	}

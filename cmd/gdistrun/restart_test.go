@@ -316,6 +316,26 @@ func TestRunListenAddr(t *testing.T) {
 	assert.Contains(t, stderr.String(), "[1] EXTRA GOMAXPROCS=4 GDIST_LISTEN_ADDR=10.0.0.5:0 GDIST_RESTART_COUNT=0\n", "the user's address wins")
 }
 
+// TestRunTimeoutFlags: -heartbeat-timeout and -init-timeout reach every
+// rank as GDIST_HEARTBEAT_TIMEOUT and GDIST_INIT_TIMEOUT, over what
+// gdistrun inherited; without them the inherited values pass through.
+func TestRunTimeoutFlags(t *testing.T) {
+	cfg, _ := testJob(t, 2, "timeouts")
+	cfg.environ = append(cfg.environ, "GDIST_HEARTBEAT_TIMEOUT=1h")
+	var stdout, stderr bytes.Buffer
+	_, err := run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	assert.Contains(t, stdout.String(), "[1] GDIST_HEARTBEAT_TIMEOUT=1h GDIST_INIT_TIMEOUT=\n")
+
+	cfg.heartbeatTimeout, cfg.initTimeout = 20*time.Second, 90*time.Second
+	stdout.Reset()
+	_, err = run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	for _, r := range []string{"0", "1"} {
+		assert.Contains(t, stdout.String(), "["+r+"] GDIST_HEARTBEAT_TIMEOUT=20s GDIST_INIT_TIMEOUT=1m30s\n")
+	}
+}
+
 func TestRunTimeoutEndsRestarts(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	cfg, dir := testJob(t, 2, "ctl")

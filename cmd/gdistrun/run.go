@@ -29,7 +29,11 @@ type config struct {
 	noPrefix    bool          // -no-prefix
 	timeout     time.Duration // -timeout; 0 means none
 	killGrace   time.Duration // -kill-grace: SIGTERM to SIGKILL
-	argv        []string      // program and its arguments
+	// -heartbeat-timeout, -init-timeout: GDIST_HEARTBEAT_TIMEOUT and
+	// GDIST_INIT_TIMEOUT for the ranks; 0 leaves them alone
+	heartbeatTimeout time.Duration
+	initTimeout      time.Duration
+	argv             []string // program and its arguments
 
 	environ []string         // base environment of the ranks; nil means os.Environ()
 	stdin   *os.File         // stdin of local rank 0 when non-nil; other ranks read /dev/null
@@ -49,7 +53,9 @@ const (
 // Variables gdistrun sets for the ranks besides launch.Spec's.
 const (
 	envRestartCount = "GDIST_RESTART_COUNT"
-	envListenAddr   = "GDIST_LISTEN_ADDR" // dist.EnvListenAddr
+	envListenAddr   = "GDIST_LISTEN_ADDR"       // dist.EnvListenAddr
+	envHeartbeat    = "GDIST_HEARTBEAT_TIMEOUT" // dist.EnvHeartbeatTimeout
+	envInitTimeout  = "GDIST_INIT_TIMEOUT"      // dist.EnvInitTimeout
 	envGOMAXPROCS   = "GOMAXPROCS"
 	multiNodeListen = "0.0.0.0:0"
 )
@@ -101,6 +107,12 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 	var env []string
 	if cfg.nnodes > 1 && lookupEnv(environ, envListenAddr) == "" {
 		env = append(env, envListenAddr+"="+multiNodeListen)
+	}
+	if cfg.heartbeatTimeout > 0 {
+		env = append(env, envHeartbeat+"="+cfg.heartbeatTimeout.String())
+	}
+	if cfg.initTimeout > 0 {
+		env = append(env, envInitTimeout+"="+cfg.initTimeout.String())
 	}
 	procs := 0
 	if lookupEnv(environ, envGOMAXPROCS) == "" {

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
+	"github.com/gdist/gdist/internal/launch"
 )
 
 // logRecorder is a slog.Handler that keeps the records it gets.
@@ -117,10 +119,14 @@ func TestHandshakeRefusals(t *testing.T) {
 	silent, err := net.Dial("tcp", a0) // says nothing: handshake timeout
 	require.NoError(t, err)
 	defer silent.Close()
-	_, _, err = fakeClient(t, a0, 2, 3, []byte("wrong token"), 0, wire.ModeMesh)
-	require.ErrorIs(t, err, ErrAuth, "the client sees the server's proof fail")
+	_, _, err = fakeClient(t, a0, 2, 3, []byte("wrong-token-0123456789"), 0, wire.ModeMesh)
+	require.ErrorIs(t, err, ErrAuth, "the server refuses the client's proof")
+	requireRejected(t, err, wire.RejectAuth)
 	_, _, err = fakeClient(t, a0, 2, 4, testToken, 0, wire.ModeMesh)
 	requireRejected(t, err, wire.RejectWorld)
+	var rj *RejectedError
+	require.ErrorAs(t, err, &rj)
+	assert.Equal(t, uint64(3), rj.Detail, "an authenticated client learns the server's world size")
 	_, _, err = fakeClient(t, a0, 7, 3, testToken, 0, wire.ModeMesh)
 	requireRejected(t, err, wire.RejectRank)
 	_, _, err = fakeClient(t, a0, 0, 3, testToken, 0, wire.ModeMesh)
@@ -135,8 +141,8 @@ func TestHandshakeRefusals(t *testing.T) {
 	assert.Equal(t, wire.RejectProtocol, rawReject(t, a0, bad))
 	assert.Equal(t, wire.RejectProtocol, rawReject(t, a0, header(wire.Header{Kind: wire.Hello, Src: 2, Len: 1 << 40})))
 	assert.Equal(t, wire.RejectProtocol, rawReject(t, a0, header(wire.Header{Kind: wire.Data, Src: 2, Len: 10})))
-	// A client with the wrong token that does not check the server's proof
-	// and answers anyway is refused by the server.
+	// A client with the wrong token gets a nonce and a refusal, nothing that
+	// depends on the token.
 	wrongAuth(t, a0)
 
 	start(2)
@@ -171,19 +177,39 @@ func TestHandshakeRefusals(t *testing.T) {
 	}
 
 	require.Eventually(t, func() bool {
-		r := rec.reasons()
+		var codes []wire.RejectReason
+		for _, r := range ts[0].refused.list() {
+			codes = append(codes, r.Code)
+		}
 		for _, want := range []wire.RejectReason{wire.RejectAuth, wire.RejectWorld, wire.RejectRank,
 			wire.RejectMode, wire.RejectProtocol, wire.RejectDuplicate} {
-			if !slices.Contains(r, want.String()) {
+			if !slices.Contains(codes, want) {
 				return false
 			}
 		}
-		return slices.Contains(r, "i/o") // the silent one timed out
-	}, 5*time.Second, 10*time.Millisecond, "refusals logged: %v", rec.reasons())
+		return slices.Contains(codes, 0) // the silent one timed out
+	}, 5*time.Second, 10*time.Millisecond, "refusals recorded: %v", ts[0].refused.list())
+	reasons := rec.reasons()
+	// Rank 0 refused 13 connections and rank 1 one; rank 0 logged a burst
+	// and then held back (one more line may come if the test took over 10 s).
+	assert.GreaterOrEqual(t, len(reasons), refusalBurst+1, "%v", reasons)
+	assert.LessOrEqual(t, len(reasons), refusalBurst+2, "refusals are rate-limited: %v", reasons)
+	assert.Contains(t, reasons, "authentication failed: wrong GDIST_TOKEN?")
+	for _, r := range ts[0].refused.list() {
+		switch r.Code {
+		case wire.RejectWorld:
+			assert.Equal(t, "world size mismatch: world size 4, this job has 3", r.Reason)
+		case wire.RejectDuplicate:
+			assert.Regexp(t, `^duplicate rank: rank 2 already joined from 127\.0\.0\.1:\d+$`, r.Reason)
+		case 0:
+			assert.Equal(t, "did not complete the handshake in time", r.Reason)
+		}
+	}
 }
 
-// wrongAuth runs a client that ignores the server's proof and sends a MAC
-// made with the wrong token.
+// wrongAuth runs a client with the wrong token by hand: the server gives it
+// nothing but a nonce, then refuses its proof without proving anything
+// itself.
 func wrongAuth(t *testing.T, addr string) {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -194,15 +220,20 @@ func wrongAuth(t *testing.T, addr string) {
 	hello := make([]byte, wire.HelloSize)
 	info.Put(hello)
 	require.NoError(t, writeFrame(c, wire.Header{Kind: wire.Hello, Src: 2}, hello))
-	h, ack, err := readFrame(c, wire.HelloAckSize)
+	h, ch, err := readFrame(c, wire.ChallengeSize)
 	require.NoError(t, err)
-	require.Equal(t, wire.HelloAck, h.Kind)
-	mac := wire.ClientMAC([]byte("wrong"), hello, ack, 2, 0)
+	require.Equal(t, wire.Challenge, h.Kind)
+	require.Len(t, ch, wire.NonceSize, "the challenge is a nonce and nothing else")
+	var nonce [wire.NonceSize]byte
+	copy(nonce[:], ch)
+	mac := wire.ClientMAC([]byte("wrong-token-0123456789"), hello, nonce, 2, 0)
 	require.NoError(t, writeFrame(c, wire.Header{Kind: wire.Auth, Src: 2}, mac[:]))
-	h, _, err = readFrame(c, 0)
+	h, p, err := readFrame(c, 1<<20)
 	require.NoError(t, err)
 	require.Equal(t, wire.Reject, h.Kind)
 	require.Equal(t, wire.RejectAuth, wire.RejectReason(h.Tag))
+	require.Zero(t, h.Stamp, "no detail for an unauthenticated client")
+	require.Empty(t, p)
 }
 
 func requireRejected(t *testing.T, err error, reason wire.RejectReason) {
@@ -227,7 +258,7 @@ func TestWrongTokenFailsSetup(t *testing.T) {
 		r0 <- err
 	}()
 	start := time.Now()
-	_, err := New(ctx, 1, 2, lns[1], addrs, WithToken([]byte("not the token")), WithLogger(quiet()))
+	_, err := New(ctx, 1, 2, lns[1], addrs, WithToken([]byte("not the job token, but long enough")), WithLogger(quiet()))
 	require.ErrorIs(t, err, ErrAuth)
 	assert.Less(t, time.Since(start), 5*time.Second)
 	cancel()
@@ -301,6 +332,7 @@ func TestHeartbeatTimeout(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, 1, pe.Rank)
 	assert.ErrorIs(t, err, transport.ErrPeerLost)
+	assert.ErrorIs(t, err, transport.ErrPeerUnresponsive)
 	assert.ErrorIs(t, err, ErrHeartbeatTimeout)
 	assert.Less(t, el, 2*time.Second)
 	assert.GreaterOrEqual(t, el, 250*time.Millisecond)
@@ -386,6 +418,10 @@ func TestConfigErrors(t *testing.T) {
 		{"handshake", 0, 2, addrs, []Option{WithInsecure(), WithHandshakeTimeout(0)}},
 		{"listen addr", 0, 2, addrs, []Option{WithInsecure(), WithListenAddr("127.0.0.1:0")}},
 		{"empty token", 0, 2, addrs, []Option{WithToken(nil)}},
+		{"short token", 0, 2, addrs, []Option{WithToken([]byte("fifteen-bytes!!"))}},
+		{"short hex token", 0, 2, addrs, []Option{WithToken([]byte("0123456789abcdef0123456789abcde"))}},
+		{"init timeout", 0, 2, addrs, []Option{WithInsecure(), WithInitTimeout(0)}},
+		{"heartbeat ratio", 0, 2, addrs, []Option{WithInsecure(), WithHeartbeat(time.Second, 1999*time.Millisecond)}},
 		{"queue limit", 0, 2, addrs, []Option{WithInsecure(), WithQueueLimit(-1)}},
 		{"nil option", 0, 2, addrs, []Option{nil}},
 	} {
@@ -397,6 +433,35 @@ func TestConfigErrors(t *testing.T) {
 }
 
 // TestSingleRank: a world of one needs no token and no listener.
+// TestTokenStrength: tokens are refused below 128 bits, hex tokens counted
+// two digits a byte; launch's generated tokens and the tests' tokens pass.
+func TestTokenStrength(t *testing.T) {
+	for tok, ok := range map[string]bool{
+		"":                                 false,
+		"fifteen-bytes!!":                  false,
+		"sixteen-bytes!!!":                 true,
+		"0123456789abcdef":                 false, // 16 hex digits: 8 bytes
+		"0123456789abcdef0123456789abcde":  false, // 31 hex digits
+		"0123456789abcdef0123456789ABCDEF": true,  // 32 hex digits: 16 bytes
+		"0123456789abcdef0123456789abcdeg": true,  // not hex: 32 bytes
+		string(testToken):                  true,
+	} {
+		_, err := apply([]Option{WithToken([]byte(tok))})
+		if ok {
+			assert.NoError(t, err, "%q", tok)
+			continue
+		}
+		require.ErrorIs(t, err, ErrConfig, "%q", tok)
+		assert.Contains(t, err.Error(), "too short", "%q", tok)
+	}
+	gen, err := launch.NewToken()
+	require.NoError(t, err)
+	_, err = apply([]Option{WithToken([]byte(gen))})
+	require.NoError(t, err, "launch's generated token %q", gen)
+	_, err = apply([]Option{WithToken([]byte(rand.Text()))})
+	require.NoError(t, err, "rand.Text, as tests use")
+}
+
 func TestSingleRank(t *testing.T) {
 	ctx := context.Background()
 	tr, err := New(ctx, 0, 1, nil, []string{""})
@@ -480,7 +545,7 @@ func TestRendezvousWrongToken(t *testing.T) {
 		})
 	}
 	time.Sleep(50 * time.Millisecond)
-	_, err := Rendezvous(ctx, 2, 3, master, WithToken([]byte("bad")), WithLogger(quiet()))
+	_, err := Rendezvous(ctx, 2, 3, master, WithToken([]byte("a wrong token, long enough")), WithLogger(quiet()))
 	require.ErrorIs(t, err, ErrAuth)
 	wg.Wait()
 	for i, err := range errs {
@@ -517,7 +582,7 @@ func TestKilledPeer(t *testing.T) {
 		r0 <- res{tr, err}
 	}()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=1", envChildMaster+"="+addrs[0])
+	cmd.Env = append(os.Environ(), envChild+"=killed", envChildMaster+"="+addrs[0])
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, cmd.Start())
 	defer cmd.Process.Kill()

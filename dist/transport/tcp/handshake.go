@@ -24,6 +24,7 @@ type link struct {
 // hsError is a handshake failure the server reports to the client.
 type hsError struct {
 	reason wire.RejectReason
+	detail uint64 // Reject's detail (RejectWorld: this job's world size)
 	err    error
 }
 
@@ -101,6 +102,11 @@ func (t *Transport) helloInfo(peer int, mode uint8) (wire.HelloInfo, error) {
 
 // clientHandshake authenticates conn to rank server. It returns the
 // server's HelloInfo. Errors matching errFatal mean retrying is pointless.
+//
+// The client proves the token first (Auth, over both nonces), and the
+// server proves it in Welcome only after checking that proof: a connector
+// that does not know the token gets nothing from the server that depends on
+// the token.
 func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *frameReader, server int, mode uint8) (wire.HelloInfo, error) {
 	defer bindDeadline(ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
 	mine, err := t.helloInfo(server, mode)
@@ -112,24 +118,42 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 	if err := writeFrame(conn, wire.Header{Kind: wire.Hello, Src: uint32(t.rank)}, hello); err != nil {
 		return wire.HelloInfo{}, err
 	}
-	h, ack, err := readExpected(br, wire.HelloAckSize, wire.HelloAck, wire.HelloAckSize)
+	h, ch, err := readExpected(br, wire.ChallengeSize, wire.Challenge, wire.ChallengeSize)
 	if err != nil {
 		return wire.HelloInfo{}, err
 	}
 	if h.Kind == wire.Reject {
-		return wire.HelloInfo{}, &RejectedError{Rank: server, Reason: wire.RejectReason(h.Tag)}
+		return wire.HelloInfo{}, &RejectedError{Rank: server, Reason: wire.RejectReason(h.Tag), Detail: h.Stamp}
 	}
-	if h.Kind != wire.HelloAck || len(ack) != wire.HelloAckSize || h.Src != uint32(server) {
-		return wire.HelloInfo{}, fmt.Errorf("%w: expected hello-ack from rank %d, got %v from %d (%d bytes)",
-			ErrProtocol, server, h.Kind, h.Src, len(ack))
+	// The challenge's src is not checked: nothing the server says counts
+	// before it has proved the token (in Welcome), and a server that is not
+	// rank `server` refuses the client's proof with a reason.
+	var nonce [wire.NonceSize]byte
+	copy(nonce[:], ch)
+	cmac := wire.ClientMAC(t.cfg.token, hello, nonce, uint32(t.rank), uint32(server))
+	if err := writeFrame(conn, wire.Header{Kind: wire.Auth, Src: uint32(t.rank)}, cmac[:]); err != nil {
+		return wire.HelloInfo{}, err
 	}
-	theirs, err := wire.ParseHello(ack[:wire.HelloSize])
+	h, wel, err := readExpected(br, wire.WelcomeSize, wire.Welcome, wire.WelcomeSize)
+	if err != nil {
+		return wire.HelloInfo{}, err
+	}
+	if h.Kind == wire.Reject {
+		return wire.HelloInfo{}, &RejectedError{Rank: server, Reason: wire.RejectReason(h.Tag), Detail: h.Stamp}
+	}
+	if h.Src != uint32(server) {
+		return wire.HelloInfo{}, fmt.Errorf("%w: expected welcome from rank %d, got one from %d", ErrProtocol, server, h.Src)
+	}
+	smac := wire.ServerMAC(t.cfg.token, hello, wel, uint32(t.rank), uint32(server))
+	if !hmac.Equal(smac[:], wel[wire.HelloSize:]) {
+		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d at %v did not prove the job token", ErrAuth, server, conn.RemoteAddr())
+	}
+	theirs, err := wire.ParseHello(wel[:wire.HelloSize])
 	if err != nil {
 		return wire.HelloInfo{}, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
-	smac := wire.ServerMAC(t.cfg.token, hello, ack, uint32(t.rank), uint32(server))
-	if !hmac.Equal(smac[:], ack[wire.HelloSize:]) {
-		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d at %v did not prove the job token", ErrAuth, server, conn.RemoteAddr())
+	if theirs.Nonce != nonce {
+		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d welcomed with another nonce than its challenge", ErrProtocol, server)
 	}
 	if theirs.World != uint32(t.world) || theirs.Peer != uint32(t.rank) || theirs.Mode != mode {
 		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d answered for world %d, rank %d, mode %d",
@@ -138,21 +162,7 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 	if theirs.MaxFrame == 0 {
 		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d accepts no payload", ErrProtocol, server)
 	}
-	cmac := wire.ClientMAC(t.cfg.token, hello, ack, uint32(t.rank), uint32(server))
-	if err := writeFrame(conn, wire.Header{Kind: wire.Auth, Src: uint32(t.rank)}, cmac[:]); err != nil {
-		return wire.HelloInfo{}, err
-	}
-	h, _, err = readExpected(br, 0, wire.Welcome, 0)
-	if err != nil {
-		return wire.HelloInfo{}, err
-	}
-	switch h.Kind {
-	case wire.Welcome:
-		return theirs, nil
-	case wire.Reject:
-		return wire.HelloInfo{}, &RejectedError{Rank: server, Reason: wire.RejectReason(h.Tag)}
-	}
-	return wire.HelloInfo{}, fmt.Errorf("%w: expected welcome, got %v", ErrProtocol, h.Kind)
+	return theirs, nil
 }
 
 // errFatal reports whether a dial-side handshake error should end setup
@@ -163,92 +173,110 @@ func errFatal(err error) bool {
 }
 
 // serverHandshake authenticates an incoming connection. On failure it has
-// sent Reject where it could; the caller closes conn.
-func (t *Transport) serverHandshake(conn *net.TCPConn, br *frameReader) (link, error) {
+// sent Reject where it could; the caller closes conn. claimed is the rank
+// the client said it is (-1 if it never said).
+func (t *Transport) serverHandshake(conn *net.TCPConn, br *frameReader) (l link, claimed int, err error) {
 	defer bindDeadline(t.ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
-	l, err := t.serverExchange(conn, br)
+	l, claimed, err = t.serverExchange(conn, br)
 	if err != nil {
 		var he *hsError
 		if errors.As(err, &he) {
-			writeFrame(conn, wire.Header{Kind: wire.Reject, Src: uint32(t.rank), Tag: uint32(he.reason)}, nil)
+			writeFrame(conn, wire.Header{Kind: wire.Reject, Src: uint32(t.rank), Tag: uint32(he.reason), Stamp: he.detail}, nil)
 		}
-		return link{}, err
+		return link{}, claimed, err
 	}
-	return l, nil
+	return l, claimed, nil
 }
 
-func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, error) {
+// serverExchange runs the server side of the handshake. Nothing it sends
+// before the client's proof has checked out depends on the token or on this
+// job (world size, limits): the Challenge is a fresh nonce, and every
+// refusal before that is a protocol error.
+func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, int, error) {
 	h, hello, err := readExpected(br, wire.HelloSize, wire.Hello, wire.HelloSize)
 	if err != nil {
 		if errors.Is(err, ErrProtocol) {
-			return link{}, &hsError{wire.RejectProtocol, err}
+			return link{}, -1, &hsError{reason: wire.RejectProtocol, err: err}
 		}
-		return link{}, err
+		return link{}, -1, err
 	}
 	if h.Kind != wire.Hello {
-		return link{}, reject(wire.RejectProtocol, "expected hello, got %v", h.Kind)
+		return link{}, -1, reject(wire.RejectProtocol, "expected hello, got %v", h.Kind)
 	}
 	theirs, err := wire.ParseHello(hello)
 	if err != nil {
-		return link{}, &hsError{wire.RejectProtocol, err}
+		return link{}, -1, &hsError{reason: wire.RejectProtocol, err: err}
 	}
 	c := int64(h.Src)
-	switch {
-	case theirs.World != uint32(t.world):
-		return link{}, reject(wire.RejectWorld, "client rank %d says world %d, this job has %d", c, theirs.World, t.world)
-	case theirs.Peer != uint32(t.rank):
-		return link{}, reject(wire.RejectRank, "client rank %d wants rank %d, this is rank %d", c, theirs.Peer, t.rank)
-	case c >= int64(t.world) || !t.accept(int(c)):
-		return link{}, reject(wire.RejectRank, "rank %d may not connect to rank %d here", c, t.rank)
-	case theirs.Mode != t.acceptMode:
-		return link{}, reject(wire.RejectMode, "client rank %d uses mode %d, this listener expects %d", c, theirs.Mode, t.acceptMode)
-	case theirs.MaxFrame == 0:
-		return link{}, reject(wire.RejectProtocol, "client rank %d accepts no payload", c)
+	claimed := -1
+	if c < int64(t.world) {
+		claimed = int(c)
 	}
-	mine, err := t.helloInfo(int(c), t.acceptMode)
+	mine, err := t.helloInfo(0, t.acceptMode)
 	if err != nil {
-		return link{}, err
+		return link{}, claimed, err
 	}
-	ack := make([]byte, wire.HelloAckSize)
-	mine.Put(ack)
-	smac := wire.ServerMAC(t.cfg.token, hello, ack, uint32(c), uint32(t.rank))
-	copy(ack[wire.HelloSize:], smac[:])
-	if err := writeFrame(conn, wire.Header{Kind: wire.HelloAck, Src: uint32(t.rank)}, ack); err != nil {
-		return link{}, err
+	if err := writeFrame(conn, wire.Header{Kind: wire.Challenge, Src: uint32(t.rank)}, mine.Nonce[:]); err != nil {
+		return link{}, claimed, err
 	}
 	h, auth, err := readExpected(br, wire.AuthSize, wire.Auth, wire.AuthSize)
 	if err != nil {
 		if errors.Is(err, ErrProtocol) {
-			return link{}, &hsError{wire.RejectProtocol, err}
+			return link{}, claimed, &hsError{reason: wire.RejectProtocol, err: err}
 		}
-		return link{}, err
+		return link{}, claimed, err
 	}
-	if h.Kind != wire.Auth || h.Src != uint32(c) || len(auth) != wire.AuthSize {
-		return link{}, reject(wire.RejectProtocol, "expected auth from rank %d, got %v from %d", c, h.Kind, h.Src)
+	if h.Kind != wire.Auth || h.Src != uint32(c) {
+		return link{}, claimed, reject(wire.RejectProtocol, "expected auth from rank %d, got %v from %d", c, h.Kind, h.Src)
 	}
-	cmac := wire.ClientMAC(t.cfg.token, hello, ack, uint32(c), uint32(t.rank))
+	// The client signed for the ranks it named (src and Hello.peer); a
+	// client that reached the wrong rank is told so once it has proved the
+	// token.
+	cmac := wire.ClientMAC(t.cfg.token, hello, mine.Nonce, uint32(c), theirs.Peer)
 	if !hmac.Equal(cmac[:], auth) {
-		return link{}, &hsError{wire.RejectAuth, fmt.Errorf("%w: client claiming rank %d did not prove the job token", ErrAuth, c)}
+		return link{}, claimed, &hsError{reason: wire.RejectAuth,
+			err: fmt.Errorf("%w: client claiming rank %d did not prove the job token", ErrAuth, c)}
 	}
-	if !t.claim(int(c)) {
-		return link{}, reject(wire.RejectDuplicate, "rank %d is already connected", c)
+	// Authenticated: from here on the client may learn why it is refused.
+	switch {
+	case theirs.World != uint32(t.world):
+		return link{}, claimed, &hsError{reason: wire.RejectWorld, detail: uint64(t.world),
+			err: fmt.Errorf("world size %d, this job has %d", theirs.World, t.world)}
+	case theirs.Peer != uint32(t.rank):
+		return link{}, claimed, reject(wire.RejectRank, "rank %d wants to reach rank %d, this is rank %d", c, theirs.Peer, t.rank)
+	case c >= int64(t.world) || !t.accept(int(c)):
+		return link{}, claimed, reject(wire.RejectRank, "rank %d may not connect to rank %d here", c, t.rank)
+	case theirs.Mode != t.acceptMode:
+		return link{}, claimed, reject(wire.RejectMode, "rank %d uses mode %d, this listener expects %d", c, theirs.Mode, t.acceptMode)
+	case theirs.MaxFrame == 0:
+		return link{}, claimed, reject(wire.RejectProtocol, "rank %d accepts no payload", c)
 	}
-	if err := writeFrame(conn, wire.Header{Kind: wire.Welcome, Src: uint32(t.rank)}, nil); err != nil {
+	if from, ok := t.claim(int(c), conn.RemoteAddr().String()); !ok {
+		return link{}, claimed, reject(wire.RejectDuplicate, "rank %d already joined from %s", c, from)
+	}
+	mine.Peer = uint32(c)
+	wel := make([]byte, wire.WelcomeSize)
+	mine.Put(wel)
+	smac := wire.ServerMAC(t.cfg.token, hello, wel, uint32(c), uint32(t.rank))
+	copy(wel[wire.HelloSize:], smac[:])
+	if err := writeFrame(conn, wire.Header{Kind: wire.Welcome, Src: uint32(t.rank)}, wel); err != nil {
 		t.unclaim(int(c))
-		return link{}, err
+		return link{}, claimed, err
 	}
-	return link{rank: int(c), conn: conn, br: br, info: theirs}, nil
+	return link{rank: int(c), conn: conn, br: br, info: theirs}, claimed, nil
 }
 
-// claim reserves rank r for an authenticated link; false if it is taken.
-func (t *Transport) claim(r int) bool {
+// claim reserves rank r for an authenticated link from remote; if r is
+// taken it returns false and where r joined from.
+func (t *Transport) claim(r int, remote string) (string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.claimed[r] || t.closing.Load() {
-		return false
+		return t.joinedFrom[r], false
 	}
 	t.claimed[r] = true
-	return true
+	t.joinedFrom[r] = remote
+	return "", true
 }
 
 func (t *Transport) unclaim(r int) {

@@ -21,8 +21,8 @@ const (
 	// smallCopy: payloads up to this size are copied behind the header and
 	// written with one write; larger ones go out with one writev.
 	smallCopy = 4 << 10
-	// readChunk: large payloads are read in chunks this big so the heartbeat
-	// monitor sees progress on a slow link.
+	// readChunk: large payloads are read with reads of at most this many
+	// bytes (each read that returns bytes counts as liveness).
 	readChunk = 1 << 20
 	// readBuf is the size of each link's read buffer.
 	readBuf = 64 << 10
@@ -37,6 +37,7 @@ const (
 	pendCredit    = 1 << iota // send a Credit frame for the freed bytes
 	pendBlocked               // send a Blocked frame
 	pendHeartbeat             // send a Heartbeat frame
+	pendEcho                  // answer a Heartbeat: send an Echo with peer.echo
 	pendShutdown              // send nothing more: shut down the write side
 )
 
@@ -74,10 +75,11 @@ type peer struct {
 	peerBlocked atomic.Bool
 
 	// liveness
-	rx       atomic.Uint64 // frames (and payload chunks) read
+	rx       atomic.Uint64 // frames (and payload reads) read
+	echo     atomic.Uint64 // stamp of the last Heartbeat received, to echo
 	lastRx   uint64        // monitor only
 	lastRxAt time.Time     // monitor only
-	lastTx   uint64        // monitor only
+	lastHbAt time.Time     // monitor only: when the last heartbeat was posted
 
 	gone     atomic.Bool // the peer said goodbye
 	goneCh   chan struct{}
@@ -259,7 +261,12 @@ func (p *peer) flushLocked() {
 		}
 	}
 	if bits&pendHeartbeat != 0 {
-		if p.writeHeaderLocked(wire.Header{Kind: wire.Heartbeat, Src: self}) != nil {
+		if p.writeHeaderLocked(wire.Header{Kind: wire.Heartbeat, Src: self, Stamp: p.t.stamp()}) != nil {
+			return
+		}
+	}
+	if bits&pendEcho != 0 {
+		if p.writeHeaderLocked(wire.Header{Kind: wire.Echo, Src: self, Stamp: p.echo.Load()}) != nil {
 			return
 		}
 	}
@@ -435,6 +442,16 @@ func (p *peer) readLoop() {
 		case wire.Blocked:
 			p.onBlocked()
 		case wire.Heartbeat:
+			if h.Stamp != 0 {
+				p.echo.Store(h.Stamp)
+				p.post(pendEcho)
+			}
+		case wire.Echo:
+			if f := t.cfg.hbObserver; f != nil && h.Stamp != 0 {
+				if rtt := t.stamp() - h.Stamp; rtt < 1<<62 {
+					f(p.rank, time.Duration(rtt))
+				}
+			}
 		case wire.Goodbye:
 			bye = true
 			p.onGoodbye()

@@ -14,9 +14,25 @@ const (
 	DefaultMaxFrame          = 64 << 20 // bytes
 	DefaultQueueLimit        = 64 << 20 // bytes per source
 	DefaultHeartbeatInterval = time.Second
-	DefaultHeartbeatTimeout  = 30 * time.Second
-	DefaultHandshakeTimeout  = 10 * time.Second
-	DefaultListenAddr        = "127.0.0.1:0"
+	// DefaultHeartbeatTimeout is how long a peer may stay silent before it
+	// is reported unresponsive. With the default interval a frozen peer is
+	// named 8 to 8.25 s after the last frame it sent; a healthy idle peer
+	// sends something at least every ~1.25 s.
+	DefaultHeartbeatTimeout = 8 * time.Second
+	// DefaultHandshakeTimeout bounds how long an incoming connection may
+	// hold one of the handshake slots before it has authenticated.
+	DefaultHandshakeTimeout = 3 * time.Second
+	// DefaultInitTimeout bounds New and Rendezvous: after it every waiting
+	// rank fails with an *InitTimeoutError naming the ranks that never
+	// joined.
+	DefaultInitTimeout = 5 * time.Minute
+	DefaultListenAddr  = "127.0.0.1:0"
+	// MinTokenBytes is the shortest job token WithToken accepts: 128 bits.
+	// A token written in hex counts its decoded bytes (see WithToken).
+	MinTokenBytes = 16
+	// defaultMaxPendingHS is how many incoming connections may be in the
+	// handshake at once.
+	defaultMaxPendingHS = 64
 )
 
 // Errors of package tcp. Failures caused by a peer are reported as
@@ -30,8 +46,12 @@ var (
 	// ErrProtocol means a peer sent something the protocol does not allow.
 	ErrProtocol = errors.New("tcp: protocol error")
 	// ErrHeartbeatTimeout means nothing was received from a peer for the
-	// heartbeat timeout.
+	// heartbeat timeout. The *transport.PeerError that reports it also
+	// matches transport.ErrPeerUnresponsive (and so transport.ErrPeerLost).
 	ErrHeartbeatTimeout = errors.New("tcp: heartbeat timeout")
+	// ErrInitTimeout is matched by the *InitTimeoutError of a setup that
+	// did not complete within the init timeout (WithInitTimeout).
+	ErrInitTimeout = errors.New("tcp: setup timed out")
 )
 
 // RejectedError is returned by New and Rendezvous when the peer they dialed
@@ -39,9 +59,18 @@ var (
 type RejectedError struct {
 	Rank   int               // the rank that refused
 	Reason wire.RejectReason // why
+	// Detail qualifies some reasons: for a world size mismatch, the world
+	// size of the refusing rank's job (0 if unknown).
+	Detail uint64
 }
 
 func (e *RejectedError) Error() string {
+	switch {
+	case e.Reason == wire.RejectAuth:
+		return fmt.Sprintf("tcp: rank %d refused the connection: %v: wrong GDIST_TOKEN? (every rank needs the same token)", e.Rank, e.Reason)
+	case e.Reason == wire.RejectWorld && e.Detail != 0:
+		return fmt.Sprintf("tcp: rank %d refused the connection: %v: its job has %d ranks", e.Rank, e.Reason, e.Detail)
+	}
 	return fmt.Sprintf("tcp: rank %d refused the connection: %v", e.Rank, e.Reason)
 }
 
@@ -65,9 +94,11 @@ type config struct {
 	hbInterval   time.Duration
 	hbTimeout    time.Duration
 	hsTimeout    time.Duration
+	initTimeout  time.Duration
 	logger       *slog.Logger
 	sockBuf      int
 	maxPendingHS int
+	hbObserver   func(peer int, rtt time.Duration)
 }
 
 func defaultConfig() config {
@@ -78,7 +109,8 @@ func defaultConfig() config {
 		hbInterval:   DefaultHeartbeatInterval,
 		hbTimeout:    DefaultHeartbeatTimeout,
 		hsTimeout:    DefaultHandshakeTimeout,
-		maxPendingHS: 64,
+		initTimeout:  DefaultInitTimeout,
+		maxPendingHS: defaultMaxPendingHS,
 	}
 }
 
@@ -98,16 +130,64 @@ func apply(opts []Option) (config, error) {
 
 // WithToken sets the job token every rank proves it knows in the handshake
 // (HMAC-SHA256 challenge-response). It is required when the world has more
-// than one rank, unless WithInsecure is given. The token is copied; an
-// empty token is invalid.
+// than one rank, unless WithInsecure is given. The token is copied.
+//
+// A token shorter than 128 bits is refused: a shorter one could be guessed
+// online by anyone who can connect. Its strength is counted in the bytes it
+// stands for: a token made only of hex digits (such as `openssl rand -hex
+// 32` prints) counts two digits a byte, so it needs at least 32 of them;
+// any other token needs at least 16 bytes. The
+// bytes are used as given, hex or not (the HMAC key is the token itself).
+// gdistrun's generated tokens are 64 hex digits (256 bits).
 func WithToken(token []byte) Option {
 	return func(c *config) error {
-		if len(token) == 0 {
-			return fmt.Errorf("%w: empty token", ErrConfig)
+		if err := CheckToken(token); err != nil {
+			return err
 		}
 		c.token = append([]byte(nil), token...)
 		return nil
 	}
+}
+
+// CheckToken returns an error matching ErrConfig if WithToken would refuse
+// token (see there), and nil otherwise.
+func CheckToken(token []byte) error {
+	if n := tokenStrength(token); n < MinTokenBytes {
+		return fmt.Errorf("%w: job token too short: %s; it must hold at least %d random bytes (128 bits), e.g. GDIST_TOKEN=$(openssl rand -hex 32)",
+			ErrConfig, describeToken(token), MinTokenBytes)
+	}
+	return nil
+}
+
+// tokenStrength is the number of bytes a token stands for: half its
+// length (rounded down) if it is all hex digits, else its length.
+func tokenStrength(token []byte) int {
+	if isHex(token) {
+		return len(token) / 2
+	}
+	return len(token)
+}
+
+func isHex(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+func describeToken(token []byte) string {
+	switch {
+	case len(token) == 0:
+		return "empty"
+	case isHex(token):
+		return fmt.Sprintf("%d hex digits (%d bytes)", len(token), len(token)/2)
+	}
+	return fmt.Sprintf("%d bytes", len(token))
 }
 
 // WithInsecure allows a job without a token: the handshake still checks
@@ -159,21 +239,62 @@ func WithQueueLimit(n int) Option {
 	}
 }
 
-// WithHeartbeat sets how often an idle link sends a heartbeat (default 1 s)
-// and after how long without receiving anything a peer is considered lost
-// (default 30 s). timeout must exceed interval. interval <= 0 disables both.
+// WithHeartbeat sets how often a link sends a heartbeat (default 1 s) and
+// after how long without receiving anything from a peer it is reported
+// unresponsive (default 8 s): calls involving it fail with a
+// *transport.PeerError matching transport.ErrPeerUnresponsive and
+// ErrHeartbeatTimeout. Liveness is checked four times per interval, so a
+// peer that stops is named between timeout and timeout + interval/4 after
+// the last bytes it sent. timeout must be at least twice the interval.
+// interval 0 derives it from timeout: min(timeout/8, 1 s). interval < 0
+// disables heartbeats (and the timeout).
 func WithHeartbeat(interval, timeout time.Duration) Option {
+	if interval == 0 { // computed once: the Option may be shared and applied concurrently
+		interval = DeriveHeartbeatInterval(timeout)
+	}
 	return func(c *config) error {
-		if interval > 0 && timeout <= interval {
-			return fmt.Errorf("%w: heartbeat timeout %v must exceed interval %v", ErrConfig, timeout, interval)
+		if interval > 0 && timeout < 2*interval {
+			return fmt.Errorf("%w: heartbeat timeout %v must be at least twice the interval %v", ErrConfig, timeout, interval)
 		}
 		c.hbInterval, c.hbTimeout = interval, timeout
 		return nil
 	}
 }
 
+// DeriveHeartbeatInterval is the heartbeat interval WithHeartbeat uses for
+// timeout when none is given: min(timeout/8, 1 s), at least 1 ms.
+func DeriveHeartbeatInterval(timeout time.Duration) time.Duration {
+	return max(min(timeout/8, DefaultHeartbeatInterval), time.Millisecond)
+}
+
+// WithHeartbeatObserver has f called with the round-trip time of each
+// answered heartbeat: every heartbeat carries a stamp the peer echoes. f
+// runs on the link's reader goroutine and must return quickly; it may be
+// called for several peers at once. Heartbeats go out every interval on
+// every link, busy or idle, so f sees about one sample per interval per
+// peer. nil removes the observer.
+func WithHeartbeatObserver(f func(peer int, rtt time.Duration)) Option {
+	return func(c *config) error { c.hbObserver = f; return nil }
+}
+
+// WithInitTimeout bounds New and Rendezvous (default 5 minutes): a setup
+// that is not complete by then fails with an *InitTimeoutError naming the
+// ranks that never joined and the connections this rank refused meanwhile.
+// The caller's context still ends the setup earlier if it ends first. d
+// must be positive.
+func WithInitTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: init timeout %v", ErrConfig, d)
+		}
+		c.initTimeout = d
+		return nil
+	}
+}
+
 // WithHandshakeTimeout bounds how long an incoming connection may take to
-// authenticate (default 10 s). d must be positive.
+// authenticate, and so how long one connection that does not may hold one
+// of the handshake slots (default 3 s). d must be positive.
 func WithHandshakeTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -202,8 +323,8 @@ func (c *config) validate(world int) error {
 	switch {
 	case c.maxFrame <= 0 || uint64(c.maxFrame) > wire.MaxPayload:
 		return fmt.Errorf("%w: max frame %d not in [1, %d]", ErrConfig, c.maxFrame, uint64(wire.MaxPayload))
-	case c.hbInterval > 0 && c.hbTimeout <= c.hbInterval:
-		return fmt.Errorf("%w: heartbeat timeout %v must exceed interval %v", ErrConfig, c.hbTimeout, c.hbInterval)
+	case c.hbInterval > 0 && c.hbTimeout < 2*c.hbInterval:
+		return fmt.Errorf("%w: heartbeat timeout %v must be at least twice the interval %v", ErrConfig, c.hbTimeout, c.hbInterval)
 	case c.hsTimeout <= 0:
 		return fmt.Errorf("%w: handshake timeout %v", ErrConfig, c.hsTimeout)
 	case world > 1 && len(c.token) == 0 && !c.insecure:

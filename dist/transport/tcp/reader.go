@@ -21,7 +21,7 @@ type frameReader struct {
 	buf   []byte
 	r, w  int            // buf[r:w] is buffered
 	exact bool           // the last payload was large: read the next header exactly
-	rx    *atomic.Uint64 // if set, counts large payload chunks read (liveness)
+	rx    *atomic.Uint64 // if set, counts payload reads (liveness)
 }
 
 func newFrameReader(c net.Conn, size int) *frameReader {
@@ -79,18 +79,17 @@ func (f *frameReader) readPayload(dst []byte) error {
 	dst = dst[n:]
 	f.exact = len(dst) >= directMin
 	for f.exact && len(dst) > 0 {
-		k := min(len(dst), readChunk)
-		if _, err := io.ReadFull(f.c, dst[:k]); err != nil {
+		m, err := f.c.Read(dst[:min(len(dst), readChunk)])
+		f.progress(m)
+		dst = dst[m:]
+		if err != nil && len(dst) > 0 {
 			return unexpected(err)
 		}
-		if f.rx != nil {
-			f.rx.Add(1)
-		}
-		dst = dst[k:]
 	}
 	for len(dst) > 0 {
 		f.r, f.w = 0, 0
 		m, err := f.c.Read(f.buf)
+		f.progress(m)
 		f.w = m
 		k := copy(dst, f.buf[:m])
 		f.r = k
@@ -102,12 +101,21 @@ func (f *frameReader) readPayload(dst []byte) error {
 	return nil
 }
 
+// progress counts a read of n bytes within a payload for the liveness
+// monitor: a peer whose long frame trickles in is not silent.
+func (f *frameReader) progress(n int) {
+	if n > 0 && f.rx != nil {
+		f.rx.Add(1)
+	}
+}
+
 // discard skips n payload bytes.
 func (f *frameReader) discard(n uint64) error {
 	for n > 0 {
 		if f.r == f.w {
 			f.r, f.w = 0, 0
 			m, err := f.c.Read(f.buf)
+			f.progress(m)
 			f.w = m
 			if m == 0 && err != nil {
 				return unexpected(err)

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -57,6 +60,7 @@ func New(ctx context.Context, rank, world int, ln net.Listener, addrs []string, 
 		}()
 	}
 	if err := t.waitLinked(sctx); err != nil {
+		err = t.setupError(sctx, err)
 		cancel()
 		t.Close()
 		return nil, err
@@ -97,6 +101,7 @@ func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Opt
 	} else {
 		t.accept = func(r int) bool { return r > rank }
 		t.acceptMode = wire.ModeMesh
+		t.joining = true
 	}
 	t.startAccepting()
 	sctx, cancel := t.setupContext(ctx)
@@ -108,6 +113,7 @@ func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Opt
 		err = t.waitLinked(sctx)
 	}
 	if err != nil {
+		err = t.setupError(sctx, err)
 		cancel()
 		t.Close()
 		return nil, err
@@ -128,11 +134,63 @@ func checkArgs(rank, world int, cfg *config) error {
 	return cfg.validate(world)
 }
 
-// setupContext is ctx, also cancelled when the transport stops.
+// errInitTimeout is the cause of a setup context that ran out of init time.
+var errInitTimeout = errors.New("tcp: init timeout")
+
+// setupContext is ctx, also cancelled when the transport stops and when
+// the init timeout expires (with cause errInitTimeout).
 func (t *Transport) setupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	sctx, cancel := context.WithCancel(ctx)
+	tctx, tcancel := context.WithTimeoutCause(sctx, t.cfg.initTimeout, errInitTimeout)
 	stop := context.AfterFunc(t.ctx, cancel)
-	return sctx, func() { stop(); cancel() }
+	return tctx, func() { stop(); tcancel(); cancel() }
+}
+
+// setupError turns err, which ended the setup, into an *InitTimeoutError
+// if the init timeout is what ended it.
+func (t *Transport) setupError(sctx context.Context, err error) error {
+	if !errors.Is(context.Cause(sctx), errInitTimeout) {
+		return err
+	}
+	e := &InitTimeoutError{Rank: t.rank, Timeout: t.cfg.initTimeout, Refused: t.refused.list()}
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		e.Last = err
+	} else if last := t.lastDialErr(); last != nil {
+		e.Last = last
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.joining && t.waiting != "" {
+		e.Waiting = t.waiting
+		return e
+	}
+	if t.joining {
+		e.Missing = []int{0}
+		return e
+	}
+	registered := make([]bool, t.world)
+	for _, r := range t.regs {
+		registered[r.l.rank] = true
+	}
+	for j := range t.world {
+		if j != t.rank && t.peers[j].Load() == nil && !registered[j] {
+			e.Missing = append(e.Missing, j)
+		}
+	}
+	return e
+}
+
+// noteDialErr records the latest error of a dial that is being retried.
+func (t *Transport) noteDialErr(err error) {
+	t.mu.Lock()
+	t.dialErr = err
+	t.mu.Unlock()
+}
+
+func (t *Transport) lastDialErr() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.dialErr
 }
 
 // joinRendezvous registers with rank 0, receives the table and dials the
@@ -142,13 +200,19 @@ func (t *Transport) joinRendezvous(ctx context.Context, master string) error {
 	if err != nil {
 		return err
 	}
+	t.mu.Lock()
+	t.waiting = "registered with rank 0, waiting for the table: rank 0 names the ranks it waits for"
+	t.mu.Unlock()
 	addrs, err := t.register(ctx, l)
 	if err != nil {
 		l.conn.Close()
 		return err
 	}
 	addrs[0] = master
+	t.mu.Lock()
 	t.addrs = addrs
+	t.joining, t.waiting = false, ""
+	t.mu.Unlock()
 	if err := t.addPeer(l); err != nil {
 		return err
 	}
@@ -196,6 +260,9 @@ func (t *Transport) register(ctx context.Context, l link) ([]string, error) {
 		return nil, fmt.Errorf("tcp: rank %d: register with rank 0: %w", t.rank, err)
 	}
 	h, p, err := readFrame(l.br, wire.MaxHandshakePayload(t.world))
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("tcp: rank %d: rank 0 ended the rendezvous before sending the table (it failed or timed out; its error names the ranks it waited for): %w", t.rank, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tcp: rank %d: waiting for the rendezvous table: %w", t.rank, err)
 	}
@@ -234,6 +301,7 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 			if err == nil {
 				t.mu.Lock()
 				t.claimed[to] = true
+				t.joinedFrom[to] = addr
 				t.mu.Unlock()
 				return link{rank: to, conn: conn, br: br, info: info}, nil
 			}
@@ -243,6 +311,7 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 			}
 		}
 		last = err
+		t.noteDialErr(fmt.Errorf("connect to rank %d at %s: %w", to, addr, err))
 		t.log.Debug("tcp: dial failed; retrying", "peer", to, "addr", addr, "err", err)
 		select {
 		case <-ctx.Done():
@@ -360,27 +429,62 @@ func (t *Transport) acceptLoop() {
 			c.Close()
 			continue
 		}
-		if t.pendingHS.Add(1) > int32(t.cfg.maxPendingHS) {
-			t.pendingHS.Add(-1)
-			t.log.Warn("tcp: refused connection: too many handshakes in progress", "remote", c.RemoteAddr())
-			c.Close()
-			continue
-		}
+		slot := t.takeSlot(conn)
 		t.wg.Add(1)
-		go t.serve(conn)
+		go t.serve(conn, slot)
 	}
 }
 
+// hsSlot is an incoming connection that has not authenticated yet.
+type hsSlot struct {
+	conn    *net.TCPConn
+	evicted bool // guarded by Transport.hsMu
+}
+
+// takeSlot gives conn one of the handshake slots. When all are taken, the
+// connection that has held its slot longest is dropped: a connection with
+// the token authenticates in a few round trips, so a flood of connections
+// that do not cannot keep a rank from joining, and none holds a slot for
+// longer than the handshake timeout.
+func (t *Transport) takeSlot(conn *net.TCPConn) *hsSlot {
+	s := &hsSlot{conn: conn}
+	t.hsMu.Lock()
+	var old *hsSlot
+	if len(t.hsSlots) >= t.cfg.maxPendingHS {
+		old = t.hsSlots[0]
+		old.evicted = true
+		t.hsSlots = slices.Delete(t.hsSlots, 0, 1)
+	}
+	t.hsSlots = append(t.hsSlots, s)
+	t.hsMu.Unlock()
+	if old != nil {
+		old.conn.Close() // its serve goroutine records the refusal
+	}
+	return s
+}
+
+// freeSlot releases s; it reports whether s had been evicted.
+func (t *Transport) freeSlot(s *hsSlot) bool {
+	t.hsMu.Lock()
+	defer t.hsMu.Unlock()
+	if i := slices.Index(t.hsSlots, s); i >= 0 {
+		t.hsSlots = slices.Delete(t.hsSlots, i, i+1)
+	}
+	return s.evicted
+}
+
 // serve authenticates one incoming connection and makes it a peer.
-func (t *Transport) serve(conn *net.TCPConn) {
+func (t *Transport) serve(conn *net.TCPConn, slot *hsSlot) {
 	defer t.wg.Done()
 	t.tune(conn)
 	br := newFrameReader(conn, readBuf)
-	l, err := t.serverHandshake(conn, br)
+	l, claimed, err := t.serverHandshake(conn, br)
+	if t.freeSlot(slot) && err != nil { // authenticated (or refused): the slot is free
+		err = fmt.Errorf("%w (%v)", errEvicted, err)
+	}
 	if err == nil && t.acceptMode == wire.ModeRendezvous {
 		err = t.acceptRegistration(l)
 	}
-	t.pendingHS.Add(-1)
 	if err != nil {
 		conn.Close()
 		select {
@@ -388,12 +492,7 @@ func (t *Transport) serve(conn *net.TCPConn) {
 			return // closing: not worth a warning
 		default:
 		}
-		var he *hsError
-		reason := "i/o"
-		if errors.As(err, &he) {
-			reason = he.reason.String()
-		}
-		t.log.Warn("tcp: refused connection", "remote", conn.RemoteAddr().String(), "reason", reason, "err", err)
+		t.refused.add(conn.RemoteAddr().String(), claimed, err)
 		return
 	}
 	if t.acceptMode == wire.ModeRendezvous {
@@ -403,6 +502,10 @@ func (t *Transport) serve(conn *net.TCPConn) {
 		return
 	}
 }
+
+// errEvicted is the refusal of a connection that lost its handshake slot to
+// a newer one.
+var errEvicted = fmt.Errorf("dropped: all %d handshake slots were taken", defaultMaxPendingHS)
 
 // registrant is a rank registered with rank 0, waiting for the table.
 type registrant struct {

@@ -32,6 +32,7 @@ type Transport struct {
 	creditAt    int64                  // send a Credit once this many bytes were freed
 
 	// lifetime
+	epoch    time.Time       // heartbeat stamps are nanoseconds since epoch, plus one
 	ctx      context.Context // cancelled when the transport stops
 	cancel   context.CancelFunc
 	stop     chan struct{} // closed when the transport closes or fails
@@ -42,36 +43,45 @@ type Transport struct {
 
 	// setup
 	mu         sync.Mutex
-	claimed    []bool // ranks whose handshake succeeded (guarded by mu)
-	linked     int    // peers added (guarded by mu)
-	setupErr   error  // fatal setup error (guarded by mu)
+	claimed    []bool   // ranks whose handshake succeeded (guarded by mu)
+	joinedFrom []string // where each claimed rank connected from (guarded by mu)
+	linked     int      // peers added (guarded by mu)
+	setupErr   error    // fatal setup error (guarded by mu)
 	linkCh     chan struct{}
 	accept     func(rank int) bool // which ranks may connect to this listener
 	acceptMode uint8
-	pendingHS  atomic.Int32
+	hsMu       sync.Mutex
+	hsSlots    []*hsSlot    // connections in the handshake, oldest first (guarded by hsMu)
 	addrs      []string     // rendezvous: the table
 	regs       []registrant // rank 0 in rendezvous: registered links waiting for the table
+	refused    *refusals    // connections refused, for the log and InitTimeoutError
+	joining    bool         // rank > 0 in a rendezvous that has not received the table (guarded by mu)
+	waiting    string       // the rendezvous step in progress, for InitTimeoutError (guarded by mu)
+	dialErr    error        // the last error of a dial being retried (guarded by mu)
 }
 
 var _ transport.Transport = (*Transport)(nil)
 
 func newTransport(rank, world int, ln net.Listener, cfg config) *Transport {
 	t := &Transport{
-		rank:    rank,
-		world:   world,
-		cfg:     cfg,
-		log:     cfg.logger.With("rank", rank),
-		ln:      ln,
-		box:     mailbox.New(world, cfg.queueLimit, func(m transport.Message) { bufpool.Default.Put(m.Payload) }),
-		peers:   make([]atomic.Pointer[peer], world),
-		stop:    make(chan struct{}),
-		claimed: make([]bool, world),
-		linkCh:  make(chan struct{}, 1),
-		accept:  func(int) bool { return false },
+		rank:       rank,
+		world:      world,
+		cfg:        cfg,
+		log:        cfg.logger.With("rank", rank),
+		ln:         ln,
+		box:        mailbox.New(world, cfg.queueLimit, func(m transport.Message) { bufpool.Default.Put(m.Payload) }),
+		peers:      make([]atomic.Pointer[peer], world),
+		stop:       make(chan struct{}),
+		claimed:    make([]bool, world),
+		joinedFrom: make([]string, world),
+		linkCh:     make(chan struct{}, 1),
+		accept:     func(int) bool { return false },
 	}
 	if cfg.queueLimit > 0 {
 		t.creditAt = max(int64(cfg.queueLimit)/4, 1)
 	}
+	t.refused = newRefusals(t.log)
+	t.epoch = time.Now()
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	if cfg.hbInterval > 0 {
 		t.wg.Add(1)
@@ -316,11 +326,23 @@ func (t *Transport) stateErr(op string, err error) error {
 
 func errClosed(op string) error { return fmt.Errorf("tcp: %s: %w", op, transport.ErrClosed) }
 
-// monitor sends heartbeats on idle links and fails a peer that has been
-// silent for the heartbeat timeout.
+// stamp is the current heartbeat stamp: never 0 (0 asks for no echo).
+func (t *Transport) stamp() uint64 { return uint64(time.Since(t.epoch)) + 1 }
+
+// monitor sends a heartbeat on every link each interval and fails a peer
+// from which nothing has been received for the heartbeat timeout. It
+// checks four times per interval, so a silent peer is named at most a
+// quarter interval after the timeout.
+//
+// Neither it nor the reader writes to a socket: the heartbeat goes out
+// through the link's control goroutine (see peer.post). Liveness counts
+// every read that returns bytes, also within a large payload, so a peer
+// in the middle of sending a long frame over a slow link is not taken
+// for a silent one.
 func (t *Transport) monitor() {
 	defer t.wg.Done()
-	tick := time.NewTicker(t.cfg.hbInterval)
+	period := max(t.cfg.hbInterval/4, time.Millisecond)
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		select {
@@ -334,15 +356,19 @@ func (t *Transport) monitor() {
 				}
 				if rx := p.rx.Load(); rx != p.lastRx {
 					p.lastRx, p.lastRxAt = rx, now
-				} else if silent := now.Sub(p.lastRxAt); silent > t.cfg.hbTimeout {
-					t.fail(p.rank, fmt.Errorf("%w: %w: nothing received for %v",
-						transport.ErrPeerLost, ErrHeartbeatTimeout, silent.Round(time.Millisecond)))
+				} else if silent := now.Sub(p.lastRxAt); silent+period/2 > t.cfg.hbTimeout {
+					// lastRxAt is the tick that saw the last bytes, up to
+					// a period after they came; the half period absorbs the
+					// ticker's jitter, so the peer is named at the tick
+					// timeout after that one.
+					t.fail(p.rank, fmt.Errorf("%w: %w: nothing received for %v (heartbeat timeout %v)",
+						transport.ErrPeerUnresponsive, ErrHeartbeatTimeout, silent.Round(time.Millisecond), t.cfg.hbTimeout))
 					continue
 				}
-				if tx := p.tx.Load(); tx == p.lastTx {
+				if now.Sub(p.lastHbAt) >= t.cfg.hbInterval-t.cfg.hbInterval/8 {
+					p.lastHbAt = now
 					p.post(pendHeartbeat)
 				}
-				p.lastTx = p.tx.Load()
 			}
 		}
 	}

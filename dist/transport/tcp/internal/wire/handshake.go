@@ -16,12 +16,13 @@ const MACSize = sha256.Size
 
 // Sizes of the handshake payloads.
 const (
-	HelloSize    = 64             // Hello payload
-	HelloAckSize = 64 + MACSize   // HelloAck payload: the same fields, then the server MAC
-	AuthSize     = MACSize        // Auth payload: the client MAC
-	MaxAddrLen   = 255            // longest address in Register and Table
-	maxTableRank = MaxAddrLen + 2 // bytes one rank takes in a Table at most
-	handshakeMax = 64 << 10       // bound for handshake frames other than Table
+	HelloSize     = 64             // Hello payload
+	ChallengeSize = NonceSize      // Challenge payload: the server nonce
+	AuthSize      = MACSize        // Auth payload: the client MAC
+	WelcomeSize   = 64 + MACSize   // Welcome payload: the server's HelloInfo, then the server MAC
+	MaxAddrLen    = 255            // longest address in Register and Table
+	maxTableRank  = MaxAddrLen + 2 // bytes one rank takes in a Table at most
+	handshakeMax  = 64 << 10       // bound for handshake frames other than Table
 )
 
 // Link modes carried in Hello.Mode.
@@ -41,11 +42,11 @@ func MaxHandshakePayload(world int) uint64 {
 }
 
 // HelloInfo is what each side states about itself: the Hello payload sent by
-// the client, and the first 64 bytes of the HelloAck payload sent by the
-// server.
+// the client, and the first 64 bytes of the Welcome payload sent by the
+// server once the client has proved the token.
 type HelloInfo struct {
 	World      uint32 // world size
-	Peer       uint32 // Hello: the rank the client wants; HelloAck: the client's rank, echoed
+	Peer       uint32 // Hello: the rank the client wants; Welcome: the client's rank, echoed
 	QueueLimit uint64 // bytes the sender of this payload queues per source (0 = unbounded)
 	MaxFrame   uint64 // largest payload the sender of this payload accepts
 	Mode       uint8  // ModeMesh or ModeRendezvous
@@ -89,31 +90,35 @@ func ParseHello(b []byte) (HelloInfo, error) {
 }
 
 // MAC labels: each side signs with its own label, so a MAC can never be
-// reflected back as the other side's proof.
+// reflected back as the other side's proof. The version in them changes
+// with the handshake.
 const (
-	labelServer = "gdist/1 server"
-	labelClient = "gdist/1 client"
+	labelServer = "gdist/3 server"
+	labelClient = "gdist/3 client"
 )
 
-// ServerMAC is the server's proof of the token: HMAC-SHA256 keyed by token
-// over "gdist/1 server", the client's Hello payload, the first 64 bytes of
-// the server's HelloAck payload, the client's rank and the server's rank
-// (u32 little-endian each).
-func ServerMAC(token, hello, ack []byte, clientRank, serverRank uint32) [MACSize]byte {
-	return mac(labelServer, token, hello, ack, clientRank, serverRank)
+// ClientMAC is the client's proof of the token, sent first: HMAC-SHA256
+// keyed by token over "gdist/3 client", the client's Hello payload, the
+// server's nonce (the Challenge payload), the client's rank and the
+// server's rank (u32 little-endian each).
+func ClientMAC(token, hello []byte, serverNonce [NonceSize]byte, clientRank, serverRank uint32) [MACSize]byte {
+	return mac(labelClient, token, hello, serverNonce[:], clientRank, serverRank)
 }
 
-// ClientMAC is the client's proof, computed like ServerMAC with the label
-// "gdist/1 client".
-func ClientMAC(token, hello, ack []byte, clientRank, serverRank uint32) [MACSize]byte {
-	return mac(labelClient, token, hello, ack, clientRank, serverRank)
+// ServerMAC is the server's proof, sent in Welcome once the client's proof
+// checked out: HMAC-SHA256 keyed by token over "gdist/3 server", the
+// client's Hello payload, the first 64 bytes of the Welcome payload (the
+// server's HelloInfo, whose nonce is the one of the Challenge), the client's
+// rank and the server's rank.
+func ServerMAC(token, hello, welcome []byte, clientRank, serverRank uint32) [MACSize]byte {
+	return mac(labelServer, token, hello, welcome[:HelloSize], clientRank, serverRank)
 }
 
-func mac(label string, token, hello, ack []byte, clientRank, serverRank uint32) [MACSize]byte {
+func mac(label string, token, hello, second []byte, clientRank, serverRank uint32) [MACSize]byte {
 	m := hmac.New(sha256.New, token)
 	m.Write([]byte(label))
 	m.Write(hello[:HelloSize])
-	m.Write(ack[:HelloSize])
+	m.Write(second)
 	var r [8]byte
 	binary.LittleEndian.PutUint32(r[0:], clientRank)
 	binary.LittleEndian.PutUint32(r[4:], serverRank)

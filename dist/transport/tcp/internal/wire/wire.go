@@ -11,7 +11,7 @@ const Magic = "gD"
 
 // Version is the protocol version this package speaks. A frame with any
 // other version is refused.
-const Version = 2
+const Version = 3
 
 // HeaderSize is the size in bytes of every frame header.
 const HeaderSize = 40
@@ -23,7 +23,7 @@ const MaxPayload = 1 << 40
 // Kind says what a frame carries.
 type Kind uint8
 
-// Frame kinds. Data, Credit, Blocked, Heartbeat and Goodbye travel on an
+// Frame kinds. Data, Credit, Blocked, Heartbeat, Echo and Goodbye travel on an
 // established link; the others only during the handshake. See spec.md.
 const (
 	Data      Kind = 1 // a message: Src, Tag, Meta (opaque), then Len payload bytes
@@ -31,19 +31,20 @@ const (
 	Heartbeat Kind = 3 // liveness; carries nothing
 	Credit    Kind = 4 // the receiver freed Grant bytes of queue space for the sender
 	Blocked   Kind = 5 // the sender is waiting for credit
+	Echo      Kind = 6 // the answer to a Heartbeat: its Stamp, echoed
 
-	Hello    Kind = 16 // client -> server: ranks, limits, client nonce
-	HelloAck Kind = 17 // server -> client: limits, server nonce, server MAC
-	Auth     Kind = 18 // client -> server: client MAC
-	Welcome  Kind = 19 // server -> client: accepted; the link is up
-	Reject   Kind = 20 // server -> client: refused; Tag holds a RejectReason
-	Register Kind = 21 // client -> rank 0 (rendezvous): the address the client listens on
-	Table    Kind = 22 // rank 0 -> client (rendezvous): every rank's address
+	Hello     Kind = 16 // client -> server: ranks, limits, client nonce
+	Challenge Kind = 17 // server -> client: the server nonce, nothing else
+	Auth      Kind = 18 // client -> server: client MAC (the client proves the token first)
+	Welcome   Kind = 19 // server -> client: accepted: server limits, server MAC; the link is up
+	Reject    Kind = 20 // server -> client: refused; Tag holds a RejectReason
+	Register  Kind = 21 // client -> rank 0 (rendezvous): the address the client listens on
+	Table     Kind = 22 // rank 0 -> client (rendezvous): every rank's address
 )
 
 var kindNames = map[Kind]string{
-	Data: "data", Goodbye: "goodbye", Heartbeat: "heartbeat", Credit: "credit", Blocked: "blocked",
-	Hello: "hello", HelloAck: "hello-ack", Auth: "auth", Welcome: "welcome", Reject: "reject",
+	Data: "data", Goodbye: "goodbye", Heartbeat: "heartbeat", Credit: "credit", Blocked: "blocked", Echo: "echo",
+	Hello: "hello", Challenge: "challenge", Auth: "auth", Welcome: "welcome", Reject: "reject",
 	Register: "register", Table: "table",
 }
 
@@ -57,13 +58,13 @@ func (k Kind) String() string {
 
 // Valid reports whether k is a kind this version defines.
 func (k Kind) Valid() bool {
-	return (k >= Data && k <= Blocked) || (k >= Hello && k <= Table)
+	return (k >= Data && k <= Echo) || (k >= Hello && k <= Table)
 }
 
 // Control reports whether frames of kind k must have an empty payload.
 func (k Kind) Control() bool {
 	switch k {
-	case Goodbye, Heartbeat, Credit, Blocked, Welcome, Reject:
+	case Goodbye, Heartbeat, Echo, Credit, Blocked, Reject:
 		return true
 	}
 	return false
@@ -139,6 +140,7 @@ type Header struct {
 	Tag   uint32         // Data: message tag; Reject: RejectReason
 	Meta  [MetaSize]byte // Data: the message's header, opaque to the transport
 	Grant uint64         // Credit: bytes granted (in the first 8 bytes of the meta field)
+	Stamp uint64         // Heartbeat, Echo: the prober's stamp; Reject: a detail, e.g. the server's world size (first 8 meta bytes)
 	Len   uint64         // payload bytes that follow the header
 }
 
@@ -157,6 +159,9 @@ func (h *Header) Put(b []byte) {
 		copy(b[16:32], h.Meta[:])
 	case Credit:
 		binary.LittleEndian.PutUint64(b[16:], h.Grant)
+		clear(b[24:32])
+	case Heartbeat, Echo, Reject:
+		binary.LittleEndian.PutUint64(b[16:], h.Stamp)
 		clear(b[24:32])
 	default:
 		clear(b[16:32])
@@ -202,6 +207,11 @@ func Parse(b []byte, maxPayload uint64) (Header, error) {
 		h.Grant = binary.LittleEndian.Uint64(b[16:])
 		if !zero(b[24:32]) {
 			return Header{}, fmt.Errorf("%w: credit frame bytes 24..31", ErrReserved)
+		}
+	case Heartbeat, Echo, Reject:
+		h.Stamp = binary.LittleEndian.Uint64(b[16:])
+		if !zero(b[24:32]) {
+			return Header{}, fmt.Errorf("%w: %s frame bytes 24..31", ErrReserved, h.Kind)
 		}
 	default:
 		if k := Kind(b[3]); k.Valid() && !zero(b[16:32]) {

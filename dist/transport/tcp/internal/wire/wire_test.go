@@ -22,10 +22,15 @@ func TestRoundTrip(t *testing.T) {
 		{Kind: Data},
 		{Kind: Goodbye, Src: 1},
 		{Kind: Heartbeat, Src: math.MaxUint32},
+		{Kind: Heartbeat, Src: 1, Stamp: math.MaxUint64},
+		{Kind: Echo, Src: 2, Stamp: 12345},
 		{Kind: Credit, Src: 2, Grant: math.MaxUint64},
 		{Kind: Blocked},
 		{Kind: Hello, Src: 1, Len: HelloSize},
 		{Kind: Reject, Tag: uint32(RejectDuplicate)},
+		{Kind: Reject, Tag: uint32(RejectWorld), Stamp: 3},
+		{Kind: Challenge, Src: 1, Len: ChallengeSize},
+		{Kind: Welcome, Src: 1, Len: WelcomeSize},
 		{Kind: Table, Len: 1000},
 	} {
 		got, err := Parse(encode(h), 64<<20)
@@ -38,7 +43,7 @@ func TestLayout(t *testing.T) {
 	b := encode(Header{Kind: Data, Src: 0x04030201, Tag: 0x08070605,
 		Meta: [MetaSize]byte{0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18},
 		Len:  0x201f1e1d1c1b1a19})
-	want := []byte{'g', 'D', 2, 1, 0, 0, 0, 0,
+	want := []byte{'g', 'D', 3, 1, 0, 0, 0, 0,
 		1, 2, 3, 4, 5, 6, 7, 8,
 		0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10,
 		0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18,
@@ -65,14 +70,18 @@ func TestParseRefuses(t *testing.T) {
 		{"magic2", mut(func(b []byte) { b[1] = 'd' }), 100, ErrBadMagic},
 		{"version0", mut(func(b []byte) { b[2] = 0 }), 100, ErrBadVersion},
 		{"version1", mut(func(b []byte) { b[2] = 1 }), 100, ErrBadVersion},
-		{"version3", mut(func(b []byte) { b[2] = 3 }), 100, ErrBadVersion},
-		{"heartbeat-meta", mut(func(b []byte) { b[3] = byte(Heartbeat); b[9] = 0; b[20] = 1; clear(b[32:]) }), 100, ErrReserved},
+		{"version2", mut(func(b []byte) { b[2] = 2 }), 100, ErrBadVersion},
+		{"version4", mut(func(b []byte) { b[2] = 4 }), 100, ErrBadVersion},
+		{"heartbeat-meta", mut(func(b []byte) { b[3] = byte(Heartbeat); b[9] = 0; b[28] = 1; clear(b[32:]) }), 100, ErrReserved},
+		{"echo-meta", mut(func(b []byte) { b[3] = byte(Echo); b[31] = 1; clear(b[32:]) }), 100, ErrReserved},
+		{"goodbye-meta", mut(func(b []byte) { b[3] = byte(Goodbye); b[16] = 1; clear(b[32:]) }), 100, ErrReserved},
 		{"credit-high", mut(func(b []byte) { b[3] = byte(Credit); b[31] = 1; clear(b[32:]) }), 100, ErrReserved},
 		{"kind0", mut(func(b []byte) { b[3] = 0 }), 100, ErrBadKind},
-		{"kind6", mut(func(b []byte) { b[3] = 6 }), 100, ErrBadKind},
+		{"kind7", mut(func(b []byte) { b[3] = 7 }), 100, ErrBadKind},
 		{"kind255", mut(func(b []byte) { b[3] = 255 }), 100, ErrBadKind},
 		{"flags", mut(func(b []byte) { b[7] = 1 }), 100, ErrBadFlags},
 		{"control-len", encode(Header{Kind: Heartbeat, Len: 1}), 100, ErrControlLength},
+		{"echo-len", encode(Header{Kind: Echo, Len: 8}), 100, ErrControlLength},
 		{"too-large", good, 9, ErrFrameTooLarge},
 		{"1TiB", encode(Header{Kind: Data, Len: 1 << 40}), 64 << 20, ErrFrameTooLarge},
 		{"over-absolute", encode(Header{Kind: Data, Len: 1<<40 + 1}), math.MaxUint64, ErrFrameTooLarge},
@@ -145,18 +154,32 @@ func TestHello(t *testing.T) {
 
 func TestMAC(t *testing.T) {
 	hello := bytes.Repeat([]byte{1}, HelloSize)
-	ack := bytes.Repeat([]byte{2}, HelloSize)
-	tok := []byte("secret")
-	s := ServerMAC(tok, hello, ack, 1, 0)
-	c := ClientMAC(tok, hello, ack, 1, 0)
+	welcome := bytes.Repeat([]byte{2}, WelcomeSize)
+	var nonce [NonceSize]byte
+	copy(nonce[:], welcome[32:64])
+	tok := []byte("secret-0123456789")
+	s := ServerMAC(tok, hello, welcome, 1, 0)
+	c := ClientMAC(tok, hello, nonce, 1, 0)
 	assert.NotEqual(t, s, c, "labels separate the two proofs")
-	assert.Equal(t, s, ServerMAC(tok, hello, ack, 1, 0))
-	assert.NotEqual(t, s, ServerMAC([]byte("secreT"), hello, ack, 1, 0))
-	assert.NotEqual(t, s, ServerMAC(tok, hello, ack, 2, 0))
-	assert.NotEqual(t, s, ServerMAC(tok, hello, ack, 1, 1))
-	ack2 := bytes.Clone(ack)
-	ack2[40] ^= 1
-	assert.NotEqual(t, s, ServerMAC(tok, hello, ack2, 1, 0))
+	assert.Equal(t, s, ServerMAC(tok, hello, welcome, 1, 0))
+	assert.Equal(t, c, ClientMAC(tok, hello, nonce, 1, 0))
+	assert.NotEqual(t, s, ServerMAC([]byte("secret-012345678A"), hello, welcome, 1, 0))
+	assert.NotEqual(t, c, ClientMAC([]byte("secret-012345678A"), hello, nonce, 1, 0))
+	assert.NotEqual(t, s, ServerMAC(tok, hello, welcome, 2, 0))
+	assert.NotEqual(t, s, ServerMAC(tok, hello, welcome, 1, 1))
+	assert.NotEqual(t, c, ClientMAC(tok, hello, nonce, 2, 0))
+	assert.NotEqual(t, c, ClientMAC(tok, hello, nonce, 1, 1))
+	w2 := bytes.Clone(welcome)
+	w2[40] ^= 1
+	assert.NotEqual(t, s, ServerMAC(tok, hello, w2, 1, 0), "the server MAC covers its nonce")
+	assert.Equal(t, s, ServerMAC(tok, hello, append(bytes.Clone(welcome[:HelloSize]), make([]byte, MACSize)...), 1, 0),
+		"the server MAC does not cover the MAC bytes of Welcome")
+	n2 := nonce
+	n2[0] ^= 1
+	assert.NotEqual(t, c, ClientMAC(tok, hello, n2, 1, 0), "the client MAC covers the server nonce")
+	h2 := bytes.Clone(hello)
+	h2[0] ^= 1
+	assert.NotEqual(t, c, ClientMAC(tok, h2, nonce, 1, 0), "the client MAC covers its hello")
 }
 
 func TestTable(t *testing.T) {
@@ -196,6 +219,12 @@ func FuzzParse(f *testing.F) {
 		{Kind: Heartbeat, Src: 5},
 		{Kind: Credit, Grant: 1 << 20},
 		{Kind: Hello, Len: HelloSize},
+		{Kind: Challenge, Src: 1, Len: ChallengeSize},
+		{Kind: Auth, Src: 2, Len: AuthSize},
+		{Kind: Welcome, Len: WelcomeSize},
+		{Kind: Heartbeat, Src: 1, Stamp: 1 << 40},
+		{Kind: Echo, Src: 1, Stamp: 77},
+		{Kind: Reject, Tag: uint32(RejectWorld), Stamp: 2},
 		{Kind: Data, Len: 1 << 40},
 	} {
 		f.Add(encode(h), uint64(64<<20))
