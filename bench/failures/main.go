@@ -76,6 +76,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/cli"
 )
 
@@ -84,8 +85,6 @@ const (
 	childEnv   = "GDIST_FAILURES_CHILD"   // the scenario, or "soak"
 	victimsEnv = "GDIST_FAILURES_VICTIMS" // comma-separated failing ranks
 	untilEnv   = "GDIST_FAILURES_UNTIL"   // soak: stop after this Unix time (ns)
-	// heartbeatEnv is the transport's heartbeat timeout variable.
-	heartbeatEnv = "GDIST_HEARTBEAT_TIMEOUT"
 )
 
 // world is the number of ranks of every job.
@@ -180,7 +179,7 @@ func (o options) rankEnv(role string, victims []int) []string {
 	}
 	env := []string{childEnv + "=" + role, victimsEnv + "=" + strings.Join(vs, ",")}
 	if o.heartbeat > 0 {
-		env = append(env, heartbeatEnv+"="+o.heartbeat.String())
+		env = append(env, dist.EnvHeartbeatTimeout+"="+o.heartbeat.String())
 	}
 	return env
 }

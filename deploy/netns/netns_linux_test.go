@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/launch"
 )
 
@@ -33,11 +33,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const (
 	nodes      = 3
 	masterPort = "29500"
-	// heartbeatEnv is what the ranks get: a short heartbeat timeout where
-	// the transport reads GDIST_HEARTBEAT_TIMEOUT (ignored where it does not).
-	heartbeatEnv = "GDIST_HEARTBEAT_TIMEOUT=3s"
+	// heartbeat is the ranks' heartbeat timeout (GDIST_HEARTBEAT_TIMEOUT),
+	// short for a quick test.
+	heartbeat = 3 * time.Second
 	// detectSlack is added to the heartbeat timeout: the time from the
-	// first missed heartbeat to the error line.
+	// missed heartbeats to the error line.
 	detectSlack = 5 * time.Second
 )
 
@@ -69,7 +69,7 @@ func build(t *testing.T) binaries {
 // with the same token and rendezvous on node 0's address.
 func job(t *testing.T, bin binaries, tp *topology, token string, extra []string, argv ...string) []*proc {
 	t.Helper()
-	env := []string{launch.EnvToken + "=" + token, "GOMAXPROCS=1", heartbeatEnv}
+	env := []string{launch.EnvToken + "=" + token, "GOMAXPROCS=1", dist.EnvHeartbeatTimeout + "=" + heartbeat.String()}
 	var ps []*proc
 	for k, ns := range tp.nodes {
 		args := []string{bin.gdistrun, "-nnodes", strconv.Itoa(nodes), "-node-rank", strconv.Itoa(k), "-n", "1",
@@ -159,7 +159,7 @@ func testLinkCut(t *testing.T, bin binaries, tp *topology, token string) {
 	tp.cut(t, victim)
 	t.Logf("netns ddp: cut rank %d's link after %d steps (%s)", victim, 312*(epochs-1)+78, before)
 
-	limit := tcp.DefaultHeartbeatTimeout + detectSlack
+	limit := heartbeat + detectSlack
 	errLine := func(k int) *regexp.Regexp {
 		return regexp.MustCompile(fmt.Sprintf(`^\[%d\] mnist: error: (.*)$`, k))
 	}
