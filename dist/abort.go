@@ -4,35 +4,76 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
-// Abort messages travel on tagAbort. Layout: version byte (1), kind byte,
-// then per kind:
+// Abort notices travel on tagAbort, one per link: a rank whose group fails
+// sends its cause (an *AbortError) to every peer before it sends anything
+// else about the failure, and before Close says goodbye on that link, so
+// the peer reads the notice first (per-link order). Layout, little-endian:
 //
-//	desync: rank u32, peer u32, seq u64, peerSeq u64, localFP u64, remoteFP u64
-//	peer:   failed rank u32, code u8 (1 lost, 2 closed, 3 protocol)
-//	other:  sender rank u32, reason (UTF-8, at most maxReason bytes)
+//	version  u8  (abortVersion)
+//	kind     u8  (FailureKind)
+//	rank     u32 (the culprit)
+//	reporter u32 (the rank that found it)
+//	seq      u64 (the collective's sequence number, 0 if none)
+//	op       u8 length, then that many bytes (UTF-8)
+//	msg      u16 length, then that many bytes (UTF-8, at most maxReason)
+//	desync   only for KindDesync: peer u32, peerSeq u64, localFP u64,
+//	         remoteFP u64, localSite and remoteSite (each u16 length + bytes)
 //
-// All integers are little-endian.
+// A notice that is shorter than its fields say, longer than maxNotice, of
+// another version or with an unknown kind is malformed: the receiver
+// records a protocol error naming the sender.
 const (
-	abortVersion = 1
-
-	abortDesync = 1
-	abortPeer   = 2
-	abortOther  = 3
+	abortVersion = 2
 
 	maxReason = 512
+	maxOpName = 64
+	maxSite   = 256
+	// maxNotice bounds an encoded notice (the receiver's buffer).
+	maxNotice = 2 + 4 + 4 + 8 + 1 + maxOpName + 2 + maxReason + 4 + 8 + 8 + 8 + 2*(2+maxSite)
 )
 
-func (g *ProcessGroup) desyncAbort(e *DesyncError) []byte {
-	b := make([]byte, 2, 2+40)
-	b[0], b[1] = abortVersion, abortDesync
-	b = binary.LittleEndian.AppendUint32(b, uint32(e.Rank))
-	b = binary.LittleEndian.AppendUint32(b, uint32(e.Peer))
-	b = binary.LittleEndian.AppendUint64(b, e.Seq)
-	b = binary.LittleEndian.AppendUint64(b, e.PeerSeq)
-	b = binary.LittleEndian.AppendUint64(b, descFingerprint(e.Local))
-	b = binary.LittleEndian.AppendUint64(b, descFingerprint(e.Remote))
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// encodeNotice encodes a for the peers.
+func encodeNotice(a *AbortError) []byte {
+	op, msg := truncate(a.Op, maxOpName), truncate(a.Msg, maxReason)
+	le := binary.LittleEndian
+	b := make([]byte, 0, maxNotice)
+	b = append(b, abortVersion, byte(a.Kind))
+	b = le.AppendUint32(b, uint32(a.Rank))
+	b = le.AppendUint32(b, uint32(a.Reporter))
+	b = le.AppendUint64(b, a.Seq)
+	b = append(b, byte(len(op)))
+	b = append(b, op...)
+	b = le.AppendUint16(b, uint16(len(msg)))
+	b = append(b, msg...)
+	if a.Kind == KindDesync {
+		var de *DesyncError
+		if !errors.As(a.Err, &de) {
+			de = &DesyncError{Rank: a.Reporter, Peer: a.Rank}
+		}
+		b = le.AppendUint32(b, uint32(de.Peer))
+		b = le.AppendUint64(b, de.PeerSeq)
+		b = le.AppendUint64(b, descFingerprint(de.Local))
+		b = le.AppendUint64(b, descFingerprint(de.Remote))
+		for _, s := range []string{de.LocalSite, de.RemoteSite} {
+			s = truncate(s, maxSite)
+			b = le.AppendUint16(b, uint16(len(s)))
+			b = append(b, s...)
+		}
+	}
 	return b
 }
 
@@ -40,98 +81,78 @@ func descFingerprint(d CollectiveDesc) uint64 {
 	return fingerprint(kindByName(d.Op), d.DType, d.Reduce, d.Root, d.Count)
 }
 
-func (g *ProcessGroup) peerAbort(e *PeerError) []byte {
-	b := make([]byte, 2, 7)
-	b[0], b[1] = abortVersion, abortPeer
-	b = binary.LittleEndian.AppendUint32(b, uint32(e.Rank))
-	code := byte(3)
-	switch {
-	case errors.Is(e.Err, ErrPeerLost):
-		code = 1
-	case errors.Is(e.Err, ErrPeerClosed):
-		code = 2
-	}
-	return append(b, code)
+// noticeReader decodes little-endian fields, remembering a short read.
+type noticeReader struct {
+	b   []byte
+	bad bool
 }
 
-func (g *ProcessGroup) otherAbort(cause error) []byte {
-	reason := cause.Error()
-	if len(reason) > maxReason {
-		reason = reason[:maxReason]
+func (r *noticeReader) take(n int) []byte {
+	if r.bad || len(r.b) < n {
+		r.bad = true
+		return make([]byte, n)
 	}
-	b := make([]byte, 2, 6+len(reason))
-	b[0], b[1] = abortVersion, abortOther
-	b = binary.LittleEndian.AppendUint32(b, uint32(g.rank))
-	return append(b, reason...)
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+func (r *noticeReader) u8() byte    { return r.take(1)[0] }
+func (r *noticeReader) u16() uint16 { return binary.LittleEndian.Uint16(r.take(2)) }
+func (r *noticeReader) u32() uint32 { return binary.LittleEndian.Uint32(r.take(4)) }
+func (r *noticeReader) u64() uint64 { return binary.LittleEndian.Uint64(r.take(8)) }
+func (r *noticeReader) str(n int) string {
+	s := r.take(n)
+	if !utf8.Valid(s) {
+		r.bad = true
+	}
+	return string(s)
 }
 
-// decodeAbort turns an abort message from peer `from` into the cause this
-// rank records.
-func (g *ProcessGroup) decodeAbort(from int, b []byte) error {
-	bad := &PeerError{Rank: from, Err: fmt.Errorf("%w: malformed abort message", ErrProtocol)}
-	if len(b) < 2 || b[0] != abortVersion {
-		return bad
+// decodeNotice decodes a notice from rank from. The decoded cause's Err is
+// ErrAborted (it happened elsewhere); for a desync it is the *DesyncError,
+// seen from this rank if this rank was its other side.
+func decodeNotice(self, world, from int, b []byte) (*AbortError, error) {
+	bad := func(why string) (*AbortError, error) {
+		return nil, &PeerError{Rank: from, Op: "abort notice", Err: fmt.Errorf("%w: malformed abort notice: %s", ErrProtocol, why)}
 	}
-	kind, b := b[1], b[2:]
-	switch kind {
-	case abortDesync:
-		if len(b) != 40 {
-			return bad
-		}
-		le := binary.LittleEndian
-		e := &DesyncError{
-			Rank:    int(le.Uint32(b)),
-			Peer:    int(le.Uint32(b[4:])),
-			Seq:     le.Uint64(b[8:]),
-			PeerSeq: le.Uint64(b[16:]),
-			Local:   describe(le.Uint64(b[24:])),
-			Remote:  describe(le.Uint64(b[32:])),
-		}
-		if e.Peer == g.rank { // we are the other side: report it from here
-			e.Rank, e.Peer = e.Peer, e.Rank
-			e.Seq, e.PeerSeq = e.PeerSeq, e.Seq
-			e.Local, e.Remote = e.Remote, e.Local
-		}
-		return e
-	case abortPeer:
-		if len(b) != 5 {
-			return bad
-		}
-		pe := &PeerError{Rank: int(binary.LittleEndian.Uint32(b))}
-		switch b[4] {
-		case 1:
-			pe.Err = ErrPeerLost
-		case 2:
-			pe.Err = ErrPeerClosed
-		default:
-			pe.Err = ErrProtocol
-		}
-		return pe
-	case abortOther:
-		if len(b) < 4 {
-			return bad
-		}
-		sender := int(binary.LittleEndian.Uint32(b))
-		return &PeerError{Rank: sender, Err: fmt.Errorf("%w by rank %d: %s", ErrAborted, sender, b[4:])}
+	if len(b) > maxNotice {
+		return bad("too long")
 	}
-	return bad
-}
-
-// watch receives abort messages from peer p for the life of the group. A
-// peer that is lost (not one that closed cleanly) aborts the group too: its
-// collectives could never complete.
-func (g *ProcessGroup) watch(p int, done chan<- struct{}) {
-	defer g.wg.Done()
-	defer close(done)
-	m, err := g.t.Recv(g.gctx, p, tagAbort)
-	if err != nil {
-		var pe *PeerError
-		if errors.As(err, &pe) && errors.Is(pe.Err, ErrPeerLost) {
-			g.poison(&PeerError{Rank: pe.Rank, Err: pe.Err}, nil)
-		}
-		return
+	r := noticeReader{b: b}
+	if v := r.u8(); v != abortVersion {
+		return bad(fmt.Sprintf("version %d", v))
 	}
-	cause := g.decodeAbort(p, m.Payload)
-	g.t.Release(m.Payload)
-	g.poison(cause, nil)
+	a := &AbortError{Kind: FailureKind(r.u8()), Rank: int(r.u32()), Reporter: int(r.u32()), Seq: r.u64()}
+	a.Op = r.str(int(r.u8()))
+	a.Msg = r.str(int(r.u16()))
+	if r.bad {
+		return bad("short")
+	}
+	if a.Kind < KindLost || a.Kind > KindProtocol {
+		return bad(fmt.Sprintf("kind %d", a.Kind))
+	}
+	if a.Rank < 0 || a.Rank >= world || a.Reporter < 0 || a.Reporter >= world {
+		return bad("rank out of range")
+	}
+	a.Err = ErrAborted
+	if a.Kind == KindDesync {
+		de := &DesyncError{Rank: a.Reporter, Peer: int(r.u32()), Seq: a.Seq, PeerSeq: r.u64(),
+			Local: describe(r.u64()), Remote: describe(r.u64())}
+		de.LocalSite = r.str(int(r.u16()))
+		de.RemoteSite = r.str(int(r.u16()))
+		if r.bad || de.Peer < 0 || de.Peer >= world {
+			return bad("desync fields")
+		}
+		if de.Peer == self { // we are the other side: report it from here
+			de.Rank, de.Peer = de.Peer, de.Rank
+			de.Seq, de.PeerSeq = de.PeerSeq, de.Seq
+			de.Local, de.Remote = de.Remote, de.Local
+			de.LocalSite, de.RemoteSite = de.RemoteSite, de.LocalSite
+		}
+		a.Err = de
+	}
+	if len(r.b) != 0 {
+		return bad("trailing bytes")
+	}
+	return a, nil
 }

@@ -48,7 +48,11 @@ func parseHeader(h transport.Header) (seq, fp uint64) {
 
 // send sends one collective message to rank `to`.
 func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
-	return g.t.Send(ctx, to, tagColl, collHeader(g.cur.seq, g.cur.fp), p)
+	err := g.t.Send(ctx, to, tagColl, collHeader(g.cur.wire, g.cur.fp), p)
+	if err == nil {
+		g.obs.met.Sent(to, len(p))
+	}
+	return err
 }
 
 // recvInto receives one collective message of exactly len(dst) bytes from
@@ -56,16 +60,15 @@ func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
 // *DesyncError; one of another length a protocol error.
 func (g *ProcessGroup) recvInto(ctx context.Context, from int, dst []byte) error {
 	h, n, err := g.t.RecvInto(ctx, from, tagColl, dst)
-	seq, fp := parseHeader(h)
+	if err == nil {
+		g.obs.met.Received(from, n)
+	}
+	wire, fp := parseHeader(h)
 	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
 		return err
 	}
-	if seq != g.cur.seq || fp != g.cur.fp {
-		return &DesyncError{
-			Rank: g.rank, Peer: from,
-			Seq: g.cur.seq, PeerSeq: seq,
-			Local: describe(g.cur.fp), Remote: describe(fp),
-		}
+	if wire != g.cur.wire || fp != g.cur.fp {
+		return g.desync(from, wire, fp)
 	}
 	if err != nil || n != len(dst) {
 		return &PeerError{Rank: from, Op: g.cur.kind.String(),

@@ -165,12 +165,7 @@ func TestAsyncContext(t *testing.T) {
 			}
 			return g.AllReduceF64(bg, make([]float64, 4), Sum)
 		})
-		for r := 1; r < 3; r++ {
-			var pe *PeerError
-			require.ErrorAs(t, errs[r], &pe)
-			assert.Equal(t, 0, pe.Rank)
-			require.ErrorIs(t, errs[r], ErrAborted)
-		}
+		requireTimeoutNotice(t, errs)
 	})
 	t.Run("queued", func(t *testing.T) {
 		c := newCluster(t, 2)

@@ -21,6 +21,8 @@ type call struct {
 	src   []byte // all_gather, reduce_scatter
 
 	fed *fedCall // federated_average only
+
+	site uint32 // call-site hash in debug detail mode (debug.go)
 }
 
 func (c *call) fingerprint() uint64 { return fingerprint(c.kind, c.dt, c.op, c.root, c.count) }
@@ -108,6 +110,7 @@ func (g *ProcessGroup) run(ctx context.Context, c *call) error {
 	if err := c.check(g); err != nil {
 		return err
 	}
+	c.site = g.callSite()
 	return g.runSync(ctx, c)
 }
 
@@ -276,7 +279,7 @@ func (g *ProcessGroup) ReduceF64(ctx context.Context, data []float64, op ReduceO
 
 // Barrier returns once every rank has entered it.
 func (g *ProcessGroup) Barrier(ctx context.Context) error {
-	c := call{kind: kBarrier}
+	c := call{kind: kBarrier, site: g.callSite()}
 	return g.runSync(ctx, &c)
 }
 

@@ -33,9 +33,11 @@
 //	if err := w.Wait(ctx); err != nil { ... }
 //	took := w.Finished().Sub(start) // when it finished, recorded by the group
 //
-// Options (WithTimeout, WithSmallThreshold, WithLogger) are checked when New
-// or InitFromEnv applies them; an invalid one makes the constructor fail with
-// an error matching ErrInvalidArgument that names it.
+// Options (WithTimeout, WithSmallThreshold, WithLogger, WithStallThreshold,
+// WithDebug) are checked when New or InitFromEnv applies them; an invalid
+// one makes the constructor fail with an error matching ErrInvalidArgument
+// that names it. New also reads GDIST_DEBUG and GDIST_STALL_THRESHOLD
+// (options win over them); a malformed value fails it with ErrEnv.
 //
 // # Semantics
 //
@@ -43,26 +45,110 @@
 // length, dtype, reduce op and root. Collectives run one at a time in call
 // order — a sync call issued after an async one waits for it. Each message
 // carries the collective's sequence number and a fingerprint of its
-// parameters, so ranks that disagree get a *DesyncError (which unwraps to a
-// *LengthMismatchError when only the lengths differ) instead of a hang or
-// wrong numbers: every algorithm starts by exchanging a message with its ring
-// neighbours, so some rank sees the disagreement before anyone can wait
-// forever. Every rank's call fails, except that of a rank whose part needs
-// nothing from the disagreeing ones (a broadcast root, say): its next
+// parameters, so ranks that disagree about a collective's parameters, or
+// call different collectives, get a *DesyncError (matching ErrDesync, and
+// unwrapping to a *LengthMismatchError when only the lengths differ)
+// instead of a hang: every algorithm starts by exchanging a message with
+// its ring neighbours, so some rank sees the disagreement before anyone can
+// wait forever. Every rank's call fails, except that of a rank whose part
+// needs nothing from the disagreeing ones (a broadcast root, say): its next
 // collective fails instead. FederatedAverage, which waits for nobody, is the
 // exception (see there). Results are bitwise identical on every rank (NaN
 // payloads aside).
 //
-// A collective that fails — desync, lost peer, timeout, cancelled context —
-// aborts the group, like an NCCL communicator: the rank tells every peer, so
-// that their collectives fail promptly too, and every later collective fails
-// with an error wrapping the first failure (ErrAborted). A lost peer shows up
-// as a *PeerError whose Op is the collective's name. Point-to-point messages
-// and Close keep working. A collective whose context has no deadline gets the
-// group's default timeout (WithTimeout). All of this holds for async
-// collectives too, under the context they were started with: one whose
-// context ends while it is queued behind others gives up its turn and aborts
-// the group, as a sync call waiting for its turn does.
+// What sequence numbers cannot see. Two collectives with the same
+// parameters look the same on the wire. If a rank skips one of two
+// identical consecutive collectives (say, a metrics all-reduce of the same
+// length as a gradient all-reduce), the ranks combine unrelated data and
+// get wrong sums without any error; the disagreement shows only at the
+// next collective whose parameters differ, if any. The same holds when
+// ranks reach an identical collective from different lines of code. No
+// sequence-number scheme can detect this. The debug mode
+// (WithDebug(DebugDetail), or GDIST_DEBUG=detail on every rank) adds each
+// collective's call site (the file and line of the first caller outside
+// this package) to its fingerprint, so ranks that reach the same
+// collective from different lines fail at that call with a *DesyncError
+// naming both call sites (LocalSite, RemoteSite). Finding the call site
+// costs 0.26-0.4 µs per collective and no allocations once a line has been
+// seen; a 16 KiB all-reduce between two in-process ranks took 8.3-11.5 µs
+// with it against 5.9-7.2 µs without (BenchmarkDebugDetail, one noisy
+// 2-core machine, both ranks in one process sharing the call-site cache).
+// It cannot see a skipped call of the same line
+// (a loop that runs once more on one rank); keep the control flow of the
+// ranks identical.
+//
+// # Failure
+//
+// The group is one failure domain, used by every layer: collectives,
+// point-to-point calls, dist/ddp (through its collectives) and
+// dist/pipeline (through Abort). The first failure — a lost peer (its
+// process died or its connection broke), a frozen peer (it stopped
+// answering heartbeats), a desync, a cancelled context, a timeout, a peer
+// that closed in the middle of an operation, a protocol violation, or a
+// layer above calling Abort — is recorded once as the group's cause, an
+// *AbortError: the culprit rank, the rank that found it, the operation
+// and its sequence number, the kind (FailureKind) and a message. It wakes
+// every blocked collective and point-to-point call of the group and is
+// sent, encoded (versioned binary, not error text), to every peer, and
+// every rank that records a cause passes it on. Like an NCCL communicator,
+// the group cannot be resumed: every later call fails with the error
+// derived from the cause.
+//
+// The errors to match, on every rank:
+//
+//   - *PeerError{Rank, Op, Err}: Rank is the culprit — the rank that died
+//     (errors.Is ErrPeerLost), froze (ErrPeerUnresponsive, which also
+//     matches ErrPeerLost), closed mid-operation (ErrPeerClosed) or broke
+//     the protocol (ErrProtocol) — or, on the other ranks, the rank whose
+//     notice explained the failure (its context was cancelled: ErrCanceled;
+//     it timed out: ErrTimeout; a layer above aborted: ErrAborted). Op is
+//     the operation that reports it.
+//   - *DesyncError, naming both sides (and both call sites in detail mode).
+//   - *TimeoutError, on the rank whose collective ran out of time: the ranks
+//     it was waiting for and where each of them was, as in
+//     "all_reduce #12 timed out after 5s waiting for rank 2 (rank 2 last
+//     finished all_reduce #11, 4.9 s ago)". It matches ErrTimeout and
+//     context.DeadlineExceeded. Its peers get a *PeerError naming the first
+//     rank it waited for.
+//   - Errors of later calls also match ErrAborted; errors.As with
+//     *AbortError reads the cause from any of them.
+//
+// The first cause wins: a survivor never blames a healthy rank that only
+// closed after failing. A rank sends its notice on every link before
+// anything else it does about the failure, and Close waits for those sends
+// (each bounded by 5 s) before it says goodbye, so per-link order puts the
+// notice ahead of the goodbye; notices are received into a receive posted
+// for the group's life, so one that has arrived is handed over even if the
+// link breaks right after; and a rank that finds a peer closed or lost waits
+// until it has handled what that peer sent before it records anything. No
+// grace period is involved.
+//
+// A collective whose context has no deadline gets the group's default
+// timeout (WithTimeout). All of this holds for async collectives too, under
+// the context they were started with: one whose context ends while it is
+// queued behind others gives up its turn and aborts the group, as a sync
+// call waiting for its turn does. A call refused at once because its
+// context had already ended takes no turn and fails nothing.
+//
+// # Progress and stall reports
+//
+// Every rank tells its peers, on a reserved tag, the last collective it
+// started and the last it finished (sequence number, operation, how long
+// ago), at most every half second and only when that changed; the messages
+// are 28 bytes and allocate nothing. Progress returns what a rank knows of
+// the others. A collective that waits longer than the stall threshold
+// (WithStallThreshold, GDIST_STALL_THRESHOLD, default 60 s) without any
+// timeout logs a report once per threshold, like Horovod's stall inspector:
+//
+//	level=WARN msg="dist: all_reduce #5 stalled: waiting 1.1s for rank 2 (rank 2 last finished all_reduce #4, 1.1 s ago)"
+//
+// # Logging and debugging
+//
+// The group logs aborts (WARN), stall reports (WARN) and details (DEBUG) to
+// the logger of WithLogger. Without one it is silent except for stall
+// reports, which go to stderr. GDIST_DEBUG=info or debug (WithDebug) sends
+// the group's log to stderr at that level; GDIST_DEBUG=detail does too and
+// adds call sites to the fingerprints (above).
 //
 // Buffers passed to collectives stay the caller's: the group reads and writes
 // them only until the call returns (or, for async calls, until the Work is

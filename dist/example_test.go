@@ -137,3 +137,26 @@ func ExampleDesyncError() {
 	})
 	// Output: all_reduce: want 4 elements, rank 1 has 3
 }
+
+// A layer above the group (a training loop, a pipeline) fails the whole
+// job with Abort. Rank 1 aborts and closes at once; the others' collectives
+// fail naming rank 1 and carrying its cause, never a bare "peer closed".
+func ExampleProcessGroup_Abort() {
+	world(3, func(g *dist.ProcessGroup) {
+		if g.Rank() == 1 {
+			g.Abort("train", errors.New("loss is NaN"))
+			return // and Close, deferred by world
+		}
+		err := g.AllReduce(context.Background(), make([]float32, 4), dist.Sum)
+		var (
+			pe *dist.PeerError
+			a  *dist.AbortError
+		)
+		if g.Rank() == 0 && errors.As(err, &pe) && errors.As(err, &a) {
+			fmt.Printf("rank 0: peer %d failed: kind %q, op %s, message %q, aborted: %v\n",
+				pe.Rank, a.Kind, a.Op, a.Msg, errors.Is(err, dist.ErrAborted))
+		}
+	})
+	// Output:
+	// rank 0: peer 1 failed: kind "user error", op train, message "loss is NaN", aborted: true
+}

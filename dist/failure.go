@@ -1,65 +1,84 @@
 package dist
 
-// The group's one failure domain: the first failure is recorded as the
-// cause, wakes every blocked collective, and is sent to the peers; later
-// collectives derive their errors from it.
+// The group's one failure domain. The first failure is recorded as the
+// cause (an *AbortError: culprit, kind, op, sequence number, message); it
+// wakes every blocked collective and point-to-point call, and is sent,
+// encoded, to every peer. Every rank that records a cause sends it on, so
+// a rank that learned it from a peer tells the others too before it goes
+// away: whatever the order in which links close, a peer always finds a
+// notice explaining a departure ahead of the departure itself.
+//
+// Why the first cause wins. A rank sends its notice on each link before
+// anything else it does because of the failure, and Close waits for those
+// sends before it says goodbye on the links (so per-link order puts the
+// notice first). Each rank receives notices with a receive posted for the
+// life of the group, so a notice that has arrived is handed over even if
+// the link breaks right after. And a rank that finds a peer closed or lost
+// in the middle of an operation waits, before it records anything, until
+// its watcher of that peer has handled what that peer sent: the transport
+// has closed or failed that peer's messages by then, so the wait ends as
+// soon as the watcher has run, and no grace period is involved. A healthy
+// rank that closed after failing is therefore never reported: its notice
+// (naming the real culprit) is always read first.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/tcp"
 )
 
 // setCauseLocked records the group's first failure and wakes every
 // collective blocked in the transport.
-func (g *ProcessGroup) setCauseLocked(cause error) {
-	g.cause = cause
+func (g *ProcessGroup) setCauseLocked(a *AbortError, cause error) {
+	g.cause, g.abort = cause, a
 	if g.running {
 		g.causeSeq = g.cur.seq
 	}
 	close(g.abortCh)
+	g.failCancel()
 }
 
-// poison aborts the group with cause unless it is already aborted, and
-// sends notify (if not nil) to every peer.
-func (g *ProcessGroup) poison(cause error, notify []byte) {
+// fail records a (and cause, the error of the operation that found it)
+// unless the group has failed already, and tells the peers. It reports
+// whether a became the cause.
+func (g *ProcessGroup) fail(a *AbortError, cause error) bool {
 	g.mu.Lock()
 	if g.cause != nil {
 		g.mu.Unlock()
-		return
+		return false
 	}
-	g.setCauseLocked(cause)
+	g.setCauseLocked(a, cause)
 	g.mu.Unlock()
-	g.aborted(cause, notify)
+	g.aborted(a)
+	return true
 }
 
 // aborted logs a new abort and tells the peers.
-func (g *ProcessGroup) aborted(cause error, notify []byte) {
-	g.log.Warn("dist: process group aborted", "err", cause)
-	if notify == nil {
-		return
-	}
+func (g *ProcessGroup) aborted(a *AbortError) {
+	g.log.Warn("dist: process group aborted", "culprit", a.Rank, "kind", a.Kind.String(),
+		"op", a.Op, "seq", a.Seq, "err", a.Error())
 	g.mu.Lock()
-	if g.closed {
+	if g.transportClosing {
 		g.mu.Unlock()
 		return
 	}
 	g.wg.Add(1)
 	g.sending.Add(1)
 	g.mu.Unlock()
-	go g.sendAbort(notify)
+	go g.sendAbort(encodeNotice(a))
 }
 
 // sendAbort tells every peer (in parallel, each bounded by
-// abortSendTimeout) that the group is aborted.
+// abortSendTimeout) why the group failed. Close waits for it before the
+// transport says goodbye.
 func (g *ProcessGroup) sendAbort(msg []byte) {
 	defer g.wg.Done()
 	defer g.sending.Done()
-	ctx, cancel := context.WithTimeout(g.gctx, abortSendTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), abortSendTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	for p := range g.world {
@@ -68,7 +87,7 @@ func (g *ProcessGroup) sendAbort(msg []byte) {
 		}
 		wg.Go(func() {
 			if err := g.t.Send(ctx, p, tagAbort, transport.Header{}, msg); err != nil {
-				g.log.Debug("dist: could not send abort", "peer", p, "err", err)
+				g.log.Debug("dist: could not send abort notice", "peer", p, "err", err)
 			}
 		})
 	}
@@ -76,81 +95,285 @@ func (g *ProcessGroup) sendAbort(msg []byte) {
 }
 
 // opFailed turns the error a collective's algorithm returned into the error
-// the caller sees, aborting the group (and telling the peers) if this is the
+// the caller sees, failing the group (and telling the peers) if this is the
 // group's first failure.
 func (g *ProcessGroup) opFailed(seq uint64, kind opKind, err error) error {
-	var closed *PeerError
-	if errors.As(err, &closed) && errors.Is(closed.Err, ErrPeerClosed) {
-		g.awaitNotice(closed.Rank)
-	}
-	g.mu.Lock()
-	already := g.cause != nil
-	g.mu.Unlock()
-	var (
-		de *DesyncError
-		pe *PeerError
-	)
-	switch {
-	case already:
-		// The transport error echoes the abort (the op context is done).
-	case errors.As(err, &de):
-		g.poison(de, g.desyncAbort(de))
-	case errors.As(err, &pe):
-		p := &PeerError{Rank: pe.Rank, Op: kind.String(), Err: pe.Err}
-		g.poison(p, g.peerAbort(p))
-	case errors.Is(err, ErrClosed):
-		g.poison(err, nil)
-	default:
-		cause := fmt.Errorf("dist: %s #%d: %w", kind, seq, err)
-		g.poison(cause, g.otherAbort(cause))
-	}
-	return g.derive(seq, kind)
+	_ = g.classify(kind.String(), seq, err, g.runCtxErr())
+	return g.derive(seq, kind.String())
 }
 
-// noticeGrace bounds how long a collective that met a closed peer waits for
-// an abort message explaining it.
-const noticeGrace = 200 * time.Millisecond
+// runCtxErr returns the error of the running collective's context.
+func (g *ProcessGroup) runCtxErr() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.runCtx == nil {
+		return nil
+	}
+	return g.runCtx.Err()
+}
 
-// awaitNotice is called when a collective finds peer r closed. A peer that
-// closes in the middle of a collective stopped because something failed,
-// and it sent its abort message (naming the cause) before its goodbye: wait
-// until r's abort watcher has handled what r sent, or the group is aborted,
-// so that the real cause is reported rather than the bare "peer closed".
-func (g *ProcessGroup) awaitNotice(r int) {
+// classify records err, met by operation op (collective seq, or 0), as the
+// group's failure unless the group has failed already. ctxErr is the error
+// of the caller's context, if it has ended: then the failure is this
+// rank's own cancellation or timeout, whatever the transport said. It
+// reports whether err became the group's cause.
+func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) bool {
+	var pe *PeerError
+	if ctxErr == nil && errors.As(err, &pe) && (errors.Is(pe.Err, ErrPeerClosed) || errors.Is(pe.Err, ErrPeerLost)) {
+		// The peer left: first let its notice, if it sent one, be handled.
+		g.awaitWatcher(pe.Rank)
+	}
+	if g.failed() {
+		return false
+	}
+	a := &AbortError{Rank: g.rank, Reporter: g.rank, Op: op, Seq: seq, Err: err}
+	var (
+		cause = err
+		de    *DesyncError
+	)
+	switch {
+	case ctxErr != nil && errors.Is(ctxErr, context.DeadlineExceeded) && seq != 0:
+		g.mu.Lock()
+		cur, started := g.cur, g.prog.self.started.at
+		g.mu.Unlock()
+		if cur.seq == seq {
+			return g.timedOut(cur, started)
+		}
+		fallthrough
+	case ctxErr != nil:
+		a.Kind, a.Err = KindCancelled, ctxErr
+		if errors.Is(ctxErr, context.DeadlineExceeded) {
+			a.Kind = KindTimeout
+		}
+		a.Msg = ctxErr.Error()
+		cause = &ownError{a: a, err: fmt.Errorf("dist: %s: %w", opLabel(op, seq), ctxErr)}
+	case errors.As(err, &de):
+		a.Kind, a.Rank, a.Err, a.Msg = KindDesync, de.Peer, de, de.Error()
+		cause = &ownError{a: a, err: de}
+	case errors.As(err, &pe):
+		a.Rank, a.Err = pe.Rank, pe.Err
+		a.Kind = peerKind(pe.Err)
+		a.Msg = pe.Err.Error()
+		cause = &PeerError{Rank: pe.Rank, Op: op, Err: a}
+	case errors.Is(err, ErrClosed):
+		// The transport was closed under the group: nothing to tell.
+		g.mu.Lock()
+		first := g.cause == nil
+		if first {
+			g.setCauseLocked(nil, err)
+		}
+		g.mu.Unlock()
+		return first
+	default:
+		a.Kind, a.Msg = KindUser, err.Error()
+		cause = &ownError{a: a, err: fmt.Errorf("dist: %s: %w", opLabel(op, seq), err)}
+	}
+	return g.fail(a, cause)
+}
+
+// opLabel names operation op and its sequence number, if any.
+func opLabel(op string, seq uint64) string {
+	if seq == 0 {
+		return op
+	}
+	return fmt.Sprintf("%s #%d", op, seq)
+}
+
+// peerKind classifies the error of a peer that failed.
+func peerKind(err error) FailureKind {
+	switch {
+	case errors.Is(err, ErrPeerUnresponsive), errors.Is(err, tcp.ErrHeartbeatTimeout):
+		return KindFrozen
+	case errors.Is(err, ErrPeerLost):
+		return KindLost
+	case errors.Is(err, ErrPeerClosed):
+		return KindClosed
+	}
+	return KindProtocol
+}
+
+// ownError is the error of a failure that is not a peer's (this rank's
+// context, a layer above, a desync): it reads like the underlying error
+// and unwraps to it and to the record.
+type ownError struct {
+	a   *AbortError
+	err error
+}
+
+func (e *ownError) Error() string   { return e.err.Error() }
+func (e *ownError) Unwrap() []error { return []error{e.err, e.a} }
+
+// failedHere reports whether this rank failed the group, for a reason of
+// its own, while collective seq ran.
+func (g *ProcessGroup) failedHere(seq uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.abort != nil && g.causeSeq == seq && g.abort.Reporter == g.rank &&
+		(g.abort.Kind == KindCancelled || g.abort.Kind == KindTimeout)
+}
+
+func (g *ProcessGroup) failed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cause != nil
+}
+
+// awaitWatcher waits until the abort watcher of peer r has returned: it
+// has handled the notice r sent, if any. It is called once the transport
+// reported r closed or lost, so r's notice, if it sent one, was delivered
+// (or r's messages were failed) already: the watcher returns promptly and
+// no time bound is needed. Close ends the wait too.
+func (g *ProcessGroup) awaitWatcher(r int) {
 	if r < 0 || r >= len(g.watchDone) || g.watchDone[r] == nil {
 		return
 	}
-	t := time.NewTimer(noticeGrace)
-	defer t.Stop()
 	select {
-	case <-g.abortCh:
 	case <-g.watchDone[r]:
 	case <-g.done:
-	case <-t.C:
 	}
 }
 
-// derive returns the error collective seq reports because the group is
-// aborted: the cause itself for the collective that was running when it
-// happened, a *PeerError naming this collective when a peer failed, and
-// otherwise an error wrapping both ErrAborted and the cause.
-func (g *ProcessGroup) derive(seq uint64, kind opKind) error {
+// derive returns the error operation op (collective seq, or 0) reports
+// because the group failed: the cause itself for the collective that was
+// running when it happened, a *PeerError naming the culprit and this
+// operation when a peer failed or a peer's notice explained the failure,
+// and otherwise an error wrapping both ErrAborted and the cause.
+func (g *ProcessGroup) derive(seq uint64, name string) error {
 	g.mu.Lock()
 	cause, cseq, closed := g.cause, g.causeSeq, g.closed
 	g.mu.Unlock()
-	name := kind.String()
 	if closed && cseq != seq || errors.Is(cause, ErrClosed) {
 		return fmt.Errorf("dist: %s: %w", name, ErrClosed)
 	}
-	var pe *PeerError
-	if errors.As(cause, &pe) {
-		if pe.Op == name && cseq == seq {
+	if pe, ok := cause.(*PeerError); ok {
+		if pe.Op == name && (seq == 0 || cseq == seq) {
 			return pe
 		}
 		return &PeerError{Rank: pe.Rank, Op: name, Err: pe.Err}
 	}
-	if cseq == seq {
+	if seq != 0 && cseq == seq {
 		return cause
 	}
 	return fmt.Errorf("dist: %s: %w: %w", name, ErrAborted, cause)
+}
+
+// watch receives the abort notice of peer p, if it sends one, for the
+// life of the group. A peer that is lost (not one that closed cleanly)
+// fails the group too: its collectives could never complete. The receive
+// is posted into a buffer of its own, so a notice that has arrived is
+// handed over even if the link breaks right after it.
+func (g *ProcessGroup) watch(p int, done chan<- struct{}) {
+	defer g.wg.Done()
+	defer close(done)
+	buf := make([]byte, maxNotice)
+	_, n, err := g.t.RecvInto(g.gctx, p, tagAbort, buf)
+	if err != nil {
+		var pe *PeerError
+		switch {
+		case errors.As(err, &pe) && errors.Is(pe.Err, ErrPeerLost):
+			op, seq := g.runningOp()
+			a := &AbortError{Kind: peerKind(pe.Err), Rank: pe.Rank, Reporter: g.rank, Op: op, Seq: seq, Err: pe.Err, Msg: pe.Err.Error()}
+			g.fail(a, &PeerError{Rank: pe.Rank, Op: op, Err: a})
+		case errors.Is(err, ErrMessageTooLong):
+			a := &AbortError{Kind: KindProtocol, Rank: p, Reporter: g.rank, Op: "abort notice", Err: ErrProtocol, Msg: "abort notice too long"}
+			g.fail(a, &PeerError{Rank: p, Op: "abort notice", Err: a})
+		}
+		return
+	}
+	a, derr := decodeNotice(g.rank, g.world, p, buf[:n])
+	if derr != nil {
+		var pe *PeerError
+		errors.As(derr, &pe)
+		a = &AbortError{Kind: KindProtocol, Rank: p, Reporter: g.rank, Op: "abort notice", Err: pe.Err, Msg: pe.Err.Error()}
+		g.fail(a, &PeerError{Rank: p, Op: "abort notice", Err: a})
+		return
+	}
+	// The peer to blame from here: the culprit, unless that is this rank
+	// (a peer timed out waiting for it), then the rank that gave up.
+	blame := a.Rank
+	if blame == g.rank {
+		blame = a.Reporter
+	}
+	var cause error = &PeerError{Rank: blame, Op: a.Op, Err: a}
+	if de, ok := a.Err.(*DesyncError); ok {
+		cause = &ownError{a: a, err: de}
+	}
+	g.fail(a, cause)
+}
+
+// runningOp names the running collective, or "group" if none runs.
+func (g *ProcessGroup) runningOp() (string, uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.running {
+		return g.cur.kind.String(), g.cur.seq
+	}
+	return "group", 0
+}
+
+// Abort fails the group on behalf of a layer above it (a pipeline, a
+// training loop) because operation op failed with err, and returns the
+// error that operation should report. If the group has failed already the
+// first failure wins: Abort returns the error derived from it (a
+// *PeerError naming the culprit, wrapping ErrAborted and the cause).
+// Otherwise err becomes the group's cause and every peer is told, encoded:
+// their collectives, point-to-point calls and pipelines fail with a
+// *PeerError naming this rank and carrying an *AbortError. err is
+// classified like a collective's error: a *PeerError reporting a peer
+// closed or lost names that peer (after that peer's own notice, if any,
+// has been handled), a *DesyncError stays one, a context's error is a
+// cancellation or timeout, anything else a KindUser failure of this rank.
+// Abort returns err itself (wrapped, so that errors.As finds the
+// *AbortError too) when err became the cause. Abort(op, nil) is a no-op
+// that returns the group's error, if any.
+func (g *ProcessGroup) Abort(op string, err error) error {
+	if err == nil {
+		return g.Err()
+	}
+	var ctxErr error
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		var pe *PeerError
+		if !errors.As(err, &pe) && !errors.Is(err, ErrAborted) {
+			ctxErr = err
+		}
+	}
+	if errors.Is(err, ErrAborted) || errors.Is(err, ErrClosed) {
+		// An echo of the group's failure (or of Close), not a new one.
+		if e := g.Err(); e != nil {
+			return g.deriveOp(op)
+		}
+	}
+	if g.classify(op, 0, err, ctxErr) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.cause
+	}
+	return g.deriveOp(op)
+}
+
+// deriveOp is derive for an operation that is not a collective.
+func (g *ProcessGroup) deriveOp(op string) error {
+	if !g.failed() {
+		return nil
+	}
+	return g.derive(0, op)
+}
+
+// Err returns nil while the group is healthy and, once it has failed (or
+// was closed), the error a new operation on it reports: a *PeerError
+// naming the culprit, a *DesyncError, or an error wrapping ErrAborted or
+// ErrClosed. Use errors.As with *AbortError to read the cause.
+func (g *ProcessGroup) Err() error { return g.deriveOp("group") }
+
+// Failed returns a channel that is closed when the group fails or is
+// closed: layers above select on it to stop waiting for peers that will
+// not come.
+func (g *ProcessGroup) Failed() <-chan struct{} { return g.abortCh }
+
+// Cause returns the group's first failure, or nil while it is healthy
+// (and after a Close that was not caused by a failure).
+func (g *ProcessGroup) Cause() *AbortError {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.abort
 }

@@ -227,12 +227,7 @@ func TestCancelledContext(t *testing.T) {
 			}
 			return g.AllReduce(bg, make([]float32, 4), Sum)
 		})
-		for r := 1; r < 3; r++ {
-			var pe *PeerError
-			require.ErrorAs(t, errs[r], &pe)
-			assert.Equal(t, 0, pe.Rank)
-			require.ErrorIs(t, errs[r], ErrAborted)
-		}
+		requireTimeoutNotice(t, errs)
 	})
 	t.Run("reused context", func(t *testing.T) {
 		c := newCluster(t, 2)
@@ -352,7 +347,34 @@ func TestCauseReachesPeerBeforeClose(t *testing.T) {
 		err0 := g0.Barrier(bg)
 		require.ErrorIs(t, err0, ErrAborted, "%v", err0)
 		require.NotErrorIs(t, err0, ErrPeerClosed)
-		assert.Contains(t, err0.Error(), "by rank 1")
+		var pe *PeerError
+		require.ErrorAs(t, err0, &pe)
+		assert.Equal(t, 1, pe.Rank)
+		var a *AbortError
+		require.ErrorAs(t, err0, &a)
+		assert.Equal(t, KindTimeout, a.Kind)
+		assert.Equal(t, 1, a.Reporter)
 		require.NoError(t, g0.Close())
+	}
+}
+
+// requireTimeoutNotice checks the errors of ranks 1 and 2 after rank 0's
+// collective timed out waiting for them: each names a peer (rank 1 is
+// named as the first rank rank 0 waited for, on rank 2; rank 1 names rank
+// 0, which gave up), and carries the timeout record.
+func requireTimeoutNotice(t *testing.T, errs []error) {
+	t.Helper()
+	for r, want := range map[int]int{1: 0, 2: 1} {
+		var pe *PeerError
+		require.ErrorAs(t, errs[r], &pe, "rank %d", r)
+		assert.Equal(t, want, pe.Rank, "rank %d: %v", r, errs[r])
+		require.ErrorIs(t, errs[r], ErrAborted)
+		require.ErrorIs(t, errs[r], ErrTimeout)
+		var a *AbortError
+		require.ErrorAs(t, errs[r], &a)
+		assert.Equal(t, KindTimeout, a.Kind)
+		assert.Equal(t, 0, a.Reporter)
+		assert.Equal(t, 1, a.Rank)
+		assert.Contains(t, a.Msg, "waiting for ranks 1, 2")
 	}
 }

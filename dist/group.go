@@ -17,10 +17,11 @@ import (
 // enough and a rank that called something else is detected at the first
 // message it sends to a rank that disagrees.
 const (
-	tagColl    = TagReservedBase + iota // collective payloads
-	tagAbort                            // "the group is aborted, here is why"
-	tagFedUp                            // FederatedAverage: vector to the leader
-	tagFedDown                          // FederatedAverage: average from the leader
+	tagColl     = TagReservedBase + iota // collective payloads
+	tagAbort                             // "the group is aborted, here is why"
+	tagFedUp                             // FederatedAverage: vector to the leader
+	tagFedDown                           // FederatedAverage: average from the leader
+	tagProgress                          // "this is where I am" (progress.go)
 )
 
 // abortSendTimeout bounds how long a rank tries to tell a peer about an abort.
@@ -47,26 +48,34 @@ type ProcessGroup struct {
 	wake    chan struct{} // capacity 1: "async work was queued"
 	gctx    context.Context
 	gcancel context.CancelFunc
-	wg      sync.WaitGroup // worker, abort watchers, abort senders
-	sending sync.WaitGroup // abort senders (Close lets them finish first)
+	// failCtx ends when the group fails or closes (with abortCh):
+	// point-to-point calls are woken by it.
+	failCtx    context.Context
+	failCancel context.CancelFunc
+	wg         sync.WaitGroup // worker, abort watchers, abort senders
+	sending    sync.WaitGroup // abort senders (Close lets them finish first)
 	// watchDone[p] is closed when the abort watcher of peer p returns: an
 	// abort message p sent before leaving has been handled by then.
 	watchDone []chan struct{}
+	prog      progress // where this rank and its peers are (progress.go)
 
-	mu        sync.Mutex
-	closed    bool
-	cause     error  // first failure; later collectives fail with it
-	causeSeq  uint64 // collective running when cause was set (0: none)
-	next      uint64 // next collective sequence number to hand out
-	serving   uint64 // sequence number allowed to run
-	waiters   []turnWaiter
-	abandoned map[uint64]struct{}
-	queue     []*Work
-	running   bool
-	cur       opState
-	runCtx    context.Context
-	watched   context.Context // the context onCancel is registered on
-	unwatch   func() bool     // unregisters it
+	mu     sync.Mutex
+	closed bool
+	cause  error       // first failure, as the operation that found it reports it
+	abort  *AbortError // the same failure as the peers are told about it
+	// transportClosing: Close is closing the transport; no more notices.
+	transportClosing bool
+	causeSeq         uint64 // collective running when cause was set (0: none)
+	next             uint64 // next collective sequence number to hand out
+	serving          uint64 // sequence number allowed to run
+	waiters          []turnWaiter
+	abandoned        map[uint64]struct{}
+	queue            []*Work
+	running          bool
+	cur              opState
+	runCtx           context.Context
+	watched          context.Context // the context onCancel is registered on
+	unwatch          func() bool     // unregisters it
 
 	// Owned by the running collective.
 	octx       opCtx
@@ -115,6 +124,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 		return nil, err
 	}
 	g.gctx, g.gcancel = context.WithCancel(context.Background())
+	g.failCtx, g.failCancel = context.WithCancel(context.Background())
 	g.octx.g = g
 	g.onCancelFn = g.onCancel
 	g.timer = time.AfterFunc(time.Hour, g.onTimer)
@@ -129,6 +139,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 			go g.watch(p, g.watchDone[p])
 		}
 	}
+	g.startProgress()
 	return g, nil
 }
 
@@ -152,7 +163,10 @@ func (g *ProcessGroup) Transport() transport.Transport { return g.t }
 
 // Close shuts the group down: collectives that are running or queued fail
 // with an error matching ErrClosed, the transport is closed, and Close waits
-// for the goroutines the group owns. It is idempotent (later calls return
+// for the goroutines the group owns. Close of a failed group carries the
+// cause: the abort notice goes out on every link before the transport's
+// goodbye (each send bounded by 5 s), so peers learn why this rank left
+// rather than only that it did. It is idempotent (later calls return
 // nil); every other method except Rank, WorldSize, LocalRank, IsLeader and
 // Transport returns an error matching ErrClosed afterwards.
 func (g *ProcessGroup) Close() error {
@@ -164,39 +178,28 @@ func (g *ProcessGroup) Close() error {
 	g.closed = true
 	close(g.done)
 	if g.cause == nil {
-		g.setCauseLocked(fmt.Errorf("dist: group closed: %w", ErrClosed))
+		g.setCauseLocked(nil, fmt.Errorf("dist: group closed: %w", ErrClosed))
 	}
 	if g.unwatch != nil {
 		g.unwatch()
 		g.watched, g.unwatch = nil, nil
 	}
 	g.mu.Unlock()
-	// An abort message still being sent tells the peers why this rank
-	// failed; closing first would leave them only "peer closed".
-	g.awaitSenders(closeAbortWait)
+	// The abort notice still being sent tells the peers why this rank
+	// failed: it goes out on every link before the transport's goodbye
+	// does, so that no peer sees this rank leave without the reason. Each
+	// send is bounded by abortSendTimeout.
+	g.sending.Wait()
+	g.mu.Lock()
+	g.transportClosing = true
+	g.mu.Unlock()
+	g.sending.Wait() // one that started while the lock was free
 	g.gcancel()
 	err := g.t.Close()
 	g.wg.Wait()
 	g.timer.Stop()
+	g.failCancel()
 	return errors.Join(err, g.stopObservability())
-}
-
-// closeAbortWait bounds how long Close waits for abort messages in flight.
-const closeAbortWait = 500 * time.Millisecond
-
-// awaitSenders waits, at most d, for the abort senders.
-func (g *ProcessGroup) awaitSenders(d time.Duration) {
-	done := make(chan struct{})
-	go func() {
-		g.sending.Wait()
-		close(done)
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-	}
 }
 
 func (g *ProcessGroup) isClosed() bool {

@@ -138,6 +138,13 @@ func TestMetricsEndpoint(t *testing.T) {
 		assert.Equal(t, 5.0, m["gdist_collective_seconds,op=all_reduce"])
 		assert.Equal(t, 1.0, m["gdist_collectives_total,op=barrier"])
 		assert.Equal(t, 2.0, m["gdist_world_size"])
+		peer := "1"
+		if g.Rank() == 1 {
+			peer = "0"
+		}
+		// 5 all-reduces of 400 bytes: recursive doubling swaps the whole vector.
+		assert.GreaterOrEqual(t, m["gdist_peer_sent_bytes_total,peer="+peer], 2000.0)
+		assert.GreaterOrEqual(t, m["gdist_peer_received_bytes_total,peer="+peer], 2000.0)
 	}
 	addr := c.gs[0].MetricsAddr()
 	require.NoError(t, c.gs[0].Close())

@@ -75,6 +75,12 @@ type config struct {
 	restarts    int    // GDIST_RESTART_COUNT, from InitFromEnv
 
 	tcpOpts []tcp.Option // WithTCPOptions, for InitFromEnv
+
+	// Failure reporting and debugging (failure.go, progress.go, debug.go).
+	debug         DebugLevel    // WithDebug, GDIST_DEBUG
+	stall         time.Duration // WithStallThreshold, GDIST_STALL_THRESHOLD; 0: off
+	stallLog      *slog.Logger  // where stall reports go (finishLogging)
+	progressEvery time.Duration // withProgressInterval
 }
 
 func defaultConfig() config {
@@ -83,15 +89,22 @@ func defaultConfig() config {
 		small:   DefaultSmallThreshold,
 		segment: defaultSegment,
 		logger:  slog.New(slog.DiscardHandler),
+
+		stall:         DefaultStallThreshold,
+		progressEvery: defaultProgressInterval,
 	}
 }
 
 // newConfig applies opts, in order, to the defaults.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
+	if err := envConfig(&cfg); err != nil {
+		return config{}, err
+	}
 	if err := options.Apply(&cfg, opts, "dist", ErrInvalidArgument); err != nil {
 		return config{}, err
 	}
+	finishLogging(&cfg)
 	return cfg, nil
 }
 
@@ -165,6 +178,52 @@ func WithTCPOptions(opts ...tcp.Option) Option {
 			}
 		}
 		c.tcpOpts = append(c.tcpOpts, opts...)
+		return nil
+	}
+}
+
+// Failure reporting and debugging options.
+
+// WithStallThreshold sets how long a collective may wait before the group
+// logs a stall report naming the ranks it waits for and where each of
+// them is, and logs it again after each further d (default
+// DefaultStallThreshold; also GDIST_STALL_THRESHOLD, a Go duration). 0
+// turns the reports off; d must not be negative. Reports go to the
+// group's logger (WithLogger, WithDebug) or, if neither is set, to stderr
+// at WARN.
+func WithStallThreshold(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return invalidOption("WithStallThreshold(%v): must not be negative", d)
+		}
+		c.stall = d
+		return nil
+	}
+}
+
+// WithDebug sets the group's debug level (default DebugOff, or
+// GDIST_DEBUG). DebugInfo and DebugDebug log to stderr unless WithLogger
+// is given; DebugDetail also adds each collective's call site to its
+// fingerprint (see DebugDetail), which costs a runtime.Caller walk per
+// collective. Every rank must use the same level.
+func WithDebug(l DebugLevel) Option {
+	return func(c *config) error {
+		if l > DebugDetail {
+			return invalidOption("WithDebug(%v): unknown level", l)
+		}
+		c.debug = l
+		return nil
+	}
+}
+
+// withProgressInterval sets how often a rank tells its peers where it is
+// (tests).
+func withProgressInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return invalidOption("withProgressInterval(%v): must be positive", d)
+		}
+		c.progressEvery = d
 		return nil
 	}
 }

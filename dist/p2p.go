@@ -8,9 +8,17 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 )
 
-// Point-to-point messages are independent of the collectives: they are not
-// sequenced with them and still work after the group was aborted by a failed
-// collective (but not after Close). Messages from one rank under one tag
+// Point-to-point messages are not sequenced with the collectives, but they
+// belong to the group's one failure domain: once the group has failed
+// (a collective failed, a peer was lost, a peer's notice arrived, a layer
+// above called Abort), every point-to-point call, pending or new, fails
+// with the group's error — a *PeerError naming the culprit — so a layer
+// built on them (the pipeline) and the collectives always agree on who
+// failed. A point-to-point call that finds its own peer closed or lost
+// first lets that peer's notice, if it sent one, be handled, so it too
+// reports the real cause. A peer that closed cleanly is not a failure of
+// the group: calls involving it fail with a *PeerError wrapping
+// ErrPeerClosed, and the rest go on. Messages from one rank under one tag
 // arrive in the order they were sent.
 
 func (g *ProcessGroup) checkP2P(op string, peer int, tag uint32) error {
@@ -20,13 +28,42 @@ func (g *ProcessGroup) checkP2P(op string, peer int, tag uint32) error {
 	if g.isClosed() {
 		return fmt.Errorf("dist: %s: %w", op, ErrClosed)
 	}
-	return transport.CheckRank(peer, g.world)
+	if err := transport.CheckRank(peer, g.world); err != nil {
+		return err
+	}
+	if g.failed() {
+		return g.derive(0, op)
+	}
+	return nil
 }
 
-// p2pErr makes errors after Close match ErrClosed.
-func (g *ProcessGroup) p2pErr(op string, err error) error {
-	if err != nil && g.isClosed() {
+// p2pCtx returns a context that ends with ctx or when the group fails,
+// and the function that releases it.
+func (g *ProcessGroup) p2pCtx(ctx context.Context) (context.Context, func()) {
+	c, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(g.failCtx, cancel)
+	return c, func() {
+		stop()
+		cancel()
+	}
+}
+
+// p2pErr turns a point-to-point error into the one the caller sees: after
+// Close one matching ErrClosed, after the group failed the group's error.
+// ctx is the caller's.
+func (g *ProcessGroup) p2pErr(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if g.isClosed() {
 		return fmt.Errorf("dist: %s: %w", op, ErrClosed)
+	}
+	var pe *PeerError
+	if ctx.Err() == nil && errors.As(err, &pe) && (errors.Is(pe.Err, ErrPeerClosed) || errors.Is(pe.Err, ErrPeerLost)) {
+		g.awaitWatcher(pe.Rank)
+	}
+	if ctx.Err() == nil && g.failed() {
+		return g.derive(0, op)
 	}
 	return err
 }
@@ -37,7 +74,13 @@ func (g *ProcessGroup) Send(ctx context.Context, to int, tag uint32, p []byte) e
 	if err := g.checkP2P("send", to, tag); err != nil {
 		return err
 	}
-	return g.p2pErr("send", g.t.Send(ctx, to, tag, transport.Header{}, p))
+	c, done := g.p2pCtx(ctx)
+	defer done()
+	err := g.t.Send(c, to, tag, transport.Header{}, p)
+	if err == nil {
+		g.obs.met.Sent(to, len(p))
+	}
+	return g.p2pErr(ctx, "send", err)
 }
 
 // Recv returns the next message from rank `from` under tag. The caller owns
@@ -46,10 +89,13 @@ func (g *ProcessGroup) Recv(ctx context.Context, from int, tag uint32) ([]byte, 
 	if err := g.checkP2P("recv", from, tag); err != nil {
 		return nil, err
 	}
-	m, err := g.t.Recv(ctx, from, tag)
+	c, done := g.p2pCtx(ctx)
+	defer done()
+	m, err := g.t.Recv(c, from, tag)
 	if err != nil {
-		return nil, g.p2pErr("recv", err)
+		return nil, g.p2pErr(ctx, "recv", err)
 	}
+	g.obs.met.Received(from, len(m.Payload))
 	return m.Payload, nil
 }
 
@@ -62,8 +108,16 @@ func (g *ProcessGroup) RecvInto(ctx context.Context, from int, tag uint32, dst [
 	if err := g.checkP2P("recv", from, tag); err != nil {
 		return 0, err
 	}
-	_, n, err := g.t.RecvInto(ctx, from, tag, dst)
-	return n, g.p2pErr("recv", err)
+	c, done := g.p2pCtx(ctx)
+	defer done()
+	_, n, err := g.t.RecvInto(c, from, tag, dst)
+	if err == nil {
+		g.obs.met.Received(from, n)
+	}
+	if errors.Is(err, transport.ErrMessageTooLong) {
+		return n, err
+	}
+	return n, g.p2pErr(ctx, "recv", err)
 }
 
 // SendF32 sends data (little-endian float32s) to rank `to` under tag. data is
@@ -84,10 +138,13 @@ func (g *ProcessGroup) recvSized(ctx context.Context, from int, tag uint32, es i
 	if err := g.checkP2P("recv", from, tag); err != nil {
 		return nil, err
 	}
-	m, err := g.t.Recv(ctx, from, tag)
+	c, done := g.p2pCtx(ctx)
+	defer done()
+	m, err := g.t.Recv(c, from, tag)
 	if err != nil {
-		return nil, g.p2pErr("recv", err)
+		return nil, g.p2pErr(ctx, "recv", err)
 	}
+	g.obs.met.Received(from, len(m.Payload))
 	if len(m.Payload)%es != 0 {
 		n := len(m.Payload)
 		g.t.Release(m.Payload)
@@ -143,9 +200,14 @@ func (g *ProcessGroup) recvP2PInto(ctx context.Context, from int, tag uint32, ds
 	if err := g.checkP2P("recv", from, tag); err != nil {
 		return err
 	}
-	_, n, err := g.t.RecvInto(ctx, from, tag, dst)
+	c, done := g.p2pCtx(ctx)
+	defer done()
+	_, n, err := g.t.RecvInto(c, from, tag, dst)
 	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
-		return g.p2pErr("recv", err)
+		return g.p2pErr(ctx, "recv", err)
+	}
+	if err == nil {
+		g.obs.met.Received(from, n)
 	}
 	if n%es != 0 {
 		return &PeerError{Rank: from, Op: "recv",

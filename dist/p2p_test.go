@@ -1,7 +1,9 @@
 package dist
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,22 +66,53 @@ func TestPointToPoint(t *testing.T) {
 	}))
 }
 
-// TestPointToPointAfterAbort checks that an aborted group still passes
-// point-to-point messages.
+// TestPointToPointAfterAbort checks that point-to-point calls belong to
+// the group's failure domain: after a failure they fail with the group's
+// error, and a blocked receive is woken by a failure elsewhere.
 func TestPointToPointAfterAbort(t *testing.T) {
-	c := newCluster(t, 2)
-	errs := c.run(func(r int, g *ProcessGroup) error {
-		return g.AllReduce(bg, make([]float32, 1+r), Sum) // desync
-	})
-	for _, err := range errs {
-		require.ErrorAs(t, err, new(*DesyncError))
-	}
-	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-		if r == 0 {
-			return g.SendF32(bg, 1, 1, []float32{42})
+	t.Run("after", func(t *testing.T) {
+		c := newCluster(t, 2)
+		errs := c.run(func(r int, g *ProcessGroup) error {
+			return g.AllReduce(bg, make([]float32, 1+r), Sum) // desync
+		})
+		for _, err := range errs {
+			require.ErrorAs(t, err, new(*DesyncError))
 		}
-		f, err := g.RecvF32(bg, 0, 1)
-		assert.Equal(t, []float32{42}, f)
-		return err
-	}))
+		for r, err := range c.run(func(r int, g *ProcessGroup) error {
+			if r == 0 {
+				return g.SendF32(bg, 1, 1, []float32{42})
+			}
+			_, err := g.RecvF32(bg, 0, 1)
+			return err
+		}) {
+			require.ErrorIs(t, err, ErrAborted, "rank %d", r)
+			require.ErrorIs(t, err, ErrDesync, "rank %d", r)
+		}
+	})
+	t.Run("blocked", func(t *testing.T) {
+		c := newCluster(t, 3)
+		got := make(chan error, 1)
+		go func() {
+			_, err := c.gs[1].Recv(bg, 2, 5) // rank 2 never sends
+			got <- err
+		}()
+		time.Sleep(20 * time.Millisecond)
+		user := errors.New("training diverged")
+		err := c.gs[0].Abort("train", user)
+		require.ErrorIs(t, err, user)
+		select {
+		case err := <-got:
+			var pe *PeerError
+			require.ErrorAs(t, err, &pe)
+			assert.Equal(t, 0, pe.Rank)
+			assert.Equal(t, "recv", pe.Op)
+			var a *AbortError
+			require.ErrorAs(t, err, &a)
+			assert.Equal(t, KindUser, a.Kind)
+			assert.Equal(t, "train", a.Op)
+			assert.Contains(t, a.Msg, "training diverged")
+		case <-time.After(5 * time.Second):
+			t.Fatal("blocked receive not woken by the abort")
+		}
+	})
 }

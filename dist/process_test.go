@@ -91,6 +91,9 @@ func TestProcessKill(t *testing.T) {
 
 // childMain runs one rank of a multi-process test and returns the exit code.
 func childMain(role string) int {
+	if role == "fail" {
+		return childFail(os.Getenv(scenarioEnv))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	g, err := InitFromEnv(ctx)

@@ -22,6 +22,8 @@ type opState struct {
 	seq  uint64
 	fp   uint64
 	kind opKind
+	site uint32 // call-site hash (debug detail mode), else 0
+	wire uint64 // the sequence field of its messages' headers (algorithms.go)
 }
 
 // opCtx is the context the running collective hands to the transport: it is
@@ -92,7 +94,7 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	g.mu.Lock()
 	if g.cause != nil {
 		g.mu.Unlock()
-		err := g.derive(seq, c.kind)
+		err := g.derive(seq, c.kind.String())
 		if w != nil {
 			w.finish(err)
 		}
@@ -105,9 +107,10 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	if !ok {
 		deadline = time.Now().Add(g.cfg.timeout)
 	}
-	g.cur = opState{seq: seq, fp: c.fingerprint(), kind: c.kind}
+	g.cur = opState{seq: seq, fp: c.fingerprint(), kind: c.kind, site: c.site, wire: wireSeq(seq, c.site)}
 	g.octx.parent, g.octx.deadline = ctx, deadline
 	g.running, g.runCtx = true, ctx
+	g.prog.self.started = mark{seq: seq, kind: c.kind, at: time.Now()}
 	g.mu.Unlock()
 
 	g.timer.Reset(time.Until(deadline))
@@ -127,6 +130,11 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	g.timer.Stop()
 	if err != nil {
 		err = g.opFailed(seq, c.kind, err)
+	} else if g.failedHere(seq) {
+		// This rank failed the group during the collective (its context
+		// ended, or it timed out) and told its peers so, although its own
+		// part completed: it reports the failure too, as they do.
+		err = g.derive(seq, c.kind.String())
 	}
 	if g.obs.on() {
 		g.observe(c, seq, queued, start, time.Now(), err)
@@ -138,6 +146,7 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	g.mu.Lock()
 	g.running, g.runCtx = false, nil
 	g.octx.parent = nil
+	g.prog.self.finished = mark{seq: seq, kind: c.kind, at: time.Now()}
 	g.endTurnLocked(seq)
 	g.mu.Unlock()
 	return err
@@ -173,15 +182,24 @@ func (g *ProcessGroup) waitTurn(ctx context.Context, seq uint64, kind opKind) er
 	if errors.Is(err, ErrClosed) {
 		return fmt.Errorf("dist: %s: %w", kind, ErrClosed)
 	}
-	cause := giveUpError(kind, seq, err)
-	g.poison(cause, g.otherAbort(cause))
-	return cause
+	return g.giveUp(kind, seq, err)
 }
 
-// giveUpError is the cause of the abort when collective seq's context ends
-// before its turn came.
-func giveUpError(kind opKind, seq uint64, err error) error {
-	return fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", kind, seq, err)
+// giveUp fails the group because collective seq's context ended (with
+// err) before its turn came, and returns the error the collective reports:
+// that failure, or the group's earlier one.
+func (g *ProcessGroup) giveUp(kind opKind, seq uint64, err error) error {
+	e := fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", kind, seq, err)
+	a := &AbortError{Kind: KindCancelled, Rank: g.rank, Reporter: g.rank, Op: kind.String(), Seq: seq, Err: err,
+		Msg: "gave up waiting for earlier collectives: " + err.Error()}
+	if errors.Is(err, context.DeadlineExceeded) {
+		a.Kind = KindTimeout
+	}
+	cause := &ownError{a: a, err: e}
+	if g.fail(a, cause) {
+		return cause
+	}
+	return g.derive(seq, kind.String())
 }
 
 // abandonLocked gives up turn seq, which nobody waits for: if it has come
@@ -224,10 +242,37 @@ func (g *ProcessGroup) onTimer() {
 		g.mu.Unlock()
 		return
 	}
-	cause := fmt.Errorf("dist: %s #%d: timed out: %w", g.cur.kind, g.cur.seq, context.DeadlineExceeded)
-	g.setCauseLocked(cause)
+	cur, started := g.cur, g.prog.self.started.at
 	g.mu.Unlock()
-	g.aborted(cause, g.otherAbort(cause))
+	_ = g.timedOut(cur, started)
+}
+
+// timedOut fails the group because collective cur, started at started,
+// ran out of time: the cause names the ranks it was waiting for and where
+// they were. The first of them is the culprit (this rank if it knew of
+// none).
+func (g *ProcessGroup) timedOut(cur opState, started time.Time) bool {
+	te := &TimeoutError{Op: cur.kind.String(), Seq: cur.seq, After: time.Since(started),
+		Waiting: g.waitingFor(cur.seq)}
+	a := &AbortError{Kind: KindTimeout, Rank: g.rank, Reporter: g.rank, Op: te.Op, Seq: cur.seq, Msg: te.Error(), Err: te}
+	if len(te.Waiting) > 0 {
+		a.Rank = te.Waiting[0].Rank
+	}
+	return g.failRunning(cur.seq, a, &ownError{a: a, err: te})
+}
+
+// failRunning is fail for a failure of collective seq that this rank
+// decided on its own (a timeout or cancellation), if seq is still running.
+func (g *ProcessGroup) failRunning(seq uint64, a *AbortError, cause error) bool {
+	g.mu.Lock()
+	if !g.running || g.cur.seq != seq || g.cause != nil {
+		g.mu.Unlock()
+		return false
+	}
+	g.setCauseLocked(a, cause)
+	g.mu.Unlock()
+	g.aborted(a)
+	return true
 }
 
 // watchCtx arranges for onCancel to run when ctx ends. The registration
@@ -254,8 +299,13 @@ func (g *ProcessGroup) onCancel() {
 		g.mu.Unlock()
 		return
 	}
-	cause := fmt.Errorf("dist: %s #%d: %w", g.cur.kind, g.cur.seq, g.runCtx.Err())
-	g.setCauseLocked(cause)
+	cur, started, err := g.cur, g.prog.self.started.at, g.runCtx.Err()
 	g.mu.Unlock()
-	g.aborted(cause, g.otherAbort(cause))
+	if errors.Is(err, context.DeadlineExceeded) {
+		_ = g.timedOut(cur, started)
+		return
+	}
+	a := &AbortError{Kind: KindCancelled, Rank: g.rank, Reporter: g.rank, Op: cur.kind.String(), Seq: cur.seq,
+		Err: err, Msg: err.Error()}
+	_ = g.failRunning(cur.seq, a, &ownError{a: a, err: fmt.Errorf("dist: %s #%d: %w", cur.kind, cur.seq, err)})
 }

@@ -53,6 +53,7 @@ func (g *ProcessGroup) enqueue(ctx context.Context, c call) *Work {
 		w.finish(err)
 		return w
 	}
+	w.c.site = g.callSite()
 	if err := ctx.Err(); err != nil {
 		w.finish(fmt.Errorf("dist: %s: %w", c.kind, err))
 		return w
@@ -97,7 +98,5 @@ func (g *ProcessGroup) cancelQueued(w *Work) {
 	g.queue = slices.Delete(g.queue, i, i+1)
 	g.abandonLocked(w.seq)
 	g.mu.Unlock()
-	cause := giveUpError(w.c.kind, w.seq, w.ctx.Err())
-	w.finish(cause)
-	g.poison(cause, g.otherAbort(cause))
+	w.finish(g.giveUp(w.c.kind, w.seq, w.ctx.Err()))
 }

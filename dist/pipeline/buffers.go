@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/timeline"
 	"github.com/gdist/gdist/internal/vec"
 )
 
@@ -112,6 +114,17 @@ func addInto(dst, src any) error {
 }
 
 func sendData(ctx context.Context, g *dist.ProcessGroup, to int, tag uint32, data any) error {
+	if tl := g.Timeline(); tl != nil {
+		start := time.Now()
+		err := sendData1(ctx, g, to, tag, data)
+		tl.Add(timeline.Event{Lane: "pipeline send", Name: fmt.Sprintf("send to rank %d", to), Cat: "pipeline",
+			Start: start, End: time.Now(), Args: [4]timeline.Arg{{Key: "tag", Int: int64(tag)}, {Key: "values", Int: int64(lenOf(data))}}})
+		return err
+	}
+	return sendData1(ctx, g, to, tag, data)
+}
+
+func sendData1(ctx context.Context, g *dist.ProcessGroup, to int, tag uint32, data any) error {
 	switch d := data.(type) {
 	case []float32:
 		return g.SendF32(ctx, to, tag, d)
@@ -122,6 +135,28 @@ func sendData(ctx context.Context, g *dist.ProcessGroup, to int, tag uint32, dat
 }
 
 func recvInto(ctx context.Context, g *dist.ProcessGroup, from int, tag uint32, dst any) error {
+	if tl := g.Timeline(); tl != nil {
+		start := time.Now()
+		err := recvInto1(ctx, g, from, tag, dst)
+		tl.Add(timeline.Event{Lane: "pipeline receive", Name: fmt.Sprintf("receive from rank %d", from), Cat: "pipeline",
+			Start: start, End: time.Now(), Args: [4]timeline.Arg{{Key: "tag", Int: int64(tag)}, {Key: "values", Int: int64(lenOf(dst))}}})
+		return err
+	}
+	return recvInto1(ctx, g, from, tag, dst)
+}
+
+// lenOf is the number of values of a hidden-state buffer.
+func lenOf(data any) int {
+	switch d := data.(type) {
+	case []float32:
+		return len(d)
+	case []float64:
+		return len(d)
+	}
+	return 0
+}
+
+func recvInto1(ctx context.Context, g *dist.ProcessGroup, from int, tag uint32, dst any) error {
 	switch d := dst.(type) {
 	case []float32:
 		return g.RecvF32Into(ctx, from, tag, d)

@@ -74,23 +74,33 @@
 //
 // # Failure
 //
-// A failing call (a lost peer, a callback's error, a cancelled context)
-// breaks the pipeline: the stage tells every other stage, whose current or
-// next call fails with a *dist.PeerError — naming the lost rank
-// (dist.ErrPeerLost) or the failed stage's rank (ErrStageFailed). Each stage
-// also watches every other for loss, so a killed stage makes all of them
-// fail promptly even when they were waiting on a live neighbour.
+// A failing call (a lost or frozen peer, a callback's error, a cancelled
+// context) breaks the pipeline and fails its group: the pipeline has no
+// failure protocol of its own but uses dist's one failure domain
+// (dist.ProcessGroup.Abort), so the cause travels to every rank encoded,
+// the first cause wins, and every user of the group (other stages, DDP
+// collectives, point-to-point calls) fails with the same typed error. The
+// other stages' current or next call fails with a *dist.PeerError naming
+// the culprit: the lost or frozen rank (dist.ErrPeerLost), or the failed
+// stage's rank (ErrStageFailed, with the *dist.AbortError giving the
+// kind and the message). A killed stage makes all of them fail promptly,
+// even those waiting on a live neighbour, because the group watches every
+// peer. A stage whose builder fails in New fails the group the same way, so
+// the other stages' New fails at once.
 //
 // Every stage must make the same calls in the same order. Each call starts
 // with a small header to the neighbours it sends data to (call kind and
 // number); the first receive from a neighbour checks it, so stages that
 // disagree (one in Infer, another in TrainStep, or one a call ahead) fail
-// at once with ErrCallMismatch instead of waiting for their contexts.
+// at once with ErrCallMismatch instead of waiting for their contexts (on
+// the stage that found it an error naming both calls, on the others a
+// *dist.PeerError naming that stage's rank).
 //
 // # Tags
 //
 // A pipeline uses TagSpan point-to-point tags from its tag base
-// (WithTagBase): one for setup, one for abort notices, one for call
-// headers, and then one per call, micro-batch and direction, so messages can
-// never be confused.
+// (WithTagBase): one for setup, one unused (it carried the pipeline's own
+// abort notices before it failed through dist), one for call headers, and
+// then one per call, micro-batch and direction, so messages can never be
+// confused.
 package pipeline

@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
-	"time"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -16,11 +14,12 @@ import (
 	"github.com/gdist/gdist/dist"
 )
 
-// Tags inside a pipeline's range: setup descriptors, abort notices, call
+// Tags inside a pipeline's range: setup descriptors, a tag no longer used
+// (the pipeline's own abort notices, before it failed through dist), call
 // headers, then data (3 kinds per micro-batch and call, see tag).
 const (
 	tagSetup = iota
-	tagAbort
+	_
 	tagCall
 	tagData
 )
@@ -33,9 +32,6 @@ const (
 	numKinds
 )
 
-// abortSendTimeout bounds how long a failing stage tries to tell a peer.
-const abortSendTimeout = 2 * time.Second
-
 // Pipeline is one rank's stage of a pipeline-parallel model: the stage's
 // graphs, its neighbours, and the schedules that move micro-batches through
 // them. Every stage calls the same methods (Infer, TrainStep) in the same
@@ -43,9 +39,11 @@ const abortSendTimeout = 2 * time.Second
 //
 // A Pipeline is not safe for concurrent use. A call that fails (a lost
 // peer, another stage's failure, a cancelled context, a callback's error)
-// breaks it: the other stages are told, fail promptly with a
-// *dist.PeerError, and every later call returns an error wrapping ErrBroken
-// and the first failure.
+// breaks it and fails its group (dist's one failure domain, see
+// dist.ProcessGroup.Abort): the other stages, and every other user of the
+// group, fail promptly with a *dist.PeerError naming the culprit, and
+// every later call returns an error wrapping ErrBroken and the first
+// failure.
 type Pipeline struct {
 	g       *dist.ProcessGroup
 	cfg     config
@@ -66,11 +64,6 @@ type Pipeline struct {
 
 	step  uint64
 	stats Stats
-
-	abortCtx    context.Context
-	abortCancel context.CancelCauseFunc
-	wg          sync.WaitGroup        // watchers and abort senders
-	watchDone   map[int]chan struct{} // closed when the watcher of that rank returns
 
 	mu     sync.Mutex
 	closed bool
@@ -124,23 +117,13 @@ func New(ctx context.Context, g *dist.ProcessGroup, build Builder, opts ...Optio
 	}
 	if err := p.build(build); err != nil {
 		p.closeSlots()
-		p.announceFailure(ctx, err)
-		return nil, err
+		// Fail the group, so that the other stages' New fails at once,
+		// naming this rank, instead of waiting for its descriptor.
+		return nil, g.Abort(opSetup, err)
 	}
 	if err := p.handshake(ctx); err != nil {
 		p.closeSlots()
-		return nil, err
-	}
-	p.abortCtx, p.abortCancel = context.WithCancelCause(context.Background())
-	p.watchDone = make(map[int]chan struct{}, len(ranks)-1)
-	for _, r := range ranks {
-		if r != g.Rank() {
-			p.watchDone[r] = make(chan struct{})
-		}
-	}
-	for r, done := range p.watchDone {
-		p.wg.Add(1)
-		go p.watch(r, done)
+		return nil, p.stageErr(err)
 	}
 	return p, nil
 }
@@ -264,8 +247,6 @@ func (p *Pipeline) Close() error {
 	}
 	p.closed = true
 	p.mu.Unlock()
-	p.abortCancel(ErrClosed)
-	p.wg.Wait()
 	p.closeSlots()
 	return nil
 }
@@ -274,16 +255,16 @@ func (p *Pipeline) Close() error {
 
 const (
 	descMagic   = 0x4c504447 // "GDPL"
-	descVersion = 1
+	descVersion = 2
 )
 
 // descriptor is what each stage tells every other at setup: its settings
-// and the tensors it takes and produces, or that it failed to set up.
+// and the tensors it takes and produces. (A stage that fails to set up
+// fails the group instead; version 1 could carry that failure as text.)
 type descriptor struct {
 	stage, nstages int
 	micro          int
 	schedule       Schedule
-	failed         string // non-empty: the stage failed to build; nothing follows
 	ranks          []int
 	in, out        Desc
 }
@@ -315,10 +296,6 @@ func (d *descriptor) encode() []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(d.nstages))
 	b = binary.LittleEndian.AppendUint32(b, uint32(d.micro))
 	b = append(b, byte(d.schedule))
-	if d.failed != "" {
-		return append(append(b, 1), d.failed...)
-	}
-	b = append(b, 0)
 	for _, r := range d.ranks {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r))
 	}
@@ -339,16 +316,8 @@ func decodeDescriptor(b []byte) (*descriptor, error) {
 		return nil, errBadDescriptor
 	}
 	d := &descriptor{stage: int(r.u32()), nstages: int(r.u32()), micro: int(r.u32()), schedule: Schedule(r.u8())}
-	failed := r.u8()
-	if r.err || d.nstages < 1 || d.nstages > dist.MaxWorldSize || failed > 1 {
+	if r.err || d.nstages < 1 || d.nstages > dist.MaxWorldSize {
 		return nil, errBadDescriptor
-	}
-	if failed == 1 {
-		d.failed = string(r.b)
-		if d.failed == "" {
-			d.failed = "unknown error"
-		}
-		return d, nil
 	}
 	d.ranks = make([]int, d.nstages)
 	for i := range d.ranks {
@@ -401,9 +370,8 @@ func (p *Pipeline) handshake(ctx context.Context) error {
 		ranks: p.ranks, in: p.in, out: p.out}
 	msg := own.encode()
 	tag := p.cfg.tagBase + tagSetup
-	// A peer may have gone already because another stage failed to set up:
-	// keep going on errors, so that the failure announcement (which
-	// explains them) is found if there is one.
+	// A stage that fails to set up fails the group: the sends and receives
+	// below then fail with the group's error, naming it.
 	var firstErr error
 	keep := func(err error) {
 		if firstErr == nil {
@@ -436,9 +404,6 @@ func (p *Pipeline) handshake(ctx context.Context) error {
 		switch {
 		case err != nil:
 			keep(&dist.PeerError{Rank: r, Op: "pipeline setup", Err: fmt.Errorf("%w: %w", dist.ErrProtocol, err)})
-		case d.failed != "":
-			return &dist.PeerError{Rank: r, Op: "pipeline setup",
-				Err: fmt.Errorf("%w: stage %d could not set up: %s", ErrStageFailed, d.stage, d.failed)}
 		case d.stage != i:
 			// The peer thinks it is another stage: its rank list differs.
 			keep(fmt.Errorf("%w: rank %d is stage %d here but says it is stage %d (ranks %v vs %v)",
@@ -474,172 +439,77 @@ func (p *Pipeline) handshake(ctx context.Context) error {
 	return nil
 }
 
-// announceFailure tells every other stage, instead of a descriptor, that
-// this stage failed to set up, so that their New fails at once instead of
-// waiting for it. Best effort.
-func (p *Pipeline) announceFailure(ctx context.Context, cause error) {
-	text := cause.Error()
-	if len(text) > 4096 {
-		text = text[:4096]
-	}
-	d := &descriptor{stage: p.stage, nstages: p.nstages, micro: p.cfg.micro, schedule: p.cfg.schedule, failed: text}
-	msg := d.encode()
-	ctx, cancel := context.WithTimeout(ctx, abortSendTimeout)
-	defer cancel()
-	for _, r := range p.ranks {
-		if r != p.g.Rank() {
-			_ = p.g.Send(ctx, r, p.cfg.tagBase+tagSetup, msg)
-		}
-	}
-}
-
 // ---- failure ----
 
-// Abort notice codes.
+// Operations under which a pipeline fails its group (dist's Abort); the
+// other stages tell from the encoded cause what happened.
 const (
-	abortFailed   = iota + 1 // the sender failed on its own
-	abortLost                // the sender lost a peer (Culprit)
-	abortClosed              // a peer (Culprit) closed in the middle of a call
-	abortPeer                // another failure involving a peer (Culprit)
-	abortMismatch            // stages are in different calls (ErrCallMismatch)
+	opPipeline     = "pipeline"
+	opSetup        = "pipeline setup"
+	opCallMismatch = "pipeline call"
 )
 
-// fail records err as the pipeline's first failure (unless one is
-// recorded), stops the current call and, if tell, tells every other stage.
-// It returns the first failure.
-func (p *Pipeline) fail(err error, tell bool) error {
+// fail records the pipeline's first failure: err, which this stage met,
+// fails the group (dist's one failure domain: every peer is told, encoded)
+// unless the group has failed already, in which case the group's first
+// failure wins. It returns the error the call reports.
+func (p *Pipeline) fail(err error) error {
 	p.mu.Lock()
-	if p.cause != nil {
-		c := p.cause
+	if c := p.cause; c != nil {
 		p.mu.Unlock()
 		return c
 	}
-	p.cause = err
-	closed := p.closed
 	p.mu.Unlock()
-	p.abortCancel(err)
-	if tell && !closed {
-		msg := p.abortNotice(err)
-		for _, r := range p.ranks {
-			if r == p.g.Rank() {
-				continue
-			}
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), abortSendTimeout)
-				defer cancel()
-				_ = p.g.Send(ctx, r, p.cfg.tagBase+tagAbort, msg) // best effort
-			}()
-		}
+	op := opPipeline
+	if errors.Is(err, ErrCallMismatch) {
+		op = opCallMismatch
 	}
-	return err
+	e := p.stageErr(p.g.Abort(op, err))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cause == nil {
+		p.cause = e
+	}
+	return p.cause
 }
 
-// failPeer is fail(err, true) for an error a call met while talking to
-// a peer. A stage that fails tells every other stage why before it goes
-// away, and the transport delivers that notice before it reports the
-// sender closed or lost; failPeer gives such a notice the chance to win
-// over the bare "peer closed" or "peer lost" it caused here:
-//   - the peer was lost: wait until its watcher has drained what it sent;
-//   - the peer closed in the middle of a call: it stopped because some
-//     stage failed (perhaps a third one, whose notice is still on its way
-//     here), so wait for any notice.
-//
-// Either wait ends after noticeGrace at most.
-func (p *Pipeline) failPeer(err error) error {
-	var pe *dist.PeerError
-	if errors.As(err, &pe) && p.causeErr() == nil {
-		var drained <-chan struct{}
-		if !errors.Is(err, dist.ErrPeerClosed) {
-			drained = p.watchDone[pe.Rank] // nil (never ready) for a rank outside the pipeline
-		}
-		t := time.NewTimer(noticeGrace)
-		defer t.Stop()
-		select {
-		case <-p.abortCtx.Done():
-		case <-drained:
-		case <-t.C:
-		}
+// stageErr adds the pipeline's sentinel to the error of a group that
+// another rank failed for a reason of its own: ErrCallMismatch if it found
+// the stages in different calls, ErrStageFailed for anything else (a
+// callback's error, a cancelled context, a timeout, a failed setup). A
+// lost, frozen or closed peer, a desync and this stage's own failures are
+// reported as they are.
+func (p *Pipeline) stageErr(err error) error {
+	var (
+		a  *dist.AbortError
+		pe *dist.PeerError
+	)
+	if !errors.As(err, &a) || a.Reporter == p.g.Rank() || !errors.As(err, &pe) {
+		return err
 	}
-	return p.fail(err, true)
+	var sentinel error
+	switch {
+	case a.Op == opCallMismatch:
+		sentinel = ErrCallMismatch
+	case a.Kind == dist.KindUser || a.Kind == dist.KindCancelled || a.Kind == dist.KindTimeout:
+		sentinel = ErrStageFailed
+	default:
+		return err
+	}
+	return &dist.PeerError{Rank: pe.Rank, Op: opPipeline, Err: &stageError{sentinel: sentinel, err: pe.Err}}
 }
+
+// stageError is the Err of a *dist.PeerError reporting another stage's
+// failure: it matches the pipeline's sentinel and the group's cause.
+type stageError struct {
+	sentinel, err error
+}
+
+func (e *stageError) Error() string   { return e.sentinel.Error() + ": " + e.err.Error() }
+func (e *stageError) Unwrap() []error { return []error{e.sentinel, e.err} }
 
 func (p *Pipeline) causeErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cause
-}
-
-// abortNotice encodes err for the other stages: origin stage, culprit rank,
-// code, text.
-func (p *Pipeline) abortNotice(err error) []byte {
-	code, culprit := byte(abortFailed), p.g.Rank()
-	var pe *dist.PeerError
-	if errors.Is(err, ErrCallMismatch) {
-		code = abortMismatch
-	} else if errors.As(err, &pe) {
-		culprit = pe.Rank
-		switch {
-		case errors.Is(err, dist.ErrPeerLost):
-			code = abortLost
-		case errors.Is(err, dist.ErrPeerClosed):
-			code = abortClosed
-		default:
-			code = abortPeer
-		}
-	}
-	b := binary.LittleEndian.AppendUint32(nil, uint32(p.stage))
-	b = binary.LittleEndian.AppendUint32(b, uint32(culprit))
-	b = append(b, code)
-	text := err.Error()
-	if len(text) > 4096 {
-		text = text[:4096]
-	}
-	return append(b, text...)
-}
-
-// noticeError turns an abort notice from rank `from` into the error this
-// stage fails with: a *dist.PeerError naming the lost rank, or the failed
-// stage's rank with ErrStageFailed.
-func noticeError(from int, b []byte) error {
-	r := reader{b: b}
-	stage, culprit, code := int(r.u32()), int(r.u32()), r.u8()
-	if r.err {
-		return &dist.PeerError{Rank: from, Op: "pipeline", Err: fmt.Errorf("%w: malformed abort notice", dist.ErrProtocol)}
-	}
-	text := string(r.b)
-	switch code {
-	case abortLost:
-		return &dist.PeerError{Rank: culprit, Op: "pipeline",
-			Err: fmt.Errorf("%w (seen by stage %d on rank %d: %s)", dist.ErrPeerLost, stage, from, text)}
-	case abortClosed:
-		return &dist.PeerError{Rank: culprit, Op: "pipeline",
-			Err: fmt.Errorf("%w (seen by stage %d on rank %d: %s)", dist.ErrPeerClosed, stage, from, text)}
-	case abortPeer:
-		return &dist.PeerError{Rank: culprit, Op: "pipeline",
-			Err: fmt.Errorf("%w: stage %d on rank %d: %s", ErrStageFailed, stage, from, text)}
-	case abortMismatch:
-		text = strings.TrimPrefix(text, ErrCallMismatch.Error()+": ")
-		return &dist.PeerError{Rank: from, Op: "pipeline",
-			Err: fmt.Errorf("%w: found by stage %d: %s", ErrCallMismatch, stage, text)}
-	}
-	return &dist.PeerError{Rank: from, Op: "pipeline", Err: fmt.Errorf("%w: stage %d: %s", ErrStageFailed, stage, text)}
-}
-
-// watch waits for an abort notice from rank r, or for r to be lost, and
-// fails the pipeline when either happens. A peer that closes cleanly is
-// not a failure by itself (a call that still needs it fails on its own).
-func (p *Pipeline) watch(r int, done chan<- struct{}) {
-	defer p.wg.Done()
-	defer close(done)
-	b, err := p.g.Recv(p.abortCtx, r, p.cfg.tagBase+tagAbort)
-	switch {
-	case err == nil:
-		p.fail(noticeError(r, b), false)
-	case p.abortCtx.Err() != nil, errors.Is(err, dist.ErrClosed), errors.Is(err, dist.ErrPeerClosed):
-		// Closed here, failed already, or the peer left cleanly.
-	default:
-		p.fail(err, true)
-	}
 }

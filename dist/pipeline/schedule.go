@@ -12,6 +12,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/timeline"
 )
 
 // Data connects a call to the caller's data. Each stage fills in the
@@ -106,16 +107,11 @@ func (p *Pipeline) Stats() Stats {
 	return s
 }
 
-// noticeGrace is how long a call that failed because of a peer waits for
-// that peer's abort notice, which explains the failure better.
-const noticeGrace = 200 * time.Millisecond
-
 // call is the state of one Infer or TrainStep.
 type call struct {
 	p      *Pipeline
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   func() bool
 	snd    *sender
 	d      Data
 	kind   byte    // callInfer or callTrain
@@ -222,8 +218,11 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 		c.kind = callInfer
 	}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
-	c.stop = context.AfterFunc(p.abortCtx, func() { c.cancel(context.Cause(p.abortCtx)) })
-	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) { p.failPeer(err) })
+	// A failure of the group wakes the call's sends and receives (they are
+	// the group's point-to-point calls); a failed send stops the call.
+	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) {
+		c.cancel(p.fail(err))
+	})
 	p.stats.Start, p.stats.Busy, p.stats.Events = time.Now(), 0, p.stats.Events[:0]
 	return c, nil
 }
@@ -234,10 +233,10 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 func (c *call) end(err error) error {
 	p := c.p
 	if err != nil {
-		err = p.failPeer(err)
+		err = p.fail(err)
 	}
 	if serr := c.snd.finish(); serr != nil && err == nil {
-		err = p.fail(serr, true)
+		err = p.fail(serr)
 	}
 	if err != nil {
 		p.abandon()
@@ -247,9 +246,9 @@ func (c *call) end(err error) error {
 			err = cause
 		}
 	}
-	c.stop()
 	c.cancel(nil)
 	p.stats.End = time.Now()
+	p.timelineBubbles()
 	p.step++
 	p.mu.Lock()
 	p.busy = false
@@ -292,7 +291,51 @@ func (p *Pipeline) timed(kind EventKind, mb int, f func() error) error {
 	end := time.Now()
 	p.stats.Busy += end.Sub(start)
 	p.stats.Events = append(p.stats.Events, Event{Kind: kind, MicroBatch: mb, Start: start, End: end})
+	if tl := p.g.Timeline(); tl != nil {
+		tl.Add(timeline.Event{Lane: "pipeline compute", Name: fmt.Sprintf("%s mb %d", kind.longName(), mb), Cat: "pipeline",
+			Start: start, End: end, Args: [4]timeline.Arg{{Key: "micro_batch", Int: int64(mb)}, {Key: "step", Int: int64(p.step)}}})
+	}
 	return err
+}
+
+// longName names the kind on the timeline.
+func (k EventKind) longName() string {
+	switch k {
+	case Forward:
+		return "forward"
+	case Backward:
+		return "backward"
+	case ForwardBackward:
+		return "forward+backward"
+	case Recompute:
+		return "recompute"
+	case ForwardOnly:
+		return "infer"
+	}
+	return k.String()
+}
+
+// timelineBubbles puts the call's idle spans (from its start to the first
+// pass, between passes, and from the last to its end) on the timeline.
+func (p *Pipeline) timelineBubbles() {
+	tl := p.g.Timeline()
+	if tl == nil {
+		return
+	}
+	at := p.stats.Start
+	add := func(end time.Time) {
+		if end.Sub(at) > time.Microsecond {
+			tl.Add(timeline.Event{Lane: "pipeline compute", Name: "bubble", Cat: "pipeline bubble", Start: at, End: end,
+				Args: [4]timeline.Arg{{Key: "step", Int: int64(p.step)}}})
+		}
+	}
+	for _, e := range p.stats.Events {
+		add(e.Start)
+		if e.End.After(at) {
+			at = e.End
+		}
+	}
+	add(p.stats.End)
 }
 
 // fillInput gets micro-batch mb's input into s: from Data.Input on the
