@@ -8,25 +8,27 @@
 // float32 in a loop; the failing rank rotates from run to run:
 //
 //	kill    the parent SIGKILLs one rank mid-loop; every survivor must fail
-//	        with a *dist.PeerError naming it as lost (or unresponsive).
+//	        with an error naming it as lost (or frozen): a *dist.AbortError
+//	        (dist's first cause: culprit and kind) or a *dist.PeerError.
 //	freeze  the parent SIGSTOPs one rank; every survivor must name it as
-//	        lost or unresponsive, with no deadline set by anyone: found by
+//	        frozen or lost, with no deadline set by anyone: found by
 //	        the transport's heartbeat (default, or -heartbeat).
 //	desync  one rank calls the all-reduce with one element fewer, and closes
 //	        its group as soon as the call fails; every rank must report a
-//	        *dist.DesyncError, none a peer that closed or was lost.
+//	        desync (a *dist.DesyncError, or an abort of kind desync), none a
+//	        peer that closed or was lost.
 //	cancel  the parent signals two ranks at once (SIGUSR1), which cancel the
 //	        context of the running all-reduce and close their group; each
-//	        must report its own cancellation or the other's abort notice,
-//	        and the third rank one of their abort notices: nobody may report
-//	        a peer that closed or was lost, or name the third rank.
+//	        must report its own cancellation or the other's (kind cancelled),
+//	        and the third rank one of theirs: nobody may report a peer that
+//	        closed or was lost, or name the third rank.
 //
 // Each rank prints its final error on one line (rank, type of the error,
 // the rank it names, kind, iteration, time), classified with errors.As and
 // errors.Is; the parent judges the lines of every run. A run is "wrong" when
 // any rank's error is not one the scenario allows (a wrong rank or a wrong
-// cause), "healthy" when one of those errors is a *dist.PeerError naming a
-// rank that did not fail, and "no-report" when a rank printed nothing in
+// cause), "healthy" when one of those errors names as its culprit a rank
+// that did not fail, and "no-report" when a rank printed nothing in
 // time (a hang). The detection time of a run is the time from the fault
 // (the signal sent, or the desynced call) until the last rank's error. The
 // summary table has, per scenario: runs, wrong, healthy, no-report,

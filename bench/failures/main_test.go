@@ -82,6 +82,16 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("dist: all_reduce: %w", context.DeadlineExceeded), typeCtx, kindTimeout, -1, "timeout"},
 		{fmt.Errorf("dist: all_reduce: %w", dist.ErrClosed), typeClosed, kindOther, -1, "group closed"},
 		{errors.New("something else"), typeOther, kindOther, -1, "other"},
+		// dist's failure domain: the first cause, its culprit and its kind,
+		// whatever wraps it.
+		{&dist.PeerError{Rank: 2, Op: "all_reduce", Err: &dist.AbortError{Kind: dist.KindFrozen, Rank: 2, Reporter: 0}}, typeAbort, kindUnresponsive, 2, "abort frozen"},
+		{fmt.Errorf("ddp: %w", &dist.AbortError{Kind: dist.KindLost, Rank: 1, Reporter: 2}), typeAbort, kindLost, 1, "abort lost"},
+		{&dist.AbortError{Kind: dist.KindCancelled, Rank: 0, Reporter: 0, Err: context.Canceled}, typeAbort, kindCancelled, 0, "abort cancelled"},
+		{&dist.AbortError{Kind: dist.KindDesync, Rank: 2, Reporter: 0, Err: desync}, typeAbort, kindDesync, 2, "abort desync"},
+		{&dist.AbortError{Kind: dist.KindClosed, Rank: 1}, typeAbort, kindClosed, 1, "abort closed"},
+		{&dist.AbortError{Kind: dist.KindTimeout, Rank: 1}, typeAbort, kindTimeout, 1, "abort timeout"},
+		{&dist.AbortError{Kind: dist.KindUser, Rank: 1}, typeAbort, kindUser, 1, "abort user"},
+		{&dist.AbortError{Kind: dist.KindProtocol, Rank: 1}, typeAbort, kindProtocol, 1, "abort protocol"},
 	} {
 		typ, peer, kind := classify(c.err)
 		assert.Equal(t, []any{c.typ, c.peer, c.kind}, []any{typ, peer, kind}, c.shouldName)
@@ -138,6 +148,22 @@ func TestJudge(t *testing.T) {
 		2: rep(2, typeCtx, -1, kindCancelled, 0),
 	})
 	assert.Len(t, v.Wrong, 2, "rank 0 names the bystander; the bystander was not cancelled")
+	// The same judgements on dist's *AbortError.
+	v = judge("freeze", 0, []int{0}, at, map[int]report{
+		1: rep(1, typeAbort, 0, kindUnresponsive, 0), 2: rep(2, typeAbort, 1, kindClosed, 0),
+	})
+	assert.Len(t, v.Wrong, 1)
+	assert.True(t, v.Healthy)
+	v = judge("cancel", 0, []int{1, 2}, at, map[int]report{
+		0: rep(0, typeAbort, 1, kindCancelled, 0), 1: rep(1, typeAbort, 1, kindCancelled, 0),
+		2: rep(2, typeCtx, -1, kindCancelled, 0),
+	})
+	assert.Empty(t, v.Wrong)
+	v = judge("desync", 0, []int{0}, at, map[int]report{
+		0: rep(0, typeAbort, 1, kindDesync, 0), 1: rep(1, typeDesync, 0, kindDesync, 0),
+		2: rep(2, typeAbort, 0, kindLost, 0),
+	})
+	assert.Len(t, v.Wrong, 1, "a desync reported as a lost peer")
 }
 
 func TestPercentile(t *testing.T) {

@@ -34,6 +34,7 @@ type report struct {
 // Error types: the typed error classify found.
 const (
 	typeNone   = "none"   // no error (the loop ended normally)
+	typeAbort  = "abort"  // a *dist.AbortError: the group's first failure
 	typePeer   = "peer"   // a *dist.PeerError
 	typeDesync = "desync" // a *dist.DesyncError
 	typeCtx    = "ctx"    // the caller's context ended
@@ -49,6 +50,7 @@ const (
 	kindClosed       = "closed"   // ErrPeerClosed (a peer that closed cleanly)
 	kindAborted      = "aborted"  // a peer's abort notice (ErrAborted)
 	kindProtocol     = "protocol" // ErrProtocol
+	kindUser         = "user"     // a layer above failed the group (dist.KindUser)
 	kindDesync       = "desync"
 	kindCancelled    = "cancelled" // context.Canceled
 	kindTimeout      = "timeout"   // context.DeadlineExceeded

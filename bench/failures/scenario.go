@@ -42,18 +42,18 @@ func reporters(scenario string, victims []int) []int {
 // allowed reports whether rank r's report is a right diagnosis of the
 // scenario whose failing ranks are victims.
 func allowed(scenario string, victims []int, r int, rep report) bool {
-	namesVictim := slices.Contains(victims, rep.Peer)
+	// A *dist.PeerError or a *dist.AbortError names a culprit.
+	blames := (rep.Type == typePeer || rep.Type == typeAbort) && slices.Contains(victims, rep.Peer)
 	switch scenario {
 	case "kill", "freeze":
-		return rep.Type == typePeer && namesVictim && (rep.Kind == kindLost || rep.Kind == kindUnresponsive)
+		return blames && (rep.Kind == kindLost || rep.Kind == kindUnresponsive)
 	case "desync":
-		return rep.Type == typeDesync
+		return rep.Type == typeDesync || rep.Type == typeAbort && rep.Kind == kindDesync
 	case "cancel":
-		notice := rep.Type == typePeer && namesVictim && rep.Kind == kindAborted
-		if slices.Contains(victims, r) {
-			return notice || rep.Type == typeCtx && rep.Kind == kindCancelled
-		}
-		return notice
+		// A victim's own cancellation, or a victim's abort notice (an
+		// AbortError of kind cancelled, or before it an ErrAborted notice).
+		return blames && (rep.Kind == kindCancelled || rep.Kind == kindAborted) ||
+			slices.Contains(victims, r) && rep.Type == typeCtx && rep.Kind == kindCancelled
 	}
 	return false
 }
@@ -83,7 +83,7 @@ func judge(scenario string, run int, vs []int, faultAt time.Time, reports map[in
 		v.Reports = append(v.Reports, rep)
 		if !allowed(scenario, vs, r, rep) {
 			v.Wrong = append(v.Wrong, fmt.Sprintf("rank %d: %s/%s naming rank %d: %s", r, rep.Type, rep.Kind, rep.Peer, rep.Msg))
-			if rep.Type == typePeer && !slices.Contains(vs, rep.Peer) {
+			if (rep.Type == typePeer || rep.Type == typeAbort) && !slices.Contains(vs, rep.Peer) {
 				v.Healthy = true
 			}
 		}
