@@ -1,0 +1,8 @@
+//go:build !linux
+
+package main
+
+import "syscall"
+
+// hogAttr: no parent-death signal outside Linux; stopHogs kills the hogs.
+func hogAttr() *syscall.SysProcAttr { return nil }
