@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gdist/gdist/internal/chaos"
+
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
@@ -369,7 +371,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 			return nil, err
 		}
 	}
-	kill := chaosStep(pg.Rank())
+	kill := chaos.Step(pg.Rank())
 	first := sampler.Epoch() + 1
 	if step == 0 {
 		first = 1
@@ -417,7 +419,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 				}
 			}
 			if step == kill {
-				killSelf()
+				chaos.KillSelf()
 			}
 			if step == cfg.StopAfter {
 				return nil, errStopped

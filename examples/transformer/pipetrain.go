@@ -6,6 +6,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/gdist/gdist/internal/chaos"
+
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
@@ -101,7 +103,7 @@ func trainPipeline(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg tr
 	}
 	begin := time.Now()
 	tokensPerStep := float64(cfg.Batch * T)
-	kill := chaosStep(rank)
+	kill := chaos.Step(rank)
 	saved := -1
 	res.Steps = res.Start
 	var sinceEval float64
@@ -148,7 +150,7 @@ func trainPipeline(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg tr
 			}
 		}
 		if int64(step) == kill {
-			killSelf()
+			chaos.KillSelf()
 		}
 		if rank == 0 && h.step != nil {
 			frac := 0.0

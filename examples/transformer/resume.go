@@ -5,9 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
-	"strings"
+
+	"github.com/gdist/gdist/internal/chaos"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -176,28 +175,9 @@ func (r *resumable) restore(res *ckpt.Resumed, stage *transformer.Stage) error {
 	return r.sampler.UnmarshalBinary(res.State.RNG)
 }
 
-// chaosEnv makes the program SIGKILL itself, for the chaos test: a list of
-// "rank:step:restart" triples separated by commas; rank `rank` kills itself
-// right after step `step` when GDIST_RESTART_COUNT is `restart`.
-const chaosEnv = "GDIST_CHAOS_KILL"
-
-// chaosStep returns the step after which this rank must kill itself, or -1.
-func chaosStep(rank int) int64 {
-	restart := os.Getenv("GDIST_RESTART_COUNT")
-	if restart == "" {
-		restart = "0"
-	}
-	for _, spec := range strings.Split(os.Getenv(chaosEnv), ",") {
-		f := strings.Split(spec, ":")
-		if len(f) != 3 || f[0] != strconv.Itoa(rank) || f[2] != restart {
-			continue
-		}
-		if s, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-			return s
-		}
-	}
-	return -1
-}
+// chaosEnv makes the program SIGKILL itself, for the chaos test (see
+// package internal/chaos).
+const chaosEnv = chaos.Env
 
 // finalSave saves the state of the last step unless its checkpoint was
 // just taken, and waits for the write. Every rank calls it.

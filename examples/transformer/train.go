@@ -7,6 +7,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/gdist/gdist/internal/chaos"
+
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
@@ -249,7 +251,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 
 	tokensPerStep := float64(cfg.Batch * cfg.Model.Ctx * world)
 	var sinceEval float64
-	kill := chaosStep(rank)
+	kill := chaos.Step(rank)
 	saved := -1
 	res.Steps = res.Start
 	finished := cfg.Steps > 0 && res.Start >= cfg.Steps // a finished run, resumed
@@ -306,7 +308,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 			}
 		}
 		if int64(step) == kill {
-			killSelf()
+			chaos.KillSelf()
 		}
 		if rank == 0 && h.step != nil {
 			frac := 0.0

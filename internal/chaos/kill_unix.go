@@ -1,15 +1,15 @@
 //go:build unix
 
-package main
+package chaos
 
 import (
 	"os"
 	"syscall"
 )
 
-// killSelf ends the process with SIGKILL, as a kill from outside would: no
+// KillSelf ends the process with SIGKILL, as a kill from outside would: no
 // deferred calls, no flushing, no goodbye to the peers.
-func killSelf() {
+func KillSelf() {
 	syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way
 }
