@@ -77,18 +77,29 @@ func (g *ProcessGroup) recvInto(ctx context.Context, from int, dst []byte) error
 	return nil
 }
 
-// recvScratch receives one collective message of n bytes from rank `from`
-// into the group's scratch buffer and returns that buffer: it is valid
-// until the next recvScratch.
-func (g *ProcessGroup) recvScratch(ctx context.Context, from, n int) ([]byte, error) {
-	if cap(g.scratch) < n {
-		g.scratch = make([]byte, n)
-	}
-	b := g.scratch[:n]
-	if err := g.recvInto(ctx, from, b); err != nil {
+// recvMsg receives one collective message of exactly n bytes from rank
+// `from` and returns its payload, which the caller owns and hands back with
+// g.t.Release. Unlike recvInto it takes the transport's buffer as it is: a
+// message that is already queued (the usual case in a ring, where the
+// sender runs ahead) is reduced from where it lies instead of being copied
+// into a scratch buffer first.
+func (g *ProcessGroup) recvMsg(ctx context.Context, from, n int) ([]byte, error) {
+	m, err := g.t.Recv(ctx, from, tagColl)
+	if err != nil {
 		return nil, err
 	}
-	return b, nil
+	g.obs.met.Received(from, len(m.Payload))
+	if wire, fp := parseHeader(m.Header); wire != g.cur.wire || fp != g.cur.fp {
+		g.t.Release(m.Payload)
+		return nil, g.desync(from, wire, fp)
+	}
+	if len(m.Payload) != n {
+		got := len(m.Payload)
+		g.t.Release(m.Payload)
+		return nil, &PeerError{Rank: from, Op: g.cur.kind.String(),
+			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, got, n)}
+	}
+	return m.Payload, nil
 }
 
 // nseg is the number of segments of an n-byte buffer (1 for an empty one).
@@ -118,17 +129,18 @@ const (
 )
 
 // recvStore receives segment dst from rank `from` according to mode: in
-// copy mode straight into dst, in reduce mode into the group's scratch
-// buffer and then combined into dst.
+// copy mode straight into dst, in reduce mode combined into dst from the
+// transport's buffer.
 func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode int, red reducer) error {
 	if mode != modeReduce {
 		return g.recvInto(ctx, from, dst)
 	}
-	p, err := g.recvScratch(ctx, from, len(dst))
+	p, err := g.recvMsg(ctx, from, len(dst))
 	if err != nil {
 		return err
 	}
 	red.into(dst, p)
+	g.t.Release(p)
 	return nil
 }
 
@@ -450,7 +462,7 @@ func (g *ProcessGroup) reduceChain(ctx context.Context, data []byte, root int, r
 	}
 	for k := range g.nseg(len(data)) {
 		d := g.seg(data, k)
-		p, err := g.recvScratch(ctx, from, len(d))
+		p, err := g.recvMsg(ctx, from, len(d))
 		if err != nil {
 			return err
 		}
@@ -458,9 +470,11 @@ func (g *ProcessGroup) reduceChain(ctx context.Context, data []byte, root int, r
 			red.into(d, p)
 		} else {
 			red.into(p, d)
-			if err := g.send(ctx, to, p); err != nil {
-				return err
-			}
+			err = g.send(ctx, to, p)
+		}
+		g.t.Release(p)
+		if err != nil {
+			return err
 		}
 	}
 	if vr == 0 {

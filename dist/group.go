@@ -82,7 +82,6 @@ type ProcessGroup struct {
 	timer      *time.Timer
 	onCancelFn func()
 	fed        fedState
-	scratch    []byte // receive buffer of reducing collectives (algorithms.go)
 	partial    []byte // partial results of reduce_scatter and reduce (algorithms.go)
 }
 
