@@ -114,3 +114,14 @@ func CheckRank(r, world int) error {
 func TooLong(from, n, dst int) error {
 	return fmt.Errorf("transport: recv from rank %d: %w: %d bytes into %d", from, ErrMessageTooLong, n, dst)
 }
+
+// Topology is implemented by transports that know which ranks share a
+// host. The layer above uses it to keep traffic within a host where it can
+// (dist's hierarchical collectives).
+type Topology interface {
+	// Hosts returns the host index of every rank (len WorldSize): hosts are
+	// numbered 0, 1, ... in the order of their lowest rank, so rank 0 is
+	// on host 0 and every rank of the job sees the same slice. The slice
+	// is a fresh copy.
+	Hosts() []int
+}
