@@ -264,7 +264,7 @@ func (t *Transport) serverExchange(conn *net.UnixConn, expect int) (link, error)
 		return link{}, refuse(rejectWorld, fmt.Errorf("client rank %d says world %d, this job has %d", c, theirs.World, t.world))
 	case theirs.To != uint32(t.rank):
 		return link{}, refuse(rejectRank, fmt.Errorf("client rank %d wants rank %d, this is rank %d", c, theirs.To, t.rank))
-	case c <= int64(t.rank) || c >= int64(t.world) || (expect >= 0 && c != int64(expect)):
+	case c <= int64(t.rank) || c >= int64(t.world) || !t.linkedTo[c] || (expect >= 0 && c != int64(expect)):
 		return link{}, refuse(rejectRank, fmt.Errorf("rank %d may not connect to rank %d here", c, t.rank))
 	case theirs.MaxFrame == 0:
 		return link{}, refuse(rejectProtocol, fmt.Errorf("client rank %d accepts no payload", c))

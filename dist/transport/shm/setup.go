@@ -33,6 +33,25 @@ func SocketName(name string, r int) string { return name + "." + strconv.Itoa(r)
 // it leaves nothing behind even if a rank is killed during setup. A path
 // should be in a directory only the job's user can enter (mode 0700).
 func Rendezvous(ctx context.Context, rank, world int, name string, opts ...Option) (*Transport, error) {
+	if world < 1 || int64(world) > 1<<20 {
+		return nil, fmt.Errorf("%w: world size %d", ErrConfig, world)
+	}
+	peers := make([]bool, world)
+	for r := range peers {
+		peers[r] = true
+	}
+	return RendezvousPeers(ctx, rank, world, name, peers, opts...)
+}
+
+// RendezvousPeers is Rendezvous among a subset of the job's ranks: those
+// r with peers[r] true (the ranks of one host in a job that spans hosts),
+// which must include rank itself. Every rank of the subset but the highest
+// listens on SocketName(name, rank) and dials the subset's ranks below
+// it; a connection from a rank outside the subset is refused. The ranks
+// outside the subset have no link: calls involving them return an error
+// matching ErrNoLink, and HasLink reports false for them. Every rank of
+// the subset must pass the same peers. peers is not retained.
+func RendezvousPeers(ctx context.Context, rank, world int, name string, peers []bool, opts ...Option) (*Transport, error) {
 	cfg, err := apply(opts)
 	if err != nil {
 		return nil, err
@@ -40,19 +59,27 @@ func Rendezvous(ctx context.Context, rank, world int, name string, opts ...Optio
 	if err := cfg.validate(rank, world); err != nil {
 		return nil, err
 	}
+	if len(peers) != world || !peers[rank] {
+		return nil, fmt.Errorf("%w: peers (%d entries for a world of %d) must include rank %d", ErrConfig, len(peers), world, rank)
+	}
 	if name == "" || name == "@" || len(SocketName(name, world)) > 107 {
 		return nil, fmt.Errorf("%w: socket name %q (empty, or too long for a Unix socket)", ErrConfig, name)
 	}
 	t := newTransport(rank, world, cfg)
+	want, highest := 0, rank
 	for r := range world {
-		t.linkedTo[r] = r != rank
+		t.linkedTo[r] = r != rank && peers[r]
+		if t.linkedTo[r] {
+			want++
+			highest = max(highest, r)
+		}
 	}
-	if world == 1 {
+	if want == 0 {
 		return t, nil
 	}
 	sctx, cancel := t.setupContext(ctx)
 	defer cancel()
-	if rank < world-1 {
+	if rank < highest {
 		addr := &net.UnixAddr{Name: SocketName(name, rank), Net: "unix"}
 		ln, err := net.ListenUnix("unix", addr)
 		if err != nil {
@@ -74,6 +101,9 @@ func Rendezvous(ctx context.Context, rank, world int, name string, opts ...Optio
 		go t.acceptLoop(ln)
 	}
 	for j := range rank {
+		if !t.linkedTo[j] {
+			continue
+		}
 		t.wg.Add(1)
 		go func() {
 			defer t.wg.Done()
@@ -82,7 +112,7 @@ func Rendezvous(ctx context.Context, rank, world int, name string, opts ...Optio
 			}
 		}()
 	}
-	if err := t.waitLinked(sctx, world-1); err != nil {
+	if err := t.waitLinked(sctx, want); err != nil {
 		cancel()
 		t.Close()
 		return nil, err
