@@ -44,4 +44,3 @@ func startSHM(ctx context.Context, rank, world int, name string, peers []bool, t
 }
 
 var _ shmLink = (*shm.Transport)(nil)
-
