@@ -13,6 +13,7 @@ import (
 
 	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/launchenv"
 )
@@ -27,15 +28,20 @@ const (
 	EnvToken      = "GDIST_TOKEN"       // job token (required for world > 1 ...)
 	EnvInsecure   = "GDIST_INSECURE"    // ... unless this is "1"
 	EnvListenAddr = "GDIST_LISTEN_ADDR" // where ranks other than 0 listen (default 127.0.0.1:0)
+	EnvTransport  = "GDIST_TRANSPORT"   // auto (default), tcp or shm: see InitFromEnv
+	EnvHostID     = "GDIST_HOST_ID"     // this rank's host identity, replacing the default (tests simulating hosts)
 )
 
-// Environment variables InitFromEnv reads to configure the TCP transport.
+// Environment variables InitFromEnv reads to configure the transports.
 // Each overrides the transport's default; options given with
-// WithTCPOptions override them in turn.
+// WithTCPOptions (and WithSHMOptions) override them in turn. The heartbeat
+// and the maximum frame apply to the TCP and the shared-memory links
+// alike; the others to TCP only.
 const (
 	// EnvHeartbeatTimeout: after how long without a byte from a peer it is
 	// reported unresponsive, a Go duration (default 8s:
-	// tcp.DefaultHeartbeatTimeout).
+	// tcp.DefaultHeartbeatTimeout; 5s on shared memory when neither
+	// heartbeat variable is set: shm.DefaultHeartbeatTimeout).
 	EnvHeartbeatTimeout = "GDIST_HEARTBEAT_TIMEOUT"
 	// EnvHeartbeatInterval: how often each link sends a heartbeat, a Go
 	// duration (default: min(timeout/8, 1s)).
@@ -79,11 +85,24 @@ const (
 //     the job token GDIST_TOKEN, which is required unless GDIST_INSECURE=1
 //     and must hold at least 128 bits (32 hex digits or 16 bytes; see
 //     tcp.WithToken).
-//   - the transport's heartbeat, init timeout, maximum frame and socket
+//   - then ranks on one host talk through shared memory and the others
+//     over TCP (package transport/hybrid): every rank tells the others its
+//     host identity — boot id, host name and network namespace, or
+//     GDIST_HOST_ID when set (to simulate hosts on one machine) — and the
+//     ranks of each host set up package shm among themselves.
+//     GDIST_TRANSPORT chooses: "auto" (the default) uses shared memory
+//     where it sets up and falls back to TCP, with a warning, on a host
+//     where it does not (and on systems without it); "tcp" never uses
+//     shared memory; "shm" requires it between the ranks of every host
+//     and fails naming the rank where it could not be set up. Every rank
+//     must use the same value. The group's Transport is then a
+//     *hybrid.Transport (Via tells the route to each peer).
+//   - the transports' heartbeat, init timeout, maximum frame and socket
 //     buffers come from GDIST_HEARTBEAT_TIMEOUT, GDIST_HEARTBEAT_INTERVAL,
 //     GDIST_INIT_TIMEOUT, GDIST_MAX_FRAME and GDIST_SOCKET_BUFFER when set
 //     (gdistrun's -heartbeat-timeout and -init-timeout set the first and
-//     the third), then from WithTCPOptions. With WithMetricsAddr (or
+//     the third; the heartbeat and maximum frame apply to shared memory
+//     too), then from WithTCPOptions and WithSHMOptions. With WithMetricsAddr (or
 //     GDIST_METRICS_ADDR) the transport's heartbeat round trips go to the
 //     gdist_heartbeat_rtt_seconds histogram, unless WithTCPOptions sets a
 //     tcp.WithHeartbeatObserver of its own.
@@ -134,7 +153,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	return g, nil
 }
 
-func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config, rtts *atomic.Pointer[metrics.Metrics]) (*tcp.Transport, error) {
+func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config, rtts *atomic.Pointer[metrics.Metrics]) (*hybrid.Transport, error) {
 	rank, world := job.Rank, job.WorldSize
 	if job.MasterAddr == "" {
 		hint := ""
@@ -147,15 +166,19 @@ func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config, rtts *atom
 		return nil, fmt.Errorf("%w: %s is not set", ErrEnv, EnvMasterPort)
 	}
 	addr, port := job.MasterAddr, strconv.Itoa(job.MasterPort)
+	hopts, err := hybridEnvOptions(os.LookupEnv)
+	if err != nil {
+		return nil, err
+	}
 	var topts []tcp.Option
 	switch token, insecure := os.Getenv(EnvToken), os.Getenv(EnvInsecure); {
 	case token != "":
 		if err := tcp.CheckToken([]byte(token)); err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrEnv, EnvToken, err)
 		}
-		topts = append(topts, tcp.WithToken([]byte(token)))
+		hopts = append(hopts, hybrid.WithToken([]byte(token)))
 	case insecure == "1":
-		topts = append(topts, tcp.WithInsecure())
+		hopts = append(hopts, hybrid.WithInsecure())
 	case world > 1:
 		return nil, fmt.Errorf("%w: %s is not set (set it to the job token, or %s=1 on a trusted network)", ErrEnv, EnvToken, EnvInsecure)
 	}
@@ -174,14 +197,20 @@ func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config, rtts *atom
 		}
 	}))
 	if cfg.loggerSet {
-		topts = append(topts, tcp.WithLogger(cfg.logger))
+		hopts = append(hopts, hybrid.WithLogger(cfg.logger))
 	}
 	eopts, err := tcpEnvOptions(os.LookupEnv)
 	if err != nil {
 		return nil, err
 	}
 	topts = append(append(topts, eopts...), cfg.tcpOpts...)
-	t, err := tcp.Rendezvous(ctx, rank, world, net.JoinHostPort(addr, port), topts...)
+	hopts = append(hopts, hybrid.WithTCP(topts...))
+	sopts, err := shmEnvOptions(os.LookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	hopts = append(append(hopts, sopts...), cfg.hybridOpts...)
+	t, err := hybrid.Rendezvous(ctx, rank, world, net.JoinHostPort(addr, port), hopts...)
 	if err != nil {
 		return nil, fmt.Errorf("dist: rank %d of %d: join %s:%s: %w", rank, world, addr, port, err)
 	}
@@ -214,63 +243,99 @@ func envOptions(opts []Option) ([]Option, error) {
 // value is an error matching ErrEnv that names the variable.
 func tcpEnvOptions(lookup func(string) (string, bool)) ([]tcp.Option, error) {
 	var opts []tcp.Option
-	dur := func(name string) (time.Duration, bool, error) {
-		v, ok := lookup(name)
-		if !ok || v == "" {
-			return 0, false, nil
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return 0, false, fmt.Errorf("%w: %s=%q is not a positive duration (e.g. 10s)", ErrEnv, name, v)
-		}
-		return d, true, nil
-	}
-	hbTimeout, tset, err := dur(EnvHeartbeatTimeout)
-	if err != nil {
+	if interval, timeout, ok, err := envHeartbeat(lookup); err != nil {
 		return nil, err
+	} else if ok {
+		opts = append(opts, tcp.WithHeartbeat(interval, timeout)) // interval 0: derived
 	}
-	hbInterval, iset, err := dur(EnvHeartbeatInterval)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case tset || iset:
-		if !tset {
-			hbTimeout = tcp.DefaultHeartbeatTimeout
-		}
-		if iset && hbTimeout < 2*hbInterval {
-			return nil, fmt.Errorf("%w: %s=%v must be at least twice %s=%v", ErrEnv,
-				EnvHeartbeatTimeout, hbTimeout, EnvHeartbeatInterval, hbInterval)
-		}
-		opts = append(opts, tcp.WithHeartbeat(hbInterval, hbTimeout)) // interval 0: derived
-	}
-	if d, ok, err := dur(EnvInitTimeout); err != nil {
+	if d, ok, err := envDuration(lookup, EnvInitTimeout); err != nil {
 		return nil, err
 	} else if ok {
 		opts = append(opts, tcp.WithInitTimeout(d))
 	}
-	size := func(name string) (int, bool, error) {
-		v, ok := lookup(name)
-		if !ok || v == "" {
-			return 0, false, nil
-		}
-		n, err := parseBytes(v)
-		if err != nil || n <= 0 {
-			return 0, false, fmt.Errorf("%w: %s=%q is not a positive size in bytes (e.g. 67108864 or 64M)", ErrEnv, name, v)
-		}
-		return n, true, nil
-	}
-	if n, ok, err := size(EnvMaxFrame); err != nil {
+	if n, ok, err := envSize(lookup, EnvMaxFrame); err != nil {
 		return nil, err
 	} else if ok {
 		opts = append(opts, tcp.WithMaxFrame(n))
 	}
-	if n, ok, err := size(EnvSocketBuffer); err != nil {
+	if n, ok, err := envSize(lookup, EnvSocketBuffer); err != nil {
 		return nil, err
 	} else if ok {
 		opts = append(opts, tcp.WithSocketBuffer(n))
 	}
 	return opts, nil
+}
+
+// hybridEnvOptions returns the options of the hybrid transport the
+// environment asks for (GDIST_TRANSPORT, GDIST_HOST_ID). A malformed value
+// is an error matching ErrEnv that names the variable.
+func hybridEnvOptions(lookup func(string) (string, bool)) ([]hybrid.Option, error) {
+	var opts []hybrid.Option
+	if v, ok := lookup(EnvTransport); ok && v != "" {
+		m, err := hybrid.ParseMode(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s=%q is not auto, tcp or shm", ErrEnv, EnvTransport, v)
+		}
+		opts = append(opts, hybrid.WithMode(m))
+	}
+	if v, ok := lookup(EnvHostID); ok && v != "" {
+		if len(v) > hybrid.MaxHostID {
+			return nil, fmt.Errorf("%w: %s has %d bytes, at most %d", ErrEnv, EnvHostID, len(v), hybrid.MaxHostID)
+		}
+		opts = append(opts, hybrid.WithHostID(v))
+	}
+	return opts, nil
+}
+
+// envHeartbeat returns the heartbeat GDIST_HEARTBEAT_TIMEOUT and
+// GDIST_HEARTBEAT_INTERVAL ask for: ok is false when neither is set;
+// interval is 0 (derived by the transport) unless set.
+func envHeartbeat(lookup func(string) (string, bool)) (interval, timeout time.Duration, ok bool, err error) {
+	hbTimeout, tset, err := envDuration(lookup, EnvHeartbeatTimeout)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	hbInterval, iset, err := envDuration(lookup, EnvHeartbeatInterval)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if !tset && !iset {
+		return 0, 0, false, nil
+	}
+	if !tset {
+		hbTimeout = tcp.DefaultHeartbeatTimeout
+	}
+	if iset && hbTimeout < 2*hbInterval {
+		return 0, 0, false, fmt.Errorf("%w: %s=%v must be at least twice %s=%v", ErrEnv,
+			EnvHeartbeatTimeout, hbTimeout, EnvHeartbeatInterval, hbInterval)
+	}
+	return hbInterval, hbTimeout, true, nil
+}
+
+// envDuration parses the positive duration in variable name, if set.
+func envDuration(lookup func(string) (string, bool), name string) (time.Duration, bool, error) {
+	v, ok := lookup(name)
+	if !ok || v == "" {
+		return 0, false, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, false, fmt.Errorf("%w: %s=%q is not a positive duration (e.g. 10s)", ErrEnv, name, v)
+	}
+	return d, true, nil
+}
+
+// envSize parses the positive byte count in variable name, if set.
+func envSize(lookup func(string) (string, bool), name string) (int, bool, error) {
+	v, ok := lookup(name)
+	if !ok || v == "" {
+		return 0, false, nil
+	}
+	n, err := parseBytes(v)
+	if err != nil || n <= 0 {
+		return 0, false, fmt.Errorf("%w: %s=%q is not a positive size in bytes (e.g. 67108864 or 64M)", ErrEnv, name, v)
+	}
+	return n, true, nil
 }
 
 // parseBytes parses a byte count with an optional binary suffix K, M or G

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/metrics"
+	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/launch"
 	"github.com/gdist/gdist/internal/launchenv"
@@ -205,7 +206,7 @@ func TestHeartbeatRTTMetrics(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	require.NoError(t, ln.Close())
 	ms := []*metrics.Metrics{metrics.New(0, 2, nil), metrics.New(1, 2, nil)}
-	ts := make([]*tcp.Transport, 2)
+	ts := make([]*hybrid.Transport, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for r := range 2 {

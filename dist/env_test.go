@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/internal/launchenv"
 )
 
@@ -21,7 +21,8 @@ func clearEnv(t *testing.T) {
 		os.Unsetenv(v)
 	}
 	for _, v := range []string{EnvMasterAddr, EnvMasterPort, EnvToken, EnvInsecure, EnvListenAddr,
-		EnvHeartbeatTimeout, EnvHeartbeatInterval, EnvInitTimeout, EnvMaxFrame, EnvSocketBuffer} {
+		EnvHeartbeatTimeout, EnvHeartbeatInterval, EnvInitTimeout, EnvMaxFrame, EnvSocketBuffer,
+		EnvTransport, EnvHostID} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}
@@ -65,7 +66,7 @@ func TestInitFromEnvTCPWorldOne(t *testing.T) {
 	t.Setenv(EnvInsecure, "1")
 	g, err := InitFromEnv(bg)
 	require.NoError(t, err)
-	assert.IsType(t, &tcp.Transport{}, g.Transport())
+	assert.IsType(t, &hybrid.Transport{}, g.Transport())
 	require.NoError(t, g.Barrier(bg))
 	require.NoError(t, g.Close())
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/options"
 )
@@ -74,7 +75,8 @@ type config struct {
 	metricsAddr string // WithMetricsAddr
 	restarts    int    // GDIST_RESTART_COUNT, from InitFromEnv
 
-	tcpOpts []tcp.Option // WithTCPOptions, for InitFromEnv
+	tcpOpts    []tcp.Option    // WithTCPOptions, for InitFromEnv
+	hybridOpts []hybrid.Option // WithSHMOptions (options_linux.go), for InitFromEnv
 
 	// Failure reporting and debugging (failure.go, progress.go, debug.go).
 	debug         DebugLevel    // WithDebug, GDIST_DEBUG

@@ -299,7 +299,7 @@ func setupSHM(ctx context.Context, tt *tcp.Transport, cfg *config, peers []bool,
 	var (
 		mine    *result
 		status  byte
-		aborted bool // another rank failed: this one stopped its setup
+		aborted bool // another rank failed: this one stops its setup
 		got     = make([]peerStatus, 0, len(others))
 		fatal   error
 	)
@@ -309,7 +309,7 @@ func setupSHM(ctx context.Context, tt *tcp.Transport, cfg *config, peers []bool,
 			mine = &r
 			msg := []byte{statusOK}
 			switch {
-			case r.err != nil && aborted:
+			case r.err != nil && aborted && errors.Is(r.err, context.Canceled):
 				status, msg = statusAborted, []byte{statusAborted}
 			case r.err != nil:
 				status = statusFailed
