@@ -34,6 +34,10 @@
 //	-init-timeout D  fail the rendezvous after D, naming the ranks that never
 //	                 joined (-init_timeout; sets GDIST_INIT_TIMEOUT; default:
 //	                 gdist's, 5m)
+//	-transport M     how ranks on one host talk: auto, tcp or shm (sets
+//	                 GDIST_TRANSPORT; default: gdist's, auto: shared memory
+//	                 between the ranks of a host where it sets up, TCP
+//	                 otherwise and between hosts)
 //
 // Two spellings of one flag with different values (-n 2 --nproc_per_node 3),
 // -rdzv-endpoint with a different -master-addr or -master-port, and
@@ -43,7 +47,8 @@
 // Each rank gets RANK (node-rank*N + local rank), LOCAL_RANK, WORLD_SIZE
 // (M*N), LOCAL_WORLD_SIZE (N), MASTER_ADDR, MASTER_PORT, GDIST_TOKEN (the
 // job token ranks authenticate each other with) and GDIST_RESTART_COUNT (0,
-// then 1, 2, ... after each restart). GDIST_TOKEN is passed through from
+// then 1, 2, ... after each restart); with -transport also GDIST_TRANSPORT.
+// GDIST_TOKEN is passed through from
 // gdistrun's environment when set there and is otherwise 32 random bytes
 // (crypto/rand) in hex, fresh for every job and every restart. Other
 // variables are inherited.

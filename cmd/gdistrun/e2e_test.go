@@ -113,6 +113,9 @@ func childMain(mode string) int {
 		return 0
 	case "ctl", "ctl-stubborn":
 		return ctlChild(mode == "ctl-stubborn", dir, rank, count)
+	case "transport":
+		fmt.Printf("GDIST_TRANSPORT=%s\n", os.Getenv("GDIST_TRANSPORT"))
+		return 0
 	case "timeouts":
 		fmt.Printf("GDIST_HEARTBEAT_TIMEOUT=%s GDIST_INIT_TIMEOUT=%s\n",
 			os.Getenv("GDIST_HEARTBEAT_TIMEOUT"), os.Getenv("GDIST_INIT_TIMEOUT"))

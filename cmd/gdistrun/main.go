@@ -49,9 +49,9 @@ Environment of each rank:
                       ranks do not oversubscribe the CPUs (printed once)
   GDIST_LISTEN_ADDR   with -nnodes > 1, unless set: 0.0.0.0:0, so that ranks
                       on other hosts can reach this host's ranks
-  GDIST_HEARTBEAT_TIMEOUT, GDIST_INIT_TIMEOUT
-                      -heartbeat-timeout, -init-timeout when given (they
-                      win over the inherited environment)
+  GDIST_HEARTBEAT_TIMEOUT, GDIST_INIT_TIMEOUT, GDIST_TRANSPORT
+                      -heartbeat-timeout, -init-timeout, -transport when
+                      given (they win over the inherited environment)
 
 Each rank runs in a process group of its own. If a rank exits non-zero or is
 killed, every other rank's group gets SIGTERM, then SIGKILL after -kill-grace,
@@ -126,6 +126,8 @@ func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
 		"heartbeat-timeout", "heartbeat_timeout")
 	fs.add(durationValue(&cfg.initTimeout, 0), "fail the rendezvous, naming the ranks that never joined, after this long (GDIST_INIT_TIMEOUT; 0: gdist's default, 5m)",
 		"init-timeout", "init_timeout")
+	fs.add(stringValue(&cfg.transport, ""), "how ranks on one host talk: `auto` (shared memory where it sets up, else TCP), tcp or shm (GDIST_TRANSPORT; default auto)",
+		"transport")
 	return fs
 }
 

@@ -190,6 +190,7 @@ func TestUsageListsSpellingsCompactly(t *testing.T) {
 		"  -kill-grace duration\n",
 		"  -heartbeat-timeout, -heartbeat_timeout duration\n",
 		"  -init-timeout, -init_timeout duration\n",
+		"  -transport auto\n",
 	} {
 		assert.Equal(t, 1, strings.Count(u, line), "%q once in\n%s", line, u)
 	}

@@ -336,6 +336,26 @@ func TestRunTimeoutFlags(t *testing.T) {
 	}
 }
 
+// TestRunTransportFlag: -transport reaches every rank as GDIST_TRANSPORT,
+// over what gdistrun inherited; without it the inherited value (or none)
+// passes through, so local jobs get gdist's default, shared memory.
+func TestRunTransportFlag(t *testing.T) {
+	cfg, _ := testJob(t, 2, "transport")
+	var stdout, stderr bytes.Buffer
+	_, err := run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	assert.Contains(t, stdout.String(), "[1] GDIST_TRANSPORT=\n")
+
+	cfg.environ = append(cfg.environ, "GDIST_TRANSPORT=shm")
+	cfg.transport = "tcp"
+	stdout.Reset()
+	_, err = run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	for _, r := range []string{"0", "1"} {
+		assert.Contains(t, stdout.String(), "["+r+"] GDIST_TRANSPORT=tcp\n")
+	}
+}
+
 func TestRunTimeoutEndsRestarts(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	cfg, dir := testJob(t, 2, "ctl")

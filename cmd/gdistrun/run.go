@@ -33,6 +33,7 @@ type config struct {
 	// GDIST_INIT_TIMEOUT for the ranks; 0 leaves them alone
 	heartbeatTimeout time.Duration
 	initTimeout      time.Duration
+	transport        string   // -transport: GDIST_TRANSPORT for the ranks; "" leaves it alone
 	argv             []string // program and its arguments
 
 	environ []string         // base environment of the ranks; nil means os.Environ()
@@ -56,6 +57,7 @@ const (
 	envListenAddr   = "GDIST_LISTEN_ADDR"       // dist.EnvListenAddr
 	envHeartbeat    = "GDIST_HEARTBEAT_TIMEOUT" // dist.EnvHeartbeatTimeout
 	envInitTimeout  = "GDIST_INIT_TIMEOUT"      // dist.EnvInitTimeout
+	envTransport    = "GDIST_TRANSPORT"         // dist.EnvTransport
 	envGOMAXPROCS   = "GOMAXPROCS"
 	multiNodeListen = "0.0.0.0:0"
 )
@@ -113,6 +115,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 	}
 	if cfg.initTimeout > 0 {
 		env = append(env, envInitTimeout+"="+cfg.initTimeout.String())
+	}
+	if cfg.transport != "" {
+		env = append(env, envTransport+"="+cfg.transport)
 	}
 	procs := 0
 	if lookupEnv(environ, envGOMAXPROCS) == "" {
