@@ -245,6 +245,8 @@ func TestProcessHybrid(t *testing.T) {
 	} {
 		hosts := strings.Split(c.hosts, ",")
 		t.Run(c.mode+"/"+c.hosts, func(t *testing.T) {
+			before := gdistSHMFiles(t)
+			defer func() { assert.Equal(t, before, gdistSHMFiles(t), "/dev/shm unchanged") }()
 			procs := procjob.Start(t, len(hosts), procjob.Config{RoleEnv: hybridChildEnv, Role: c.mode, LogStderr: true,
 				Env: append([]string{"GOMAXPROCS=1", EnvTransport + "=" + c.mode, hybridHostsEnv + "=" + c.hosts}, env...)})
 			for r, p := range procs {
@@ -253,6 +255,24 @@ func TestProcessHybrid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gdistSHMFiles lists the entries of /dev/shm that mention gdist. (Other
+// programs on the machine may add files there meanwhile; gdist's shared
+// memory is anonymous memfds, which never appear there.)
+func gdistSHMFiles(t *testing.T) []string {
+	es, err := os.ReadDir("/dev/shm")
+	if os.IsNotExist(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	var names []string
+	for _, e := range es {
+		if strings.Contains(strings.ToLower(e.Name()), "gdist") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
 }
 
 func hybridChild(mode string) int {

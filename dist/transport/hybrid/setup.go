@@ -183,6 +183,7 @@ func setup(ctx context.Context, tt *tcp.Transport, cfg *config) (*Transport, err
 			}
 		}
 	}
+	cfg.logger.Debug("hybrid: routes", "rank", rank, "host", host, "hosts", t.hosts, "via", t.via)
 	return t, nil
 }
 
