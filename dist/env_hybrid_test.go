@@ -214,8 +214,9 @@ func TestInitFromEnvSHMOptions(t *testing.T) {
 // hybridChildEnv set; init sends such a process to hybridChild before any
 // test runs (TestMain belongs to the package's other tests).
 const (
-	hybridChildEnv = "GDIST_DIST_TEST_HYBRID" // the expected mode: tcp, shm or auto
-	hybridHostsEnv = "GDIST_DIST_TEST_HOSTS"  // every rank's GDIST_HOST_ID, comma-separated
+	hybridChildEnv = "GDIST_DIST_TEST_HYBRID"      // the expected mode: tcp, shm or auto
+	hybridHostsEnv = "GDIST_DIST_TEST_HOSTS"       // every rank's GDIST_HOST_ID, comma-separated
+	hybridKillEnv  = "GDIST_DIST_TEST_HYBRID_KILL" // "1": after the checks, loop on all-reduces (childKill)
 )
 
 func init() {
@@ -321,9 +322,46 @@ func hybridChild(mode string) int {
 			return 1
 		}
 	}
+	if os.Getenv(hybridKillEnv) == "1" {
+		return childKill(g)
+	}
 	if code := childCollectives(g); code != 0 {
 		return code
 	}
 	fmt.Println("ok")
 	return 0
+}
+
+// TestProcessHybridKill SIGKILLs rank 2 of a 3-process job on hosts A, B,
+// A in the middle of a stream of all-reduces: rank 0 reaches it through
+// shared memory, rank 1 through TCP, and both fail within 5 s with a
+// *PeerError naming it.
+func TestProcessHybridKill(t *testing.T) {
+	const victim = 2
+	procs := procjob.Start(t, 3, procjob.Config{RoleEnv: hybridChildEnv, Role: "auto", LogStderr: true,
+		Env: []string{"GOMAXPROCS=1", hybridHostsEnv + "=A,B,A", hybridKillEnv + "=1"}})
+	for r, p := range procs {
+		_, err := p.Await(0, 30*time.Second, func(string) bool { return true })
+		require.NoError(t, err, "rank %d did not start", r)
+		require.Equal(t, "running", p.Lines()[0], "rank %d", r)
+	}
+	killedAt := time.Now()
+	require.NoError(t, procs[victim].Kill())
+	for r, p := range procs {
+		if r == victim {
+			continue
+		}
+		i, err := p.Await(1, 5*time.Second, func(string) bool { return true })
+		require.NoError(t, err, "rank %d: no error 5 s after the kill", r)
+		l := p.Lines()[i]
+		t.Logf("rank %d after %v: %s", r, time.Since(killedAt).Round(time.Millisecond), l)
+		require.True(t, strings.HasPrefix(l, "peer_error rank=2 "), "rank %d: %s", r, l)
+		assert.Contains(t, l, " op=all_reduce ")
+		assert.Contains(t, l, " lost=true")
+	}
+	for r, p := range procs {
+		if r != victim {
+			assert.NoError(t, p.Wait(time.Minute), "rank %d", r)
+		}
+	}
 }
