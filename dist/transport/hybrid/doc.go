@@ -15,7 +15,10 @@
 // each other's abstract Unix sockets, count as different hosts;
 // WithHostID (GDIST_HOST_ID) replaces it to simulate hosts. Rank 0's hello
 // also carries a fresh random session value. Hosts are numbered in the
-// order of their lowest rank (Hosts, the transport.Topology interface).
+// order of their lowest rank (Hosts, the transport.Topology interface). A
+// peer whose hello does not come within WithSetupTimeout (one that does
+// not speak this protocol) fails the setup with a *transport.PeerError
+// naming it, matching ErrProtocol.
 //
 // The ranks of each host with several ranks then set up package shm among
 // exactly themselves (shm.RendezvousPeers), under an abstract socket name

@@ -70,10 +70,6 @@ func (t *Transport) Via(r int) string {
 	return t.via[r]
 }
 
-// TCP returns the underlying TCP transport (for its address and
-// diagnostics; sending through it directly bypasses the routes).
-func (t *Transport) TCP() *tcp.Transport { return t.tcp }
-
 func (t *Transport) route(op string, r int) (transport.Transport, error) {
 	if t.closing.Load() {
 		return nil, errClosed(op)

@@ -410,3 +410,32 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestPeerWithoutHybrid: a peer that joined over plain TCP and never sends
+// its host identity makes Rendezvous fail within the setup timeout, naming
+// it, instead of hanging.
+func TestPeerWithoutHybrid(t *testing.T) {
+	port, err := portpick.Free("127.0.0.1")
+	require.NoError(t, err)
+	master := fmt.Sprintf("127.0.0.1:%d", port)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var plain *tcp.Transport
+	var perr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		plain, perr = tcp.Rendezvous(ctx, 1, 2, master, tcp.WithToken(testToken), tcp.WithLogger(quiet()))
+	})
+	start := time.Now()
+	_, err = hybrid.Rendezvous(ctx, 0, 2, master, hybrid.WithToken(testToken), hybrid.WithLogger(quiet()),
+		hybrid.WithSetupTimeout(300*time.Millisecond))
+	elapsed := time.Since(start)
+	wg.Wait()
+	require.NoError(t, perr)
+	defer plain.Close()
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, 1, pe.Rank)
+	assert.ErrorIs(t, err, hybrid.ErrProtocol)
+	assert.Less(t, elapsed, 10*time.Second)
+}

@@ -56,7 +56,8 @@ func ParseMode(s string) (Mode, error) {
 // Defaults for the options.
 const (
 	// DefaultSetupTimeout bounds the shared-memory setup of a host, after
-	// the TCP rendezvous: Auto then falls back to TCP, SHM fails.
+	// the TCP rendezvous (Auto then falls back to TCP, SHM fails), and the
+	// wait for the other ranks' host identities.
 	DefaultSetupTimeout = 20 * time.Second
 	// MaxHostID is the longest host identity, in bytes.
 	MaxHostID = 1024
@@ -192,9 +193,10 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithSetupTimeout bounds the shared-memory setup of this rank's host,
-// which starts once the TCP rendezvous is done (default
-// DefaultSetupTimeout). d must be positive.
+// WithSetupTimeout bounds the wait for the other ranks' host identities
+// and the shared-memory setup of this rank's host, which start once the
+// TCP rendezvous is done (default DefaultSetupTimeout). d must be
+// positive.
 func WithSetupTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

@@ -207,11 +207,19 @@ func exchange(ctx context.Context, tt *tcp.Transport, cfg *config) ([]hello, err
 	}
 	hellos := make([]hello, world)
 	hellos[rank] = mine
+	// Every rank sends its hello as soon as its TCP rendezvous is done, so
+	// a missing one means a peer that does not speak this protocol.
+	ectx, cancel := context.WithTimeout(ctx, cfg.setupTimeout)
+	defer cancel()
 	for r := range world {
 		if r == rank {
 			continue
 		}
-		m, err := tt.Recv(ctx, r, tagHello)
+		m, err := tt.Recv(ectx, r, tagHello)
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, &transport.PeerError{Rank: r, Op: "hybrid setup", Err: fmt.Errorf(
+				"%w: no host identity within %v (does every rank run gdist with the hybrid transport?): %w", ErrProtocol, cfg.setupTimeout, err)}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("hybrid: rank %d: receive the host identity: %w", rank, err)
 		}
