@@ -102,10 +102,10 @@ const (
 //     GDIST_INIT_TIMEOUT, GDIST_MAX_FRAME and GDIST_SOCKET_BUFFER when set
 //     (gdistrun's -heartbeat-timeout and -init-timeout set the first and
 //     the third; the heartbeat and maximum frame apply to shared memory
-//     too), then from WithTCPOptions and WithSHMOptions. With WithMetricsAddr (or
-//     GDIST_METRICS_ADDR) the transport's heartbeat round trips go to the
-//     gdist_heartbeat_rtt_seconds histogram, unless WithTCPOptions sets a
-//     tcp.WithHeartbeatObserver of its own.
+//     too), then from WithTCPOptions and WithSHMOptions (Linux). With
+//     WithMetricsAddr (or GDIST_METRICS_ADDR) the TCP links' heartbeat
+//     round trips go to the gdist_heartbeat_rtt_seconds histogram, unless
+//     WithTCPOptions sets a tcp.WithHeartbeatObserver of its own.
 //
 // InitFromEnv returns when every rank has connected, or when ctx ends. A
 // missing or malformed variable gives an error matching ErrEnv that names
