@@ -3,6 +3,7 @@ package dist
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/gdist/gdist/dist/transport/tcp"
@@ -81,6 +82,8 @@ type config struct {
 	stall         time.Duration // WithStallThreshold, GDIST_STALL_THRESHOLD; 0: off
 	stallLog      *slog.Logger  // where stall reports go (finishLogging)
 	progressEvery time.Duration // withProgressInterval
+
+	hier bool // WithHierarchical, GDIST_HIERARCHICAL
 }
 
 func defaultConfig() config {
@@ -92,6 +95,7 @@ func defaultConfig() config {
 
 		stall:         DefaultStallThreshold,
 		progressEvery: defaultProgressInterval,
+		hier:          true,
 	}
 }
 
@@ -99,6 +103,9 @@ func defaultConfig() config {
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
 	if err := envConfig(&cfg); err != nil {
+		return config{}, err
+	}
+	if err := hierEnv(&cfg); err != nil {
 		return config{}, err
 	}
 	if err := options.Apply(&cfg, opts, "dist", ErrInvalidArgument); err != nil {
@@ -224,6 +231,41 @@ func withProgressInterval(d time.Duration) Option {
 			return invalidOption("withProgressInterval(%v): must be positive", d)
 		}
 		c.progressEvery = d
+		return nil
+	}
+}
+
+// Hierarchical collectives.
+
+// EnvHierarchical is the environment variable that turns the hierarchical
+// collectives off ("0") or on ("1", the default) for New and InitFromEnv;
+// WithHierarchical overrides it.
+const EnvHierarchical = "GDIST_HIERARCHICAL"
+
+// hierEnv applies GDIST_HIERARCHICAL to c.
+func hierEnv(c *config) error {
+	switch v := os.Getenv(EnvHierarchical); v {
+	case "":
+	case "1":
+		c.hier = true
+	case "0":
+		c.hier = false
+	default:
+		return fmt.Errorf("%w: %s=%q: want 0 or 1", ErrInvalidArgument, EnvHierarchical, v)
+	}
+	return nil
+}
+
+// WithHierarchical turns the topology-aware collectives on or off (default
+// on, or GDIST_HIERARCHICAL). When on and the transport reports which ranks
+// share a host (transport.Topology) and the job spans several hosts, one of
+// them at least with several ranks, AllReduce and Broadcast reduce or copy
+// within each host first and cross hosts once per host (see the package
+// documentation). Every rank must use the same setting: the ranks of a job
+// that disagree on it exchange mismatched messages.
+func WithHierarchical(on bool) Option {
+	return func(c *config) error {
+		c.hier = on
 		return nil
 	}
 }

@@ -1,0 +1,229 @@
+package dist
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gdist/gdist/dist/transport"
+)
+
+// Hierarchical (topology-aware) collectives.
+//
+// When the transport knows which ranks share a host (transport.Topology)
+// and the job spans several hosts, at least one of them with several ranks,
+// AllReduce and Broadcast keep most of their traffic within the hosts:
+//
+//   - all-reduce: each host reduces to its leader (its lowest rank) with the
+//     binomial tree or, for large vectors, the pipelined chain; the leaders
+//     all-reduce among themselves (recursive doubling or ring), one member
+//     per host; each leader divides by the world size for Mean and
+//     broadcasts the result within its host (tree or chain). Only the
+//     leaders' all-reduce crosses hosts: per host, 2(h-1)/h of the vector
+//     leaves and enters it for h hosts, against the flat ring's 2(n-1)/n of
+//     the vector per rank crossing wherever the ring crosses.
+//   - broadcast: the root sends to the leaders of the other hosts (the root
+//     standing in for its own host's leader), then every host broadcasts
+//     from that member to its other ranks.
+//
+// The phases are the flat algorithms run over sub-groups (comm). Every
+// rank makes the same choices, from the host map, the world size and the
+// message size only; each reduction is done in a fixed order and the result
+// then copied, so every rank ends with the same bits. Mean divides once, by
+// the world size.
+//
+// Desync detection: a hierarchical collective first sends the announce
+// message to global rank r+1 and receives the one from r-1 before anything
+// else, so it obeys the two rules of "Desync detection" (algorithms.go) on
+// the whole group; its phases then send no announce messages of their own.
+
+// hierPlan is the precomputed shape of the hierarchical collectives for
+// this rank. It is built once in New.
+type hierPlan struct {
+	hosts   []int // host index of every rank
+	host    int   // this rank's host
+	nhosts  int
+	local   comm  // the ranks of this host, ascending; member 0 is the leader
+	leaders []int // leaders[h] is the lowest rank of host h
+	cross   []int // scratch: the members of a broadcast's cross-host phase
+}
+
+// newHierPlan returns the plan of rank in a job with the given host map, or
+// nil if the collectives are better flat: one host, or one rank per host.
+// hosts must be valid (checkHosts).
+func newHierPlan(hosts []int, rank int) *hierPlan {
+	nhosts := 0
+	for _, h := range hosts {
+		nhosts = max(nhosts, h+1)
+	}
+	if nhosts < 2 || nhosts == len(hosts) {
+		return nil
+	}
+	p := &hierPlan{
+		hosts:   hosts,
+		host:    hosts[rank],
+		nhosts:  nhosts,
+		leaders: make([]int, nhosts),
+		cross:   make([]int, nhosts),
+	}
+	for h := range p.leaders {
+		p.leaders[h] = -1
+	}
+	var local []int
+	for r, h := range hosts {
+		if p.leaders[h] < 0 {
+			p.leaders[h] = r
+		}
+		if h == p.host {
+			if r == rank {
+				p.local.me = len(local)
+			}
+			local = append(local, r)
+		}
+	}
+	p.local.n, p.local.ranks, p.local.sub = len(local), local, true
+	return p
+}
+
+// checkHosts checks a transport's host map: one entry per rank, hosts
+// numbered 0, 1, ... in the order of their lowest rank.
+func checkHosts(hosts []int, world int) error {
+	if len(hosts) != world {
+		return fmt.Errorf("%w: transport topology: %d host entries for %d ranks", ErrInvalidArgument, len(hosts), world)
+	}
+	next := 0
+	for r, h := range hosts {
+		switch {
+		case h == next:
+			next++
+		case h < 0 || h > next:
+			return fmt.Errorf("%w: transport topology: rank %d on host %d: hosts must be numbered 0, 1, ... in the order of their lowest rank", ErrInvalidArgument, r, h)
+		}
+	}
+	return nil
+}
+
+// topologyPlan returns the hierarchical plan for t's job, or nil if the
+// collectives stay flat: hierarchical collectives are off, t does not
+// implement transport.Topology, or the host map does not call for them. A
+// host map that breaks the Topology contract is an error.
+func topologyPlan(t transport.Transport, cfg *config, world, rank int) (*hierPlan, error) {
+	if !cfg.hier {
+		return nil, nil
+	}
+	tp, ok := t.(transport.Topology)
+	if !ok {
+		return nil, nil
+	}
+	hosts := tp.Hosts()
+	if err := checkHosts(hosts, world); err != nil {
+		return nil, err
+	}
+	return newHierPlan(hosts, rank), nil
+}
+
+// leaderComm returns the comm of the hosts' leaders if this rank is one
+// (ok false otherwise).
+func (p *hierPlan) leaderComm() (c comm, ok bool) {
+	if p.local.me != 0 {
+		return comm{}, false
+	}
+	return comm{n: p.nhosts, me: p.host, ranks: p.leaders, sub: true}, true
+}
+
+// hierAnnounce sends the announce message to global rank r+1 and receives
+// the one from r-1: the start of every hierarchical collective.
+func (g *ProcessGroup) hierAnnounce(ctx context.Context) error {
+	c := g.flat()
+	if err := g.annSend(ctx, c); err != nil {
+		return err
+	}
+	return g.annRecv(ctx, c)
+}
+
+// sumOf returns red with Mean replaced by Sum: the phases of a hierarchical
+// all-reduce sum, and the division by the world size comes once at the end.
+func sumOf(red reducer) reducer {
+	if red.op == Mean {
+		red.op = Sum
+	}
+	return red
+}
+
+// allReduceHier is the hierarchical all-reduce (see above).
+func (g *ProcessGroup) allReduceHier(ctx context.Context, p *hierPlan, data []byte, es int, red reducer) error {
+	if err := g.hierAnnounce(ctx); err != nil {
+		return err
+	}
+	small := len(data) < g.cfg.small
+	sum := sumOf(red)
+	if p.local.n > 1 {
+		var err error
+		if small {
+			err = g.reduceTree(ctx, p.local, data, 0, sum)
+		} else {
+			err = g.reduceChain(ctx, p.local, data, 0, sum)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if lc, ok := p.leaderComm(); ok {
+		var err error
+		if small {
+			err = g.allReduceRD(ctx, lc, data, sum)
+		} else {
+			err = g.allReduceRing(ctx, lc, data, es, sum)
+		}
+		if err != nil {
+			return err
+		}
+		red.finish(data, g.world)
+	}
+	if p.local.n > 1 {
+		if small {
+			return g.broadcastTree(ctx, p.local, data, 0)
+		}
+		return g.broadcastChain(ctx, p.local, data, 0)
+	}
+	return nil
+}
+
+// broadcastHier is the hierarchical broadcast (see above).
+func (g *ProcessGroup) broadcastHier(ctx context.Context, p *hierPlan, data []byte, root int) error {
+	if err := g.hierAnnounce(ctx); err != nil {
+		return err
+	}
+	small := len(data) < g.cfg.small
+	rootHost := p.hosts[root]
+	// Cross-host phase: the root and the leaders of the other hosts.
+	copy(p.cross, p.leaders)
+	p.cross[rootHost] = root
+	if p.cross[p.host] == g.rank {
+		c := comm{n: p.nhosts, me: p.host, ranks: p.cross, sub: true}
+		var err error
+		if small {
+			err = g.broadcastTree(ctx, c, data, rootHost)
+		} else {
+			err = g.broadcastChain(ctx, c, data, rootHost)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if p.local.n == 1 {
+		return nil
+	}
+	// Within-host phase, from the member that took part in the first.
+	from := 0
+	if p.host == rootHost {
+		for i, r := range p.local.ranks {
+			if r == root {
+				from = i
+			}
+		}
+	}
+	if small {
+		return g.broadcastTree(ctx, p.local, data, from)
+	}
+	return g.broadcastChain(ctx, p.local, data, from)
+}
