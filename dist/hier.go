@@ -14,10 +14,11 @@ import (
 // AllReduce and Broadcast keep most of their traffic within the hosts:
 //
 //   - all-reduce: each host reduces to its leader (its lowest rank) with the
-//     binomial tree or, for large vectors, the pipelined chain; the leaders
-//     all-reduce among themselves (recursive doubling or ring), one member
-//     per host; each leader divides by the world size for Mean and
-//     broadcasts the result within its host (tree or chain). Only the
+//     binomial tree or, for large vectors, the chain; the leaders all-reduce
+//     among themselves (recursive doubling or ring), one member per host;
+//     each leader divides by the world size for Mean and broadcasts the
+//     result within its host (tree or chain). Large vectors go through the
+//     three phases block by block, so that they overlap. Only the
 //     leaders' all-reduce crosses hosts: per host, 2(h-1)/h of the vector
 //     leaves and enters it for h hosts, against the flat ring's 2(n-1)/n of
 //     the vector per rank crossing wherever the ring crosses.
@@ -154,65 +155,83 @@ func (g *ProcessGroup) allReduceHier(ctx context.Context, p *hierPlan, data []by
 	if err := g.hierAnnounce(ctx); err != nil {
 		return err
 	}
-	small := len(data) < g.cfg.small
+	if len(data) >= g.cfg.small {
+		return g.allReduceHierPipelined(ctx, p, data, es, red)
+	}
 	sum := sumOf(red)
 	if p.local.n > 1 {
-		var err error
-		if small {
-			err = g.reduceTree(ctx, p.local, data, 0, sum)
-		} else {
-			err = g.reduceChain(ctx, p.local, data, 0, sum)
-		}
-		if err != nil {
+		if err := g.reduceTree(ctx, p.local, data, 0, sum); err != nil {
 			return err
 		}
 	}
 	if lc, ok := p.leaderComm(); ok {
-		var err error
-		if small {
-			err = g.allReduceRD(ctx, lc, data, sum)
-		} else {
-			err = g.allReduceRing(ctx, lc, data, es, sum)
-		}
-		if err != nil {
+		if err := g.allReduceRD(ctx, lc, data, sum); err != nil {
 			return err
 		}
 		red.finish(data, g.world)
 	}
 	if p.local.n > 1 {
-		if small {
-			return g.broadcastTree(ctx, p.local, data, 0)
-		}
-		return g.broadcastChain(ctx, p.local, data, 0)
+		return g.broadcastTree(ctx, p.local, data, 0)
 	}
 	return nil
 }
 
-// broadcastHier is the hierarchical broadcast (see above).
+// allReduceHierPipelined is the hierarchical all-reduce of a large vector,
+// pipelined block by block (a block is one segment): for block k a leader
+// receives its host's partial from the chain, all-reduces the block with
+// the other leaders (ring) and sends the result down the chain, while the
+// other ranks of its host already send their contributions to block k+1 and
+// only then wait for the result of block k. So the phases within a host
+// overlap with the exchange between hosts, and each link holds at most two
+// blocks in flight.
+func (g *ProcessGroup) allReduceHierPipelined(ctx context.Context, p *hierPlan, data []byte, es int, red reducer) error {
+	sum := sumOf(red)
+	nb := g.nseg(len(data))
+	lc, leader := p.leaderComm()
+	for k := range nb {
+		b := g.seg(data, k)
+		if p.local.n > 1 {
+			if err := g.reduceChain(ctx, p.local, b, 0, sum); err != nil {
+				return err
+			}
+		}
+		if !leader {
+			if k > 0 {
+				if err := g.broadcastChain(ctx, p.local, g.seg(data, k-1), 0); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if err := g.allReduceRing(ctx, lc, b, es, sum); err != nil {
+			return err
+		}
+		red.finish(b, g.world)
+		if p.local.n > 1 {
+			if err := g.broadcastChain(ctx, p.local, b, 0); err != nil {
+				return err
+			}
+		}
+	}
+	if !leader {
+		return g.broadcastChain(ctx, p.local, g.seg(data, nb-1), 0)
+	}
+	return nil
+}
+
+// broadcastHier is the hierarchical broadcast (see above). A large vector
+// is pipelined block by block (a block is one segment): a rank passes block
+// k on across hosts and then within its host before it waits for block k+1.
 func (g *ProcessGroup) broadcastHier(ctx context.Context, p *hierPlan, data []byte, root int) error {
 	if err := g.hierAnnounce(ctx); err != nil {
 		return err
 	}
-	small := len(data) < g.cfg.small
 	rootHost := p.hosts[root]
 	// Cross-host phase: the root and the leaders of the other hosts.
 	copy(p.cross, p.leaders)
 	p.cross[rootHost] = root
-	if p.cross[p.host] == g.rank {
-		c := comm{n: p.nhosts, me: p.host, ranks: p.cross, sub: true}
-		var err error
-		if small {
-			err = g.broadcastTree(ctx, c, data, rootHost)
-		} else {
-			err = g.broadcastChain(ctx, c, data, rootHost)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if p.local.n == 1 {
-		return nil
-	}
+	cross := comm{n: p.nhosts, me: p.host, ranks: p.cross, sub: true}
+	inCross := p.cross[p.host] == g.rank
 	// Within-host phase, from the member that took part in the first.
 	from := 0
 	if p.host == rootHost {
@@ -222,8 +241,29 @@ func (g *ProcessGroup) broadcastHier(ctx context.Context, p *hierPlan, data []by
 			}
 		}
 	}
-	if small {
-		return g.broadcastTree(ctx, p.local, data, from)
+	if len(data) < g.cfg.small {
+		if inCross {
+			if err := g.broadcastTree(ctx, cross, data, rootHost); err != nil {
+				return err
+			}
+		}
+		if p.local.n > 1 {
+			return g.broadcastTree(ctx, p.local, data, from)
+		}
+		return nil
 	}
-	return g.broadcastChain(ctx, p.local, data, from)
+	for k := range g.nseg(len(data)) {
+		b := g.seg(data, k)
+		if inCross {
+			if err := g.broadcastChain(ctx, cross, b, rootHost); err != nil {
+				return err
+			}
+		}
+		if p.local.n > 1 {
+			if err := g.broadcastChain(ctx, p.local, b, from); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

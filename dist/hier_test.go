@@ -476,8 +476,8 @@ func TestHierZeroAllocs(t *testing.T) {
 	}
 }
 
-// hostTransport adds a host map to a transport and counts the payload
-// bytes it sends to ranks on other hosts.
+// hostTransport adds a host map to a transport and counts the collective
+// payload bytes it sends to ranks on other hosts.
 type hostTransport struct {
 	transport.Transport
 	hosts []int
@@ -487,7 +487,7 @@ type hostTransport struct {
 func (h *hostTransport) Hosts() []int { return slices.Clone(h.hosts) }
 
 func (h *hostTransport) Send(ctx context.Context, to int, tag uint32, hd transport.Header, p []byte) error {
-	if h.hosts[to] != h.hosts[h.Rank()] {
+	if tag == tagColl && h.hosts[to] != h.hosts[h.Rank()] {
 		h.cross.Add(int64(len(p)))
 	}
 	return h.Transport.Send(ctx, to, tag, hd, p)
