@@ -44,7 +44,9 @@ func parseHeader(h transport.Header) (seq, fp uint64) {
 // two neighbours disagree, and the right one's first receive returns the left
 // one's first message, fingerprint and all: the disagreement is found before
 // any rank can wait for a message that will never come. The detecting rank
-// aborts the group and tells everyone.
+// aborts the group and tells everyone. The hierarchical collectives (hier.go)
+// run these algorithms over sub-groups of ranks (comm) without announce
+// messages, after announcing themselves on the whole group in the same way.
 
 // send sends one collective message to rank `to`.
 func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
