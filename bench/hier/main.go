@@ -20,7 +20,9 @@
 // size the program prints the median time per all-reduce (of the slowest
 // rank, mean over -n iterations), the busbw (2(n-1)/n x size / time, GB =
 // 1e9 bytes), the mean bytes per rank sent to the other host per
-// all-reduce, and the ratio hier/flat of the median times.
+// all-reduce, the ratio hier/flat of the median times, and #wrong: the
+// elements, over every rank and job, of one more (untimed) all-reduce per
+// size on fresh input that differ from the exact sum.
 //
 // # Usage
 //
@@ -127,6 +129,7 @@ type result struct {
 	size  int64
 	us    float64 // mean time per all-reduce of the slowest rank
 	cross float64 // bytes per rank per all-reduce to the other host
+	wrong float64 // elements, over all ranks, of a checked all-reduce that are wrong
 }
 
 // drive runs the jobs and prints the table.
@@ -154,12 +157,18 @@ func drive(ctx context.Context, o options, args []string, stdout, stderr io.Writ
 	}
 	fmt.Fprintf(stdout, "# all_reduce float32 sum, 4 ranks on 2 hosts (0,0,1,1), TCP, %s\n", where)
 	fmt.Fprintf(stdout, "# median of %d jobs per mode, alternating; time: mean of %d iterations, slowest rank\n", o.runs, o.iters)
-	fmt.Fprintf(stdout, "%12s %10s %10s %10s %10s %12s %12s %8s\n", "size(B)", "flat(us)", "hier(us)", "flat bw", "hier bw", "flat x-host", "hier x-host", "hier/flat")
+	fmt.Fprintf(stdout, "%12s %10s %10s %10s %10s %12s %12s %8s %7s\n", "size(B)", "flat(us)", "hier(us)", "flat bw", "hier bw", "flat x-host", "hier x-host", "hier/flat", "#wrong")
 	for k := range res[false][0] {
 		f, h := median(res[false], k), median(res[true], k)
 		bw := func(us float64) float64 { return float64(f.size) / (us * 1e-6) / 1e9 * 2 * 3 / 4 }
-		fmt.Fprintf(stdout, "%12d %10.0f %10.0f %10.3f %10.3f %12.0f %12.0f %8.2f\n",
-			f.size, f.us, h.us, bw(f.us), bw(h.us), f.cross, h.cross, h.us/f.us)
+		wrong := 0.0
+		for _, mode := range res {
+			for _, r := range mode {
+				wrong += r[k].wrong
+			}
+		}
+		fmt.Fprintf(stdout, "%12d %10.0f %10.0f %10.3f %10.3f %12.0f %12.0f %8.2f %7.0f\n",
+			f.size, f.us, h.us, bw(f.us), bw(h.us), f.cross, h.cross, h.us/f.us, wrong)
 	}
 	return nil
 }
@@ -209,7 +218,7 @@ func job(ctx context.Context, o options, ns *namespaces, args []string, hier boo
 	)
 	onLine := func(line string) {
 		var r result
-		if _, err := fmt.Sscanf(line, "result %d %g %g", &r.size, &r.us, &r.cross); err != nil {
+		if _, err := fmt.Sscanf(line, "result %d %g %g %g", &r.size, &r.us, &r.cross, &r.wrong); err != nil {
 			return
 		}
 		mu.Lock()
@@ -347,8 +356,25 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 		if err := g.AllReduceF64(ctx, bytes, dist.Mean); err != nil {
 			return err
 		}
+		// One more, untimed, on fresh input, checked: the sum over the 4
+		// ranks of r + i%7 is 6 + 4*(i%7), exactly.
+		for i := range buf {
+			buf[i] = float32(r + i%7)
+		}
+		if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+			return err
+		}
+		wrong := []float64{0}
+		for i, v := range buf {
+			if v != float32(6+4*(i%7)) {
+				wrong[0]++
+			}
+		}
+		if err := g.AllReduceF64(ctx, wrong, dist.Sum); err != nil {
+			return err
+		}
 		if r == 0 {
-			fmt.Fprintf(stdout, "result %d %g %g\n", size, stats[0], bytes[0])
+			fmt.Fprintf(stdout, "result %d %g %g %g\n", size, stats[0], bytes[0], wrong[0])
 		}
 	}
 	return g.Close()
