@@ -176,8 +176,36 @@ func (g *ProcessGroup) allReduceHier(ctx context.Context, p *hierPlan, data []by
 	return nil
 }
 
+// minHierBlock and maxHierBlock bound the blocks of the pipelined
+// hierarchical collectives.
+const (
+	minHierBlock = 256 << 10
+	maxHierBlock = 1 << 20
+)
+
+// hierBlock returns the block size of the pipelined hierarchical
+// collectives for an n-byte vector: a quarter of it, so that even a vector
+// of one segment goes through the phases in four overlapping blocks, but
+// at least minHierBlock and at most one segment; a multiple of 8 bytes, so
+// blocks hold whole elements of every dtype. It depends only on n and the
+// configuration, so every rank cuts the same blocks.
+func (g *ProcessGroup) hierBlock(n int) int {
+	b := (n/4 + 7) &^ 7
+	return min(max(b, minHierBlock), maxHierBlock, g.cfg.segment)
+}
+
+// nblocks is the number of bs-byte blocks of an n-byte vector (1 for an
+// empty one).
+func nblocks(n, bs int) int { return max(1, (n+bs-1)/bs) }
+
+// block returns block k of b.
+func block(b []byte, bs, k int) []byte {
+	lo := k * bs
+	return b[lo:min(lo+bs, len(b))]
+}
+
 // allReduceHierPipelined is the hierarchical all-reduce of a large vector,
-// pipelined block by block (a block is one segment): for block k a leader
+// pipelined block by block (hierBlock): for block k a leader
 // receives its host's partial from the chain, all-reduces the block with
 // the other leaders (ring) and sends the result down the chain, while the
 // other ranks of its host already send their contributions to block k+1 and
@@ -186,10 +214,11 @@ func (g *ProcessGroup) allReduceHier(ctx context.Context, p *hierPlan, data []by
 // blocks in flight.
 func (g *ProcessGroup) allReduceHierPipelined(ctx context.Context, p *hierPlan, data []byte, es int, red reducer) error {
 	sum := sumOf(red)
-	nb := g.nseg(len(data))
+	bs := g.hierBlock(len(data))
+	nb := nblocks(len(data), bs)
 	lc, leader := p.leaderComm()
 	for k := range nb {
-		b := g.seg(data, k)
+		b := block(data, bs, k)
 		if p.local.n > 1 {
 			if err := g.reduceChain(ctx, p.local, b, 0, sum); err != nil {
 				return err
@@ -197,7 +226,7 @@ func (g *ProcessGroup) allReduceHierPipelined(ctx context.Context, p *hierPlan, 
 		}
 		if !leader {
 			if k > 0 {
-				if err := g.broadcastChain(ctx, p.local, g.seg(data, k-1), 0); err != nil {
+				if err := g.broadcastChain(ctx, p.local, block(data, bs, k-1), 0); err != nil {
 					return err
 				}
 			}
@@ -214,13 +243,13 @@ func (g *ProcessGroup) allReduceHierPipelined(ctx context.Context, p *hierPlan, 
 		}
 	}
 	if !leader {
-		return g.broadcastChain(ctx, p.local, g.seg(data, nb-1), 0)
+		return g.broadcastChain(ctx, p.local, block(data, bs, nb-1), 0)
 	}
 	return nil
 }
 
 // broadcastHier is the hierarchical broadcast (see above). A large vector
-// is pipelined block by block (a block is one segment): a rank passes block
+// is pipelined block by block (hierBlock): a rank passes block
 // k on across hosts and then within its host before it waits for block k+1.
 func (g *ProcessGroup) broadcastHier(ctx context.Context, p *hierPlan, data []byte, root int) error {
 	if err := g.hierAnnounce(ctx); err != nil {
@@ -252,8 +281,9 @@ func (g *ProcessGroup) broadcastHier(ctx context.Context, p *hierPlan, data []by
 		}
 		return nil
 	}
-	for k := range g.nseg(len(data)) {
-		b := g.seg(data, k)
+	bs := g.hierBlock(len(data))
+	for k := range nblocks(len(data), bs) {
+		b := block(data, bs, k)
 		if inCross {
 			if err := g.broadcastChain(ctx, cross, b, rootHost); err != nil {
 				return err
