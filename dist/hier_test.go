@@ -643,3 +643,14 @@ func BenchmarkAllReduceHier(b *testing.B) {
 		}
 	}
 }
+
+// TestHierAlgorithmName: the timeline names the hierarchical collectives.
+func TestHierAlgorithmName(t *testing.T) {
+	c := newHostCluster(t, []int{0, 0, 1, 1})
+	g := c.gs[0]
+	for kind, want := range map[opKind]string{kAllReduce: "hierarchical", kBroadcast: "hierarchical", kReduce: "tree", kAllGather: "ring"} {
+		assert.Equal(t, want, g.algorithm(&call{kind: kind, data: make([]byte, 8)}), "%v", kind)
+	}
+	flat := newHostCluster(t, []int{0, 0, 1, 1}, WithHierarchical(false))
+	assert.Equal(t, "recursive_doubling", flat.gs[0].algorithm(&call{kind: kAllReduce, data: make([]byte, 8)}))
+}
