@@ -2,6 +2,7 @@ package dist
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gdist/gdist/dist/transport"
@@ -33,9 +34,10 @@ import (
 // the world size.
 //
 // Desync detection: a hierarchical collective first sends the announce
-// message to global rank r+1 and receives the one from r-1 before anything
-// else, so it obeys the two rules of "Desync detection" (algorithms.go) on
-// the whole group; its phases then send no announce messages of their own.
+// message (hierMark) to global rank r+1 and receives the one from r-1
+// before anything else, so it obeys the two rules of "Desync detection"
+// (algorithms.go) on the whole group; its phases then send no announce
+// messages of their own.
 
 // hierPlan is the precomputed shape of the hierarchical collectives for
 // this rank. It is built once in New.
@@ -43,9 +45,10 @@ type hierPlan struct {
 	hosts   []int // host index of every rank
 	host    int   // this rank's host
 	nhosts  int
-	local   comm  // the ranks of this host, ascending; member 0 is the leader
-	leaders []int // leaders[h] is the lowest rank of host h
-	cross   []int // scratch: the members of a broadcast's cross-host phase
+	local   comm    // the ranks of this host, ascending; member 0 is the leader
+	leaders []int   // leaders[h] is the lowest rank of host h
+	cross   []int   // scratch: the members of a broadcast's cross-host phase
+	ann     [1]byte // scratch: the announce message received
 }
 
 // newHierPlan returns the plan of rank in a job with the given host map, or
@@ -131,14 +134,37 @@ func (p *hierPlan) leaderComm() (c comm, ok bool) {
 	return comm{n: p.nhosts, me: p.host, ranks: p.leaders, sub: true}, true
 }
 
+// hierMark is the payload of a hierarchical collective's announce message.
+// The flat algorithms' announce is empty and none of their other messages
+// is one byte long (a segment holds whole elements of at least 2 bytes), so
+// a rank that runs a collective flat next to one that runs it
+// hierarchically (the two disagree on WithHierarchical) fails at its first
+// receive instead of exchanging mismatched messages.
+var hierMark = []byte{'H'}
+
 // hierAnnounce sends the announce message to global rank r+1 and receives
-// the one from r-1: the start of every hierarchical collective.
-func (g *ProcessGroup) hierAnnounce(ctx context.Context) error {
-	c := g.flat()
-	if err := g.annSend(ctx, c); err != nil {
+// and checks the one from r-1: the start of every hierarchical collective.
+func (g *ProcessGroup) hierAnnounce(ctx context.Context, p *hierPlan) error {
+	if err := g.send(ctx, (g.rank+1)%g.world, hierMark); err != nil {
 		return err
 	}
-	return g.annRecv(ctx, c)
+	from := (g.rank + g.world - 1) % g.world
+	buf := p.ann[:]
+	h, n, err := g.t.RecvInto(ctx, from, tagColl, buf)
+	if err == nil {
+		g.obs.met.Received(from, n)
+	}
+	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
+		return err
+	}
+	if wire, fp := parseHeader(h); wire != g.cur.wire || fp != g.cur.fp {
+		return g.desync(from, wire, fp)
+	}
+	if err != nil || n != 1 || buf[0] != hierMark[0] {
+		return &PeerError{Rank: from, Op: g.cur.kind.String(),
+			Err: fmt.Errorf("%w: rank %d runs %s flat (a message of %d bytes), this rank hierarchically: every rank must use the same WithHierarchical or GDIST_HIERARCHICAL setting", ErrProtocol, from, g.cur.kind, n)}
+	}
+	return nil
 }
 
 // sumOf returns red with Mean replaced by Sum: the phases of a hierarchical
@@ -152,7 +178,7 @@ func sumOf(red reducer) reducer {
 
 // allReduceHier is the hierarchical all-reduce (see above).
 func (g *ProcessGroup) allReduceHier(ctx context.Context, p *hierPlan, data []byte, es int, red reducer) error {
-	if err := g.hierAnnounce(ctx); err != nil {
+	if err := g.hierAnnounce(ctx, p); err != nil {
 		return err
 	}
 	if len(data) >= g.cfg.small {
@@ -252,7 +278,7 @@ func (g *ProcessGroup) allReduceHierPipelined(ctx context.Context, p *hierPlan, 
 // is pipelined block by block (hierBlock): a rank passes block
 // k on across hosts and then within its host before it waits for block k+1.
 func (g *ProcessGroup) broadcastHier(ctx context.Context, p *hierPlan, data []byte, root int) error {
-	if err := g.hierAnnounce(ctx); err != nil {
+	if err := g.hierAnnounce(ctx, p); err != nil {
 		return err
 	}
 	rootHost := p.hosts[root]

@@ -496,7 +496,8 @@ func (h *hostTransport) Send(ctx context.Context, to int, tag uint32, hd transpo
 // TestHierCrossHostBytes counts what crosses hosts in one 16 MiB
 // all-reduce of 4 ranks on 2 hosts, flat and hierarchical: the leaders'
 // 2-rank ring moves 2*(1/2)*16 MiB each way, 32 MiB in all; the flat ring
-// 2*(3/4)*16 MiB on each of the links that cross.
+// 2*(3/4)*16 MiB on each of the links that cross (plus one byte per
+// hierarchical announce message that crosses).
 func TestHierCrossHostBytes(t *testing.T) {
 	const size = 16 << 20
 	for _, tc := range []struct {
@@ -532,7 +533,9 @@ func TestHierCrossHostBytes(t *testing.T) {
 					total += per[r]
 				}
 				t.Logf("cross-host bytes per rank %v, mean %.1f MiB", per, float64(total)/float64(n)/(1<<20))
-				want := int64(2 * size / 2 * 2) // two leaders, each 2*(1/2) of the vector
+				// Two leaders, each 2*(1/2) of the vector, and the 1-byte
+				// announce messages r -> r+1 that cross.
+				want := int64(2*size/2*2 + tc.crossLinks)
 				if !hier {
 					want = int64(tc.crossLinks) * 2 * size * int64(n-1) / int64(n)
 				}
@@ -653,4 +656,45 @@ func TestHierAlgorithmName(t *testing.T) {
 	}
 	flat := newHostCluster(t, []int{0, 0, 1, 1}, WithHierarchical(false))
 	assert.Equal(t, "recursive_doubling", flat.gs[0].algorithm(&call{kind: kAllReduce, data: make([]byte, 8)}))
+}
+
+// TestHierMixedSetting: ranks that disagree on WithHierarchical fail (a
+// *PeerError wrapping ErrProtocol where the two meet) instead of
+// exchanging mismatched messages or hanging.
+func TestHierMixedSetting(t *testing.T) {
+	for _, length := range []int{0, 8, 100000} {
+		for _, flatRank := range []int{0, 1, 3} {
+			t.Run(fmt.Sprintf("len=%d/flat=%d", length, flatRank), func(t *testing.T) {
+				hosts := []int{0, 0, 1, 1}
+				ls := transporttest.NewLocal(t, len(hosts), transport.WithHosts(hosts))
+				c := &cluster{gs: make([]*ProcessGroup, len(hosts)), ts: ls}
+				for r := range hosts {
+					g, err := New(ls[r], WithHierarchical(r != flatRank))
+					require.NoError(t, err)
+					c.gs[r] = g
+				}
+				t.Cleanup(func() {
+					for _, g := range c.gs {
+						require.NoError(t, g.Close())
+					}
+				})
+				ctx, cancel := context.WithTimeout(bg, 20*time.Second)
+				defer cancel()
+				errs := c.run(func(r int, g *ProcessGroup) error {
+					return g.AllReduce(ctx, make([]float32, length), Sum)
+				})
+				protocol := 0
+				for r, err := range errs {
+					require.Error(t, err, "rank %d", r)
+					require.NotErrorIs(t, err, context.DeadlineExceeded, "rank %d", r)
+					var pe *PeerError
+					if errors.As(err, &pe) && errors.Is(err, ErrProtocol) {
+						protocol++
+						assert.Contains(t, []int{(flatRank + 3) % 4, flatRank, (flatRank + 1) % 4}, pe.Rank, "rank %d: %v", r, err)
+					}
+				}
+				assert.NotZero(t, protocol, "%v", errs)
+			})
+		}
+	}
 }
