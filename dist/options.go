@@ -260,9 +260,16 @@ func hierEnv(c *config) error {
 // on, or GDIST_HIERARCHICAL). When on and the transport reports which ranks
 // share a host (transport.Topology) and the job spans several hosts, one of
 // them at least with several ranks, AllReduce and Broadcast reduce or copy
-// within each host first and cross hosts once per host (see the package
-// documentation). Every rank must use the same setting: the ranks of a job
-// that disagree on it exchange mismatched messages.
+// within each host first and cross hosts once per host: each host reduces
+// to its lowest rank, those leaders all-reduce among themselves, and each
+// copies the result to its host; a broadcast goes from the root to the
+// other hosts' leaders and then within each host. Large vectors go through
+// these phases block by block, so they overlap. Results stay bitwise
+// identical on every rank (though not necessarily equal to the flat
+// algorithms' in the last bit, the order of the additions being another),
+// and desyncs and lost peers are reported as for the flat algorithms.
+// Every rank must use the same setting: ranks that disagree fail their
+// first all-reduce or broadcast with a *PeerError wrapping ErrProtocol.
 func WithHierarchical(on bool) Option {
 	return func(c *config) error {
 		c.hier = on
