@@ -128,7 +128,7 @@ func TestHierPlan(t *testing.T) {
 		assert.NotNil(t, c.gs[0].hier)
 		t.Setenv(EnvHierarchical, "yes")
 		_, err := New(transporttest.NewLocal(t, 1)[0])
-		require.ErrorIs(t, err, ErrInvalidArgument)
+		require.ErrorIs(t, err, ErrEnv)
 	})
 }
 

@@ -251,7 +251,7 @@ func hierEnv(c *config) error {
 	case "0":
 		c.hier = false
 	default:
-		return fmt.Errorf("%w: %s=%q: want 0 or 1", ErrInvalidArgument, EnvHierarchical, v)
+		return fmt.Errorf("%w: %s=%q: want 0 or 1", ErrEnv, EnvHierarchical, v)
 	}
 	return nil
 }
