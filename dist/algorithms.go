@@ -44,7 +44,9 @@ func parseHeader(h transport.Header) (seq, fp uint64) {
 // two neighbours disagree, and the right one's first receive returns the left
 // one's first message, fingerprint and all: the disagreement is found before
 // any rank can wait for a message that will never come. The detecting rank
-// aborts the group and tells everyone.
+// aborts the group and tells everyone. The hierarchical collectives (hier.go)
+// run these algorithms over sub-groups of ranks (comm) without announce
+// messages, after announcing themselves on the whole group in the same way.
 
 // send sends one collective message to rank `to`.
 func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
@@ -111,15 +113,46 @@ func (g *ProcessGroup) seg(b []byte, k int) []byte {
 	return b[lo:min(lo+g.cfg.segment, len(b))]
 }
 
-// annSend sends the empty announce message to rank r+1 (see "Desync
-// detection" above).
-func (g *ProcessGroup) annSend(ctx context.Context) error {
-	return g.send(ctx, (g.rank+1)%g.world, nil)
+// comm is the set of ranks an algorithm runs over: n members, this rank
+// being member me, member i being global rank ranks[i] (nil: member i is
+// rank i, the whole group). The algorithms number ranks by member index and
+// send and receive through at, so the same code runs over the group and over
+// the sub-groups of the hierarchical collectives (hier.go). A sub-group's
+// algorithms send no announce messages: the hierarchical collective
+// announces itself on the whole group before any of its phases receives.
+type comm struct {
+	n, me int
+	ranks []int
+	sub   bool // a sub-group: no announce messages
 }
 
-// annRecv receives and checks the announce message from rank r-1.
-func (g *ProcessGroup) annRecv(ctx context.Context) error {
-	return g.recvInto(ctx, (g.rank+g.world-1)%g.world, nil)
+// at returns the global rank of member i.
+func (c comm) at(i int) int {
+	if c.ranks == nil {
+		return i
+	}
+	return c.ranks[i]
+}
+
+// flat returns the comm of the whole group.
+func (g *ProcessGroup) flat() comm { return comm{n: g.world, me: g.rank} }
+
+// annSend sends the empty announce message to rank r+1 (see "Desync
+// detection" above). In a sub-group it does nothing.
+func (g *ProcessGroup) annSend(ctx context.Context, c comm) error {
+	if c.sub {
+		return nil
+	}
+	return g.send(ctx, c.at((c.me+1)%c.n), nil)
+}
+
+// annRecv receives and checks the announce message from rank r-1. In a
+// sub-group it does nothing.
+func (g *ProcessGroup) annRecv(ctx context.Context, c comm) error {
+	if c.sub {
+		return nil
+	}
+	return g.recvInto(ctx, c.at((c.me+c.n-1)%c.n), nil)
 }
 
 // Receive modes.
@@ -144,11 +177,12 @@ func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode
 	return nil
 }
 
-// exchange sends snd to `to` while receiving rcv from `from`, segment by
-// segment, storing what arrives according to mode. With ann, it receives the
-// announce message before its first receive.
-func (g *ProcessGroup) exchange(ctx context.Context, to int, snd []byte, from int, rcv []byte, mode int, red reducer, ann bool) error {
+// exchange sends snd to member `to` of c while receiving rcv from member
+// `from`, segment by segment, storing what arrives according to mode. With
+// ann, it receives the announce message before its first receive.
+func (g *ProcessGroup) exchange(ctx context.Context, c comm, to int, snd []byte, from int, rcv []byte, mode int, red reducer, ann bool) error {
 	ns, nr := g.nseg(len(snd)), g.nseg(len(rcv))
+	to, from = c.at(to), c.at(from)
 	for k := range max(ns, nr) {
 		if k < ns {
 			if err := g.send(ctx, to, g.seg(snd, k)); err != nil {
@@ -156,7 +190,7 @@ func (g *ProcessGroup) exchange(ctx context.Context, to int, snd []byte, from in
 			}
 		}
 		if ann && k == 0 {
-			if err := g.annRecv(ctx); err != nil {
+			if err := g.annRecv(ctx, c); err != nil {
 				return err
 			}
 		}
@@ -169,8 +203,9 @@ func (g *ProcessGroup) exchange(ctx context.Context, to int, snd []byte, from in
 	return nil
 }
 
-// sendAll sends b to `to` in segments.
-func (g *ProcessGroup) sendAll(ctx context.Context, to int, b []byte) error {
+// sendAll sends b to member `to` of c in segments.
+func (g *ProcessGroup) sendAll(ctx context.Context, c comm, to int, b []byte) error {
+	to = c.at(to)
 	for k := range g.nseg(len(b)) {
 		if err := g.send(ctx, to, g.seg(b, k)); err != nil {
 			return err
@@ -179,14 +214,15 @@ func (g *ProcessGroup) sendAll(ctx context.Context, to int, b []byte) error {
 	return nil
 }
 
-// recvAll receives b from `from` in segments. With ann, it first receives
-// the announce message.
-func (g *ProcessGroup) recvAll(ctx context.Context, from int, b []byte, mode int, red reducer, ann bool) error {
+// recvAll receives b from member `from` of c in segments. With ann, it
+// first receives the announce message.
+func (g *ProcessGroup) recvAll(ctx context.Context, c comm, from int, b []byte, mode int, red reducer, ann bool) error {
 	if ann {
-		if err := g.annRecv(ctx); err != nil {
+		if err := g.annRecv(ctx, c); err != nil {
 			return err
 		}
 	}
+	from = c.at(from)
 	for k := range g.nseg(len(b)) {
 		if err := g.recvStore(ctx, from, g.seg(b, k), mode, red); err != nil {
 			return err
@@ -201,12 +237,12 @@ func (g *ProcessGroup) recvAll(ctx context.Context, from int, b []byte, mode int
 // "extra" ranks first fold their vectors into ranks 0..n-p-1 and get the
 // result back at the end (two more rounds). Partners hold bitwise equal
 // partials and combine them with a commutative operation, so every rank ends
-// with the same bits.
-func (g *ProcessGroup) allReduceRD(ctx context.Context, data []byte, red reducer) error {
-	n, r := g.world, g.rank
+// with the same bits. Ranks are c's members.
+func (g *ProcessGroup) allReduceRD(ctx context.Context, c comm, data []byte, red reducer) error {
+	n, r := c.n, c.me
 	ann := n > 2 // for n == 2 the first exchange is with r+1 == r-1
 	if ann {
-		if err := g.annSend(ctx); err != nil {
+		if err := g.annSend(ctx, c); err != nil {
 			return err
 		}
 	}
@@ -215,13 +251,13 @@ func (g *ProcessGroup) allReduceRD(ctx context.Context, data []byte, red reducer
 		p2 *= 2
 	}
 	if r >= p2 { // extra rank: fold in, then wait for the result
-		if err := g.sendAll(ctx, r-p2, data); err != nil {
+		if err := g.sendAll(ctx, c, r-p2, data); err != nil {
 			return err
 		}
-		return g.recvAll(ctx, r-p2, data, modeCopy, red, ann)
+		return g.recvAll(ctx, c, r-p2, data, modeCopy, red, ann)
 	}
 	if r < n-p2 {
-		if err := g.recvAll(ctx, r+p2, data, modeReduce, red, ann); err != nil {
+		if err := g.recvAll(ctx, c, r+p2, data, modeReduce, red, ann); err != nil {
 			return err
 		}
 		ann = false
@@ -230,14 +266,14 @@ func (g *ProcessGroup) allReduceRD(ctx context.Context, data []byte, red reducer
 		// Sending and combining the same buffer is safe: exchange sends
 		// segment k before it combines the peer's segment k into it.
 		peer := r ^ mask
-		if err := g.exchange(ctx, peer, data, peer, data, modeReduce, red, ann); err != nil {
+		if err := g.exchange(ctx, c, peer, data, peer, data, modeReduce, red, ann); err != nil {
 			return err
 		}
 		ann = false
 	}
 	red.finish(data, n)
 	if r < n-p2 {
-		return g.sendAll(ctx, r+p2, data)
+		return g.sendAll(ctx, c, r+p2, data)
 	}
 	return nil
 }
@@ -256,18 +292,18 @@ func chunk(b []byte, es, n, i int) []byte {
 // step s rank r holds the sum of s+2 ranks' block r-s-1) followed by an
 // all-gather (n-1 steps) of the reduced blocks. Each rank sends and receives
 // 2(n-1)/n of the vector. Each block is reduced in a fixed order by one rank
-// and then copied, so every rank gets the same bits.
-func (g *ProcessGroup) allReduceRing(ctx context.Context, data []byte, es int, red reducer) error {
-	n, r := g.world, g.rank
+// and then copied, so every rank gets the same bits. Ranks are c's members.
+func (g *ProcessGroup) allReduceRing(ctx context.Context, c comm, data []byte, es int, red reducer) error {
+	n, r := c.n, c.me
 	next, prev := (r+1)%n, (r+n-1)%n
 	for s := range n - 1 {
-		if err := g.exchange(ctx, next, chunk(data, es, n, r-s), prev, chunk(data, es, n, r-s-1), modeReduce, red, false); err != nil {
+		if err := g.exchange(ctx, c, next, chunk(data, es, n, r-s), prev, chunk(data, es, n, r-s-1), modeReduce, red, false); err != nil {
 			return err
 		}
 	}
 	red.finish(chunk(data, es, n, r+1), n)
 	for s := range n - 1 {
-		if err := g.exchange(ctx, next, chunk(data, es, n, r+1-s), prev, chunk(data, es, n, r-s), modeCopy, red, false); err != nil {
+		if err := g.exchange(ctx, c, next, chunk(data, es, n, r+1-s), prev, chunk(data, es, n, r-s), modeCopy, red, false); err != nil {
 			return err
 		}
 	}
@@ -276,8 +312,8 @@ func (g *ProcessGroup) allReduceRing(ctx context.Context, data []byte, es int, r
 
 // allGatherRing: in step s rank r passes block r-s on to r+1 and receives
 // block r-s-1 from r-1.
-func (g *ProcessGroup) allGatherRing(ctx context.Context, dst, src []byte) error {
-	n, r := g.world, g.rank
+func (g *ProcessGroup) allGatherRing(ctx context.Context, c comm, dst, src []byte) error {
+	n, r := c.n, c.me
 	b := len(src)
 	copy(dst[r*b:(r+1)*b], src)
 	next, prev := (r+1)%n, (r+n-1)%n
@@ -286,7 +322,7 @@ func (g *ProcessGroup) allGatherRing(ctx context.Context, dst, src []byte) error
 		return dst[i*b : (i+1)*b]
 	}
 	for s := range n - 1 {
-		if err := g.exchange(ctx, next, block(r-s), prev, block(r-s-1), modeCopy, reducer{}, false); err != nil {
+		if err := g.exchange(ctx, c, next, block(r-s), prev, block(r-s-1), modeCopy, reducer{}, false); err != nil {
 			return err
 		}
 	}
@@ -297,10 +333,10 @@ func (g *ProcessGroup) allGatherRing(ctx context.Context, dst, src []byte) error
 // r+1 and receives r-1's partial of block r-s-2, to which it adds its own
 // contribution; after n-1 steps the block received is r, complete. Partials
 // live in a scratch block of the group's, so src is left untouched.
-func (g *ProcessGroup) reduceScatterRing(ctx context.Context, dst, src []byte, red reducer) error {
-	n, r := g.world, g.rank
+func (g *ProcessGroup) reduceScatterRing(ctx context.Context, c comm, dst, src []byte, red reducer) error {
+	n, r := c.n, c.me
 	b := len(dst)
-	next, prev := (r+1)%n, (r+n-1)%n
+	next, prev := c.at((r+1)%n), c.at((r+n-1)%n)
 	block := func(i int) []byte {
 		i = ((i % n) + n) % n
 		return src[i*b : (i+1)*b]
@@ -336,18 +372,19 @@ func (g *ProcessGroup) reduceScatterRing(ctx context.Context, dst, src []byte, r
 	return nil
 }
 
-// broadcastTree is a binomial tree rooted at root: ceil(log2 n) rounds.
-func (g *ProcessGroup) broadcastTree(ctx context.Context, data []byte, root int) error {
-	if err := g.annSend(ctx); err != nil {
+// broadcastTree is a binomial tree rooted at member root of c: ceil(log2 n)
+// rounds.
+func (g *ProcessGroup) broadcastTree(ctx context.Context, c comm, data []byte, root int) error {
+	if err := g.annSend(ctx, c); err != nil {
 		return err
 	}
-	n := g.world
-	vr := (g.rank - root + n) % n
+	n := c.n
+	vr := (c.me - root + n) % n
 	real := func(v int) int { return (v + root) % n }
 	mask := 1
 	for mask < n {
 		if vr&mask != 0 {
-			if err := g.recvAll(ctx, real(vr-mask), data, modeCopy, reducer{}, true); err != nil {
+			if err := g.recvAll(ctx, c, real(vr-mask), data, modeCopy, reducer{}, true); err != nil {
 				return err
 			}
 			break
@@ -356,33 +393,33 @@ func (g *ProcessGroup) broadcastTree(ctx context.Context, data []byte, root int)
 	}
 	for mask >>= 1; mask > 0; mask >>= 1 {
 		if vr+mask < n {
-			if err := g.sendAll(ctx, real(vr+mask), data); err != nil {
+			if err := g.sendAll(ctx, c, real(vr+mask), data); err != nil {
 				return err
 			}
 		}
 	}
 	if vr == 0 {
-		return g.annRecv(ctx)
+		return g.annRecv(ctx, c)
 	}
 	return nil
 }
 
-// broadcastChain pipelines segments down the chain root, root+1, ..., so
-// every link carries the vector once, concurrently.
-func (g *ProcessGroup) broadcastChain(ctx context.Context, data []byte, root int) error {
-	if err := g.annSend(ctx); err != nil {
+// broadcastChain pipelines segments down the chain root, root+1, ... (c's
+// members), so every link carries the vector once, concurrently.
+func (g *ProcessGroup) broadcastChain(ctx context.Context, c comm, data []byte, root int) error {
+	if err := g.annSend(ctx, c); err != nil {
 		return err
 	}
-	n, r := g.world, g.rank
+	n, r := c.n, c.me
 	vr := (r - root + n) % n
-	next, prev := (r+1)%n, (r+n-1)%n
+	next, prev := c.at((r+1)%n), c.at((r+n-1)%n)
 	if vr == 0 {
-		if err := g.sendAll(ctx, next, data); err != nil {
+		if err := g.sendAll(ctx, c, (r+1)%n, data); err != nil {
 			return err
 		}
-		return g.annRecv(ctx)
+		return g.annRecv(ctx, c)
 	}
-	if err := g.annRecv(ctx); err != nil {
+	if err := g.annRecv(ctx, c); err != nil {
 		return err
 	}
 	for k := range g.nseg(len(data)) {
@@ -399,14 +436,14 @@ func (g *ProcessGroup) broadcastChain(ctx context.Context, data []byte, root int
 	return nil
 }
 
-// reduceTree is a binomial tree reduction to root. Inner ranks combine into a
-// scratch buffer of the group's, so only root's data changes.
-func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, red reducer) error {
-	if err := g.annSend(ctx); err != nil {
+// reduceTree is a binomial tree reduction to member root of c. Inner ranks
+// combine into a scratch buffer of the group's, so only root's data changes.
+func (g *ProcessGroup) reduceTree(ctx context.Context, c comm, data []byte, root int, red reducer) error {
+	if err := g.annSend(ctx, c); err != nil {
 		return err
 	}
-	n := g.world
-	vr := (g.rank - root + n) % n
+	n := c.n
+	vr := (c.me - root + n) % n
 	real := func(v int) int { return (v + root) % n }
 	acc := data
 	if vr != 0 {
@@ -419,20 +456,20 @@ func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, re
 	ann := true
 	for mask := 1; mask < n; mask <<= 1 {
 		if vr&mask != 0 {
-			if err := g.sendAll(ctx, real(vr-mask), acc); err != nil {
+			if err := g.sendAll(ctx, c, real(vr-mask), acc); err != nil {
 				return err
 			}
 			break
 		}
 		if vr+mask < n {
-			if err := g.recvAll(ctx, real(vr+mask), acc, modeReduce, red, ann); err != nil {
+			if err := g.recvAll(ctx, c, real(vr+mask), acc, modeReduce, red, ann); err != nil {
 				return err
 			}
 			ann = false
 		}
 	}
 	if ann { // a leaf: it received nothing
-		if err := g.annRecv(ctx); err != nil {
+		if err := g.annRecv(ctx, c); err != nil {
 			return err
 		}
 	}
@@ -443,21 +480,22 @@ func (g *ProcessGroup) reduceTree(ctx context.Context, data []byte, root int, re
 }
 
 // reduceChain pipelines segments up the chain root-1, root-2, ..., root+1 ->
-// root: each rank adds its contribution to the partial passing through.
-func (g *ProcessGroup) reduceChain(ctx context.Context, data []byte, root int, red reducer) error {
-	if err := g.annSend(ctx); err != nil {
+// root (c's members): each rank adds its contribution to the partial passing
+// through.
+func (g *ProcessGroup) reduceChain(ctx context.Context, c comm, data []byte, root int, red reducer) error {
+	if err := g.annSend(ctx, c); err != nil {
 		return err
 	}
-	n, r := g.world, g.rank
+	n, r := c.n, c.me
 	vr := (r - root + n) % n
-	to, from := (r+n-1)%n, (r+1)%n
+	to, from := c.at((r+n-1)%n), c.at((r+1)%n)
 	if vr == n-1 {
-		if err := g.sendAll(ctx, to, data); err != nil {
+		if err := g.sendAll(ctx, c, (r+n-1)%n, data); err != nil {
 			return err
 		}
-		return g.annRecv(ctx)
+		return g.annRecv(ctx, c)
 	}
-	if err := g.annRecv(ctx); err != nil {
+	if err := g.annRecv(ctx, c); err != nil {
 		return err
 	}
 	for k := range g.nseg(len(data)) {

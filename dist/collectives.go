@@ -47,6 +47,7 @@ func (c *call) check(g *ProcessGroup) error {
 }
 
 // dispatch runs the collective's algorithm. ctx is the group's op context.
+// With a topology plan (hier.go), AllReduce and Broadcast run hierarchically.
 func (g *ProcessGroup) dispatch(ctx context.Context, c *call) error {
 	red := reducer{c.dt, c.op}
 	if g.world == 1 {
@@ -59,26 +60,33 @@ func (g *ProcessGroup) dispatch(ctx context.Context, c *call) error {
 		return nil
 	}
 	small := len(c.data) < g.cfg.small
+	fl := g.flat()
 	switch c.kind {
 	case kAllReduce:
-		if small {
-			return g.allReduceRD(ctx, c.data, red)
+		if g.hier != nil {
+			return g.allReduceHier(ctx, g.hier, c.data, c.dt.Size(), red)
 		}
-		return g.allReduceRing(ctx, c.data, c.dt.Size(), red)
+		if small {
+			return g.allReduceRD(ctx, fl, c.data, red)
+		}
+		return g.allReduceRing(ctx, fl, c.data, c.dt.Size(), red)
 	case kAllGather:
-		return g.allGatherRing(ctx, c.data, c.src)
+		return g.allGatherRing(ctx, fl, c.data, c.src)
 	case kReduceScatter:
-		return g.reduceScatterRing(ctx, c.data, c.src, red)
+		return g.reduceScatterRing(ctx, fl, c.data, c.src, red)
 	case kBroadcast:
-		if small {
-			return g.broadcastTree(ctx, c.data, c.root)
+		if g.hier != nil {
+			return g.broadcastHier(ctx, g.hier, c.data, c.root)
 		}
-		return g.broadcastChain(ctx, c.data, c.root)
+		if small {
+			return g.broadcastTree(ctx, fl, c.data, c.root)
+		}
+		return g.broadcastChain(ctx, fl, c.data, c.root)
 	case kReduce:
 		if small {
-			return g.reduceTree(ctx, c.data, c.root, red)
+			return g.reduceTree(ctx, fl, c.data, c.root, red)
 		}
-		return g.reduceChain(ctx, c.data, c.root, red)
+		return g.reduceChain(ctx, fl, c.data, c.root, red)
 	case kBarrier:
 		return g.barrier(ctx)
 	case kFederated:

@@ -83,6 +83,10 @@ type ProcessGroup struct {
 	onCancelFn func()
 	fed        fedState
 	partial    []byte // partial results of reduce_scatter and reduce (algorithms.go)
+
+	// hier is the plan of the hierarchical collectives (hier.go); nil
+	// when they run flat. Set in New, read-only afterwards.
+	hier *hierPlan
 }
 
 // New returns the ProcessGroup of t's rank. On success the group owns t and
@@ -106,6 +110,10 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 	if err := transport.CheckRank(rank, world); err != nil {
 		return nil, err
 	}
+	hier, err := topologyPlan(t, &cfg, world, rank)
+	if err != nil {
+		return nil, err
+	}
 	g := &ProcessGroup{
 		t:         t,
 		rank:      rank,
@@ -118,6 +126,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 		wake:      make(chan struct{}, 1),
 		next:      1,
 		serving:   1,
+		hier:      hier,
 	}
 	if err := g.startObservability(&cfg); err != nil {
 		return nil, err

@@ -130,6 +130,9 @@ func (g *ProcessGroup) algorithm(c *call) string {
 		return "local"
 	}
 	small := len(c.data) < g.cfg.small
+	if g.hier != nil && (c.kind == kAllReduce || c.kind == kBroadcast) {
+		return "hierarchical" // hier.go
+	}
 	switch c.kind {
 	case kAllReduce:
 		if small {

@@ -3,6 +3,7 @@ package dist
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/gdist/gdist/dist/transport/hybrid"
@@ -83,6 +84,8 @@ type config struct {
 	stall         time.Duration // WithStallThreshold, GDIST_STALL_THRESHOLD; 0: off
 	stallLog      *slog.Logger  // where stall reports go (finishLogging)
 	progressEvery time.Duration // withProgressInterval
+
+	hier bool // WithHierarchical, GDIST_HIERARCHICAL
 }
 
 func defaultConfig() config {
@@ -94,6 +97,7 @@ func defaultConfig() config {
 
 		stall:         DefaultStallThreshold,
 		progressEvery: defaultProgressInterval,
+		hier:          true,
 	}
 }
 
@@ -101,6 +105,9 @@ func defaultConfig() config {
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
 	if err := envConfig(&cfg); err != nil {
+		return config{}, err
+	}
+	if err := hierEnv(&cfg); err != nil {
 		return config{}, err
 	}
 	if err := options.Apply(&cfg, opts, "dist", ErrInvalidArgument); err != nil {
@@ -226,6 +233,48 @@ func withProgressInterval(d time.Duration) Option {
 			return invalidOption("withProgressInterval(%v): must be positive", d)
 		}
 		c.progressEvery = d
+		return nil
+	}
+}
+
+// Hierarchical collectives.
+
+// EnvHierarchical is the environment variable that turns the hierarchical
+// collectives off ("0") or on ("1", the default) for New and InitFromEnv;
+// WithHierarchical overrides it.
+const EnvHierarchical = "GDIST_HIERARCHICAL"
+
+// hierEnv applies GDIST_HIERARCHICAL to c.
+func hierEnv(c *config) error {
+	switch v := os.Getenv(EnvHierarchical); v {
+	case "":
+	case "1":
+		c.hier = true
+	case "0":
+		c.hier = false
+	default:
+		return fmt.Errorf("%w: %s=%q: want 0 or 1", ErrEnv, EnvHierarchical, v)
+	}
+	return nil
+}
+
+// WithHierarchical turns the topology-aware collectives on or off (default
+// on, or GDIST_HIERARCHICAL). When on and the transport reports which ranks
+// share a host (transport.Topology) and the job spans several hosts, one of
+// them at least with several ranks, AllReduce and Broadcast reduce or copy
+// within each host first and cross hosts once per host: each host reduces
+// to its lowest rank, those leaders all-reduce among themselves, and each
+// copies the result to its host; a broadcast goes from the root to the
+// other hosts' leaders and then within each host. Large vectors go through
+// these phases block by block, so they overlap. Results stay bitwise
+// identical on every rank (though not necessarily equal to the flat
+// algorithms' in the last bit, the order of the additions being another),
+// and desyncs and lost peers are reported as for the flat algorithms.
+// Every rank must use the same setting: ranks that disagree fail their
+// first all-reduce or broadcast with a *PeerError wrapping ErrProtocol.
+func WithHierarchical(on bool) Option {
+	return func(c *config) error {
+		c.hier = on
 		return nil
 	}
 }

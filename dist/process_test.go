@@ -94,6 +94,9 @@ func childMain(role string) int {
 	if role == "fail" {
 		return childFail(os.Getenv(scenarioEnv))
 	}
+	if role == "hier" { // hier_process_test.go
+		return childHier()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	g, err := InitFromEnv(ctx)

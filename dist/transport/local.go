@@ -20,6 +20,7 @@ type LocalOption func(*localConfig) error
 
 type localConfig struct {
 	queueLimit int
+	hosts      []int // WithHosts; nil: every rank on host 0
 }
 
 // WithLocalQueueLimit bounds the bytes a rank queues from each sender before
@@ -35,6 +36,29 @@ func WithLocalQueueLimit(n int) LocalOption {
 	}
 }
 
+// WithHosts makes the ranks of the in-process job report a topology of
+// several hosts (Topology.Hosts), for testing topology-aware code: rank r is
+// on host hosts[r]. NewLocal refuses a slice that is not one entry per rank
+// with hosts numbered 0, 1, ... in the order of their lowest rank (rank 0 on
+// host 0, and a rank on a new host takes the next number). The slice is
+// copied. Without it, every rank is on host 0.
+func WithHosts(hosts []int) LocalOption {
+	hosts = append([]int(nil), hosts...)
+	return func(c *localConfig) error {
+		next := 0
+		for r, h := range hosts {
+			switch {
+			case h == next:
+				next++
+			case h < 0 || h > next:
+				return fmt.Errorf("%w: WithHosts: rank %d on host %d: hosts must be numbered 0, 1, ... in the order of their lowest rank", ErrInvalidArgument, r, h)
+			}
+		}
+		c.hosts = hosts
+		return nil
+	}
+}
+
 // Rank states in a local job.
 const (
 	rankAlive = iota
@@ -45,6 +69,7 @@ const (
 type hub struct {
 	boxes []*mailbox.Mailbox[Message]
 	state []atomic.Int32
+	hosts []int // host of every rank
 }
 
 // Local is an in-process Transport: n ranks in one process exchanging copies
@@ -56,7 +81,10 @@ type Local struct {
 	once   sync.Once
 }
 
-var _ Transport = (*Local)(nil)
+var (
+	_ Transport = (*Local)(nil)
+	_ Topology  = (*Local)(nil)
+)
 
 // NewLocal returns the n transports of an in-process job; element i has rank
 // i. It returns an error wrapping ErrInvalidArgument if n < 1 or an option
@@ -74,7 +102,13 @@ func NewLocal(n int, opts ...LocalOption) ([]*Local, error) {
 			return nil, fmt.Errorf("transport: NewLocal: %w", err)
 		}
 	}
-	h := &hub{boxes: make([]*mailbox.Mailbox[Message], n), state: make([]atomic.Int32, n)}
+	if cfg.hosts != nil && len(cfg.hosts) != n {
+		return nil, fmt.Errorf("transport: NewLocal: %w: WithHosts: %d hosts for %d ranks", ErrInvalidArgument, len(cfg.hosts), n)
+	}
+	if cfg.hosts == nil {
+		cfg.hosts = make([]int, n)
+	}
+	h := &hub{boxes: make([]*mailbox.Mailbox[Message], n), state: make([]atomic.Int32, n), hosts: cfg.hosts}
 	for i := range h.boxes {
 		h.boxes[i] = mailbox.New(n, cfg.queueLimit, func(m Message) { bufpool.Default.Put(m.Payload) })
 	}
@@ -90,6 +124,11 @@ func (l *Local) Rank() int { return l.rank }
 
 // WorldSize implements Transport.
 func (l *Local) WorldSize() int { return len(l.hub.boxes) }
+
+// Hosts implements Topology: the host map given to NewLocal by WithHosts,
+// else every rank on host 0 (as in-process ranks are). It returns a fresh
+// copy.
+func (l *Local) Hosts() []int { return append([]int(nil), l.hub.hosts...) }
 
 // peerErr is the error for an operation on rank r that is gone.
 func (l *Local) peerErr(op string, r int) error {

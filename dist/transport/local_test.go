@@ -136,3 +136,36 @@ func BenchmarkLocalSendRecv(b *testing.B) {
 		ls[1].Release(m.Payload)
 	}
 }
+
+func TestLocalHosts(t *testing.T) {
+	ls := transporttest.NewLocal(t, 3)
+	for _, l := range ls {
+		assert.Equal(t, []int{0, 0, 0}, l.Hosts(), "default: one host")
+		require.NoError(t, l.Close())
+	}
+
+	given := []int{0, 1, 0, 2, 1}
+	ls = transporttest.NewLocal(t, 5, transport.WithHosts(given))
+	given[1] = 7 // the option copied the slice
+	for _, l := range ls {
+		var tp transport.Topology = l
+		hosts := tp.Hosts()
+		assert.Equal(t, []int{0, 1, 0, 2, 1}, hosts)
+		hosts[0] = 9 // a fresh copy each time
+		assert.Equal(t, 0, tp.Hosts()[0])
+		require.NoError(t, l.Close())
+	}
+}
+
+func TestWithHostsRefuses(t *testing.T) {
+	for _, hosts := range [][]int{
+		{0, 0},       // too short for 3 ranks
+		{0, 0, 0, 0}, // too long
+		{1, 0, 0},    // rank 0 not on host 0
+		{0, 2, 1},    // host 2 before host 1
+		{0, -1, 0},   // negative
+	} {
+		_, err := transport.NewLocal(3, transport.WithHosts(hosts))
+		require.ErrorIs(t, err, transport.ErrInvalidArgument, "%v", hosts)
+	}
+}

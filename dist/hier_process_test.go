@@ -1,0 +1,172 @@
+package dist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/portpick"
+	"github.com/gdist/gdist/internal/procjob"
+)
+
+// Multi-process hierarchical collectives: 4 OS processes over TCP, each
+// wrapping its transport in a hostTransport that reports 2 hosts of 2 ranks
+// (0,0,1,1). The ranks connect by addresses the test picks (hierAddrsEnv),
+// not through InitFromEnv, whose transport reports no topology.
+const (
+	hierAddrsEnv = "GDIST_DIST_TEST_HIER_ADDRS" // every rank's listen address
+	hierModeEnv  = "GDIST_DIST_TEST_HIER_MODE"  // "collectives" or "kill"
+)
+
+var processHosts = []int{0, 0, 1, 1}
+
+func startHierJob(t *testing.T, mode string) []*procjob.Proc {
+	t.Helper()
+	addrs := make([]string, len(processHosts))
+	for r := range addrs {
+		port, err := portpick.Free("127.0.0.1")
+		require.NoError(t, err)
+		addrs[r] = fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	env := []string{hierAddrsEnv + "=" + strings.Join(addrs, ","), hierModeEnv + "=" + mode}
+	if testing.Short() || raceEnabled {
+		env = append(env, lightEnv+"=1")
+	}
+	return startJob(t, len(processHosts), "hier", env...)
+}
+
+// TestProcessHierCollectives checks the hierarchical all-reduces and
+// broadcasts against the reference in a job of OS processes.
+func TestProcessHierCollectives(t *testing.T) {
+	for r, p := range startHierJob(t, "collectives") {
+		assert.NoError(t, p.Wait(2*time.Minute), "rank %d", r)
+	}
+}
+
+// TestProcessHierKill SIGKILLs a host's leader in the middle of a stream of
+// hierarchical all-reduces: every survivor's all-reduce fails with a
+// *PeerError for a lost peer within 5 s.
+func TestProcessHierKill(t *testing.T) {
+	const victim = 2
+	procs := startHierJob(t, "kill")
+	for r, p := range procs {
+		_, err := p.Await(0, 30*time.Second, func(string) bool { return true })
+		require.NoError(t, err, "rank %d did not start", r)
+		require.Equal(t, "running", p.Lines()[0], "rank %d", r)
+	}
+	killedAt := time.Now()
+	require.NoError(t, procs[victim].Kill())
+	for r, p := range procs {
+		if r == victim {
+			continue
+		}
+		i, err := p.Await(1, 5*time.Second, func(string) bool { return true })
+		require.NotErrorIs(t, err, procjob.ErrExited, "rank %d exited without reporting", r)
+		require.NoError(t, err, "rank %d: no error 5 s after the kill", r)
+		l := p.Lines()[i]
+		t.Logf("rank %d after %v: %s", r, time.Since(killedAt), l)
+		assert.Less(t, time.Since(killedAt), 5*time.Second)
+		// As in TestProcessKill, a survivor may name a fellow survivor
+		// whose links dropped first.
+		require.True(t, strings.HasPrefix(l, "peer_error "), "rank %d: %s", r, l)
+		assert.Contains(t, l, " op=all_reduce ")
+		assert.Contains(t, l, " lost=true")
+	}
+	for r, p := range procs {
+		if r != victim {
+			assert.NoError(t, p.Wait(time.Minute), "rank %d", r)
+		}
+	}
+}
+
+// childHier is one rank of a hierarchical multi-process test.
+func childHier() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g, err := hierChildGroup(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hier child:", err)
+		return 1
+	}
+	defer g.Close()
+	if g.hier == nil {
+		fmt.Fprintln(os.Stderr, "hier child: the group is not hierarchical")
+		return 1
+	}
+	n, r := g.WorldSize(), g.Rank()
+	if os.Getenv(hierModeEnv) == "kill" {
+		d := make([]float32, 1<<18)
+		for i := 0; ; i++ {
+			if i == 3 {
+				fmt.Println("running")
+			}
+			err := g.AllReduce(context.Background(), d, Sum)
+			if err == nil {
+				continue
+			}
+			var pe *PeerError
+			if errors.As(err, &pe) {
+				fmt.Printf("peer_error rank=%d op=%s lost=%v err=%q\n", pe.Rank, pe.Op, errors.Is(err, ErrPeerLost), err)
+			} else {
+				fmt.Printf("other_error %q\n", err)
+			}
+			return 0
+		}
+	}
+	rec := &recorder{}
+	lengths := []int{0, 1, n - 1, 7, 333, 1<<18 + 3}
+	if os.Getenv(lightEnv) != "" {
+		lengths = lengths[:5]
+	}
+	for _, length := range lengths {
+		if err := checkHierRank(rec, g, n, r, length); err != nil {
+			fmt.Fprintln(os.Stderr, "collective failed:", err)
+			return 1
+		}
+	}
+	for _, f := range rec.failed {
+		fmt.Fprintln(os.Stderr, f)
+	}
+	if len(rec.failed) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// hierChildGroup connects this rank to the others over TCP and returns its
+// group, on a transport that reports processHosts.
+func hierChildGroup(ctx context.Context) (*ProcessGroup, error) {
+	r, err := strconv.Atoi(os.Getenv(EnvRank))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvRank, err)
+	}
+	addrs := strings.Split(os.Getenv(hierAddrsEnv), ",")
+	if len(addrs) != len(processHosts) || r < 0 || r >= len(addrs) {
+		return nil, fmt.Errorf("rank %d, %d addresses", r, len(addrs))
+	}
+	ln, err := net.Listen("tcp", addrs[r])
+	if err != nil {
+		return nil, err
+	}
+	t, err := tcp.New(ctx, r, len(addrs), ln, addrs, tcp.WithToken([]byte(os.Getenv(EnvToken))))
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	g, err := New(&hostTransport{Transport: t, hosts: processHosts})
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	return g, nil
+}
