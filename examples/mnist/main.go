@@ -8,6 +8,7 @@ import (
 	"io"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gdist/gdist/dist"
@@ -98,8 +99,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			if comp == "" {
 				comp = "none"
 			}
-			fmt.Fprintf(out, "mnist: %d rank(s), GOMAXPROCS %d each; %d train and %d test images from %s\n",
-				pg.WorldSize(), runtime.GOMAXPROCS(0), trainSet.N, testSet.N, dir)
+			fmt.Fprintf(out, "mnist: %d rank(s)%s, GOMAXPROCS %d each; %d train and %d test images from %s\n",
+				pg.WorldSize(), routes(pg), runtime.GOMAXPROCS(0), trainSet.N, testSet.N, dir)
 			fmt.Fprintf(out, "mnist: MLP %v float32, %d parameters in %d DDP bucket(s), compression %s; batch %d per rank (%d global); Adam lr %g; %d epoch(s)\n",
 				sizes, params, buckets, comp, cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, cfg.Epochs)
 		},
@@ -149,4 +150,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // ms formats d in milliseconds.
 func ms(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) + "ms"
+}
+
+// routes says how rank 0 reaches its peers, when the transport tells
+// (InitFromEnv's hybrid transport does: shared memory within a host, TCP
+// across hosts).
+func routes(pg *dist.ProcessGroup) string {
+	v, ok := pg.Transport().(interface{ Via(r int) string })
+	if !ok || pg.WorldSize() == 1 {
+		return ""
+	}
+	count := map[string]int{}
+	var kinds []string
+	for r := range pg.WorldSize() {
+		if r == pg.Rank() {
+			continue
+		}
+		k := v.Via(r)
+		if count[k] == 0 {
+			kinds = append(kinds, k)
+		}
+		count[k]++
+	}
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%d over %s", count[k], k)
+	}
+	return " (peers: " + strings.Join(parts, ", ") + ")"
 }
