@@ -36,7 +36,11 @@
 // the group's own metrics, which every rank turns on), and #wrong: the
 // elements, over every rank and job, of one more (untimed) all-reduce per
 // size on fresh input that differ from the exact sum. The load average of
-// the machine before and after the run is printed too.
+// the machine before and after the run is printed too, and two more
+// tables: the range (min-max) of the jobs' times, and the CPU time of the
+// ranks per all-reduce (user + system, all 4 ranks), which on a machine
+// with fewer cores than ranks is time a rank could not compute or
+// communicate.
 //
 // # Usage
 //
@@ -64,6 +68,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport/hybrid"
+	"github.com/gdist/gdist/internal/benchutil"
 	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/launch"
 )
@@ -186,6 +191,7 @@ type result struct {
 	us    float64 // mean time per all-reduce of the slowest rank
 	cross float64 // bytes per rank per all-reduce to the other host
 	wrong float64 // elements, over all ranks, of a checked all-reduce that are wrong
+	cpu   float64 // CPU time (user + system) of all ranks per all-reduce, µs
 }
 
 // routes is what the ranks of one job reported about their transport, by
@@ -315,7 +321,46 @@ func drive(ctx context.Context, o options, args []string, stdout, stderr io.Writ
 		}
 		fmt.Fprintln(stdout)
 	}
+	// The spread of the times, and the CPU the ranks used.
+	fmt.Fprintf(stdout, "#\n# range of the jobs' times (us), min-max\n")
+	printModes(stdout, modes, res, func(rs []result) string {
+		lo, hi := rs[0].us, rs[0].us
+		for _, r := range rs {
+			lo, hi = min(lo, r.us), max(hi, r.us)
+		}
+		return fmt.Sprintf("%.0f-%.0f", lo, hi)
+	})
+	fmt.Fprintf(stdout, "#\n# CPU time (user+system) of the 4 ranks per all-reduce (us), median of the jobs\n")
+	printModes(stdout, modes, res, func(rs []result) string {
+		cpu := make([]float64, len(rs))
+		for i, r := range rs {
+			cpu[i] = r.cpu
+		}
+		slices.Sort(cpu)
+		return fmt.Sprintf("%.0f", cpu[len(cpu)/2])
+	})
 	return nil
+}
+
+// printModes prints a table of comment lines: per size, cell(the jobs'
+// results of that size) for every mode.
+func printModes(w io.Writer, modes []mode, res map[mode][][]result, cell func([]result) string) {
+	fmt.Fprintf(w, "# %10s", "size(B)")
+	for _, m := range modes {
+		fmt.Fprintf(w, " %15s", m)
+	}
+	fmt.Fprintln(w)
+	for k := range res[modes[0]][0] {
+		fmt.Fprintf(w, "# %10d", res[modes[0]][0][k].size)
+		for _, m := range modes {
+			var rs []result
+			for _, r := range res[m] {
+				rs = append(rs, r[k])
+			}
+			fmt.Fprintf(w, " %15s", cell(rs))
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 func colWidth(name string) int { return max(len(name), 9) }
@@ -381,7 +426,7 @@ func runJob(ctx context.Context, o options, ns *namespaces, args []string, m mod
 		mu.Lock()
 		defer mu.Unlock()
 		var r result
-		if _, err := fmt.Sscanf(line, "result %d %g %g %g", &r.size, &r.us, &r.cross, &r.wrong); err == nil {
+		if _, err := fmt.Sscanf(line, "result %d %g %g %g %g", &r.size, &r.us, &r.cross, &r.wrong, &r.cpu); err == nil {
 			res = append(res, r)
 			return
 		}
@@ -506,6 +551,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		cpu0 := benchutil.CPUTime()
 		start := time.Now()
 		for range o.iters {
 			if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
@@ -513,17 +559,23 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 			}
 		}
 		el := time.Since(start)
+		cpu := benchutil.CPUTime() - cpu0
 		after, err := crossSent()
 		if err != nil {
 			return err
 		}
-		// The slowest rank's time, and the cross-host bytes of all ranks.
+		// The slowest rank's time, the cross-host bytes of all ranks and
+		// their CPU time.
 		stats := []float64{el.Seconds() / float64(o.iters) * 1e6}
 		if err := g.AllReduceF64(ctx, stats, dist.Max); err != nil {
 			return err
 		}
 		bytes := []float64{(after - before) / float64(o.iters)}
 		if err := g.AllReduceF64(ctx, bytes, dist.Mean); err != nil {
+			return err
+		}
+		cpus := []float64{cpu.Seconds() / float64(o.iters) * 1e6}
+		if err := g.AllReduceF64(ctx, cpus, dist.Sum); err != nil {
 			return err
 		}
 		// One more, untimed, on fresh input, checked: the sum over the 4
@@ -544,7 +596,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 			return err
 		}
 		if r == 0 {
-			fmt.Fprintf(stdout, "result %d %g %g %g\n", size, stats[0], bytes[0], wrong[0])
+			fmt.Fprintf(stdout, "result %d %g %g %g %g\n", size, stats[0], bytes[0], wrong[0], cpus[0])
 		}
 	}
 	return g.Close()
