@@ -188,8 +188,9 @@
 // vectors go through the phases block by block, so they overlap. With h
 // hosts, 2(h-1)/h of the vector leaves each host, against 2(n-1)/n of it on
 // each link where the flat ring crosses hosts: 2/3 of the flat bytes for
-// two hosts of two ranks, where bench/hier measured 0.67-0.73x the flat
-// time from 1 MiB up over a 1 Gbit/s link between two network namespaces.
+// two hosts of two ranks, where bench/hier measured 0.67-0.75x the flat
+// time from 1 MiB to 16 MiB over a 1 Gbit/s link between two network
+// namespaces (over TCP and over the hybrid transport, two runs).
 // The sums are bitwise identical on every rank but may differ from the flat
 // algorithms' in the last place (another order of additions).
 //

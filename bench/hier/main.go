@@ -455,6 +455,7 @@ func runJob(ctx context.Context, o options, ns *namespaces, args []string, m mod
 		}
 		spec = launch.Spec{NProc: n / 2, NNodes: 2, MasterAddr: ns.addrs[0], MasterPort: 29500 + job%400, Token: token}
 	}
+	errs := launch.Synced(stderr)
 	var runs []*launch.Run
 	for node := range max(spec.NNodes, 1) { // one launch per node
 		sp := spec
@@ -467,8 +468,8 @@ func runJob(ctx context.Context, o options, ns *namespaces, args []string, m mod
 			Env:     env,
 			RankEnv: rankEnv,
 			Procs:   1,
-			Output: func(int) (io.Writer, io.Writer) {
-				return launch.LineFunc(onLine), stderr
+			Output: func(rank int) (io.Writer, io.Writer) {
+				return launch.LineFunc(onLine), launch.NewPrefixWriter(errs, fmt.Sprintf("[%d] ", rank))
 			},
 		}
 		if ns != nil {
