@@ -81,6 +81,8 @@ type peer struct {
 	lastRxAt time.Time     // monitor only
 	lastHbAt time.Time     // monitor only: when the last heartbeat was posted
 
+	readDone chan struct{} // closed when readLoop returns
+
 	gone     atomic.Bool // the peer said goodbye
 	goneCh   chan struct{}
 	goneOnce sync.Once
@@ -102,6 +104,7 @@ func newPeer(t *Transport, rank int, conn *net.TCPConn, br *frameReader, info wi
 		small:    make([]byte, wire.HeaderSize+smallCopy),
 		credit:   make(chan struct{}, wakeCap),
 		ctl:      make(chan struct{}, 1),
+		readDone: make(chan struct{}),
 		goneCh:   make(chan struct{}),
 		lostCh:   make(chan struct{}),
 		lastRxAt: time.Now(),
@@ -382,6 +385,7 @@ func (p *peer) onGoodbye() {
 func (p *peer) readLoop() {
 	t := p.t
 	defer t.wg.Done()
+	defer close(p.readDone)
 	var hb [wire.HeaderSize]byte
 	bye := false
 	for {
