@@ -246,8 +246,11 @@ func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
 
 // Close implements transport.Transport: it tells every peer goodbye (they
 // see this rank as closed, not lost, once they have drained its messages),
-// closes the connections and the listener and waits for every goroutine the
-// transport started. Pending calls return an error matching
+// waits for each peer's goodbye in turn, at most min(5 s, heartbeat
+// timeout), and not at all for a peer that has sent nothing for two
+// heartbeat intervals (stopped, cut off or gone: its connection is closed
+// at once), closes the connections and the listener and waits for every
+// goroutine the transport started. Pending calls return an error matching
 // transport.ErrClosed, as do all later ones. Close is idempotent and always
 // returns nil.
 func (t *Transport) Close() error {
