@@ -250,9 +250,9 @@ func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
 // Close implements transport.Transport: it tells every peer goodbye (they
 // see this rank as closed, not lost, once they have drained its messages),
 // waits for each peer's goodbye in turn, at most min(5 s, heartbeat
-// timeout), and not at all for a peer that has sent nothing for two
-// heartbeat intervals (stopped, cut off or gone: its connection is closed
-// at once), closes the connections and the listener and waits for every
+// timeout), and, with heartbeats on, not at all for a peer that has sent
+// nothing for two heartbeat intervals (stopped, cut off or gone: its
+// connection is closed at once), closes the connections and the listener and waits for every
 // goroutine the transport started. Pending calls return an error matching
 // transport.ErrClosed, as do all later ones. Close is idempotent and always
 // returns nil.
@@ -407,10 +407,11 @@ func (t *Transport) monitor() {
 // linger is the monitor while Close waits for the peers to acknowledge its
 // goodbye (their own goodbye and end of stream). A peer that has sent
 // nothing for lingerSilence heartbeat intervals is not waited for: its
-// connection is closed at once. That is safe: a silent peer left nothing
-// unread on this side, so closing sends no reset that could destroy what
-// this rank wrote before (its goodbye, and the layer above's last words,
-// which the kernel still delivers if the peer is alive after all). Without
+// connection is closed at once. That is safe: the reader drains the socket,
+// so a silent peer has left nothing unread on this side, and closing sends
+// a plain end of stream rather than a reset that could destroy what this
+// rank wrote before (its goodbye, and the layer above's last words, which
+// the kernel still delivers if the peer is alive after all). Without
 // this, a survivor that learned of a stopped or cut-off peer from another
 // rank, before its own heartbeat timeout named it, would spend the whole
 // linger (up to 5 s) waiting for that peer in Close. linger returns once
