@@ -37,6 +37,11 @@ const (
 	// failHeartbeat is the heartbeat timeout of the freeze scenario's
 	// transports (the default is far longer).
 	failHeartbeat = 2 * time.Second
+	// In scenario "freeze-late-<rank>" that rank's heartbeat timeout is
+	// lateHeartbeat: it learns of the frozen rank only from the other
+	// survivor's notice, while it still has the frozen rank's link open.
+	lateScenario  = "freeze-late-"
+	lateHeartbeat = 3 * failHeartbeat
 )
 
 func failureReps(t *testing.T) int {
@@ -138,6 +143,48 @@ func TestProcessFailureScenarios(t *testing.T) {
 			}
 		}
 	})
+	t.Run("freeze-learned-late", func(t *testing.T) {
+		// The ring runs 0 -> 1 -> 2 -> 0 and rank 1 freezes. One survivor
+		// (timeout 6 s) learns of it only from the other's notice (timeout
+		// 2 s) and must report it, after its Close, within about one
+		// heartbeat interval of the notifier, not after lingering in
+		// Close for the frozen rank's goodbye (5 s) or after its own
+		// timeout. Late rank 2 waits for rank 1 with its chunk pending on
+		// the link to the notifier; late rank 0 sends its chunks to the
+		// frozen rank (and waits for rank 2's).
+		for _, late := range []int{2, 0} {
+			notifier := 2 - late
+			t.Run(fmt.Sprintf("late=%d", late), func(t *testing.T) {
+				for range reps {
+					var procs []*procjob.Proc
+					res := runScenario(t, lateScenario+strconv.Itoa(late), func(ps []*procjob.Proc) {
+						procs = ps
+						pid := childPID(t, ps[failVictim])
+						require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+						t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+					})
+					for r, x := range res {
+						assert.Equal(t, failVictim, x.culprit, "rank %d: %s", r, x.line)
+						assert.Equal(t, "frozen", x.kind, "rank %d: %s", r, x.line)
+					}
+					failed, closed := map[int]time.Time{}, map[int]time.Time{}
+					for _, r := range []int{notifier, late} {
+						i, err := procs[r].Await(0, 30*time.Second, func(l string) bool { return strings.HasPrefix(l, "timing ") })
+						require.NoError(t, err, "rank %d: %s", r, procs[r].Stderr())
+						var f, c int64
+						_, err = fmt.Sscanf(procs[r].Lines()[i], "timing failed=%d closed=%d", &f, &c)
+						require.NoError(t, err)
+						failed[r], closed[r] = time.Unix(0, f), time.Unix(0, c)
+					}
+					lag := closed[late].Sub(failed[notifier])
+					t.Logf("rank %d failed; rank %d failed %v and finished Close %v later (rank %d's Close took %v)",
+						notifier, late, failed[late].Sub(failed[notifier]).Round(time.Millisecond), lag.Round(time.Millisecond),
+						notifier, closed[notifier].Sub(failed[notifier]).Round(time.Millisecond))
+					assert.Less(t, lag, time.Second, "rank %d reports the failure long after rank %d knew it", late, notifier)
+				}
+			})
+		}
+	})
 	t.Run("desync-close", func(t *testing.T) {
 		for range reps {
 			res := runScenario(t, "desync", func([]*procjob.Proc) {})
@@ -187,7 +234,13 @@ func childFail(scenario string) int {
 	case "stall":
 		return childStall(ctx)
 	case "freeze":
-		g, err = freezeGroup(ctx)
+		g, err = freezeGroup(ctx, failHeartbeat)
+	case lateScenario + "0", lateScenario + "2":
+		hb := failHeartbeat
+		if os.Getenv("RANK") == strings.TrimPrefix(scenario, lateScenario) {
+			hb = lateHeartbeat
+		}
+		g, err = freezeGroup(ctx, hb)
 	default:
 		g, err = InitFromEnv(ctx)
 	}
@@ -225,7 +278,13 @@ func childFail(scenario string) int {
 		if err == nil {
 			continue
 		}
+		failed := time.Now()
 		fmt.Println(resultLine(err))
+		if strings.HasPrefix(scenario, lateScenario) {
+			// What a program reports, it reports after its deferred Close.
+			g.Close()
+			fmt.Printf("timing failed=%d closed=%d\n", failed.UnixNano(), time.Now().UnixNano())
+		}
 		return 0
 	}
 }
@@ -246,13 +305,13 @@ func resultLine(err error) string {
 		peer, culprit, kind, errors.Is(err, ErrDesync), errors.Is(err, ErrPeerClosed), err)
 }
 
-// freezeGroup joins like InitFromEnv, with a short heartbeat timeout.
-func freezeGroup(ctx context.Context) (*ProcessGroup, error) {
+// freezeGroup joins like InitFromEnv, with heartbeat timeout hb.
+func freezeGroup(ctx context.Context, hb time.Duration) (*ProcessGroup, error) {
 	rank, _ := strconv.Atoi(os.Getenv("RANK"))
 	world, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
 	addr := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
 	t, err := tcp.Rendezvous(ctx, rank, world, addr, tcp.WithToken([]byte(os.Getenv(EnvToken))),
-		tcp.WithListenAddr("127.0.0.1:0"), tcp.WithHeartbeat(failHeartbeat/8, failHeartbeat))
+		tcp.WithListenAddr("127.0.0.1:0"), tcp.WithHeartbeat(hb/8, hb))
 	if err != nil {
 		return nil, err
 	}

@@ -29,7 +29,7 @@ func TestSteadyStateNoAlloc(t *testing.T) {
 	defer ts[1].Close()
 	defer ts[0].Close()
 	ctx := context.Background()
-	for _, size := range []int{8, 16 << 10, 1 << 20} {
+	for _, size := range []int{8, 16 << 10, postedMax, 4 << 20} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			p := make([]byte, size)
 			dst := make([]byte, size)
@@ -150,54 +150,56 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-// BenchmarkLargeRecv compares receiving a 4 MiB message with RecvInto
-// (the reader reads the payload from the socket into the caller's buffer
-// when the receive is already posted) and with Recv followed by a copy into
-// the caller's buffer and Release. Sender and receiver run concurrently;
-// one op = one message.
+// BenchmarkLargeRecv compares receiving a large message with RecvInto and
+// with Recv followed by a copy into the caller's buffer and Release, at
+// postedMax (the reader reads the payload from the socket into the
+// caller's buffer when the receive is already posted) and above it (the
+// reader reads into a pooled buffer that RecvInto copies from). Sender and
+// receiver run concurrently; one op = one message.
 func BenchmarkLargeRecv(b *testing.B) {
-	const size = 4 << 20
 	ts := mesh(b, 2)
 	defer ts[1].Close()
 	defer ts[0].Close()
 	ctx := context.Background()
-	p := make([]byte, size)
-	dst := make([]byte, size)
-	for _, mode := range []string{"RecvInto", "Recv+copy"} {
-		b.Run(mode, func(b *testing.B) {
-			n := b.N
-			errc := make(chan error, 1)
-			go func() {
-				for range n {
-					if err := ts[0].Send(ctx, 1, 1, transport.Header{}, p); err != nil {
-						errc <- err
-						return
+	for _, size := range []int{postedMax, 4 << 20} {
+		p := make([]byte, size)
+		dst := make([]byte, size)
+		for _, mode := range []string{"RecvInto", "Recv+copy"} {
+			b.Run(sizeName(size)+"/"+mode, func(b *testing.B) {
+				n := b.N
+				errc := make(chan error, 1)
+				go func() {
+					for range n {
+						if err := ts[0].Send(ctx, 1, 1, transport.Header{}, p); err != nil {
+							errc <- err
+							return
+						}
 					}
-				}
-				errc <- nil
-			}()
-			b.SetBytes(size)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range n {
-				if mode == "RecvInto" {
-					if _, _, err := ts[1].RecvInto(ctx, 0, 1, dst); err != nil {
+					errc <- nil
+				}()
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range n {
+					if mode == "RecvInto" {
+						if _, _, err := ts[1].RecvInto(ctx, 0, 1, dst); err != nil {
+							b.Fatal(err)
+						}
+						continue
+					}
+					m, err := ts[1].Recv(ctx, 0, 1)
+					if err != nil {
 						b.Fatal(err)
 					}
-					continue
+					copy(dst, m.Payload)
+					ts[1].Release(m.Payload)
 				}
-				m, err := ts[1].Recv(ctx, 0, 1)
-				if err != nil {
+				b.StopTimer()
+				if err := <-errc; err != nil {
 					b.Fatal(err)
 				}
-				copy(dst, m.Payload)
-				ts[1].Release(m.Payload)
-			}
-			b.StopTimer()
-			if err := <-errc; err != nil {
-				b.Fatal(err)
-			}
-		})
+			})
+		}
 	}
 }
 

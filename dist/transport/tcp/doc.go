@@ -34,10 +34,11 @@
 //
 // Each link has one reader goroutine that parses frames (the header is
 // checked against the maximum frame size before any payload memory is
-// taken). When a RecvInto is already waiting on the frame's (source, tag)
-// and nothing is queued there, the reader reads the payload from the socket
-// straight into the caller's buffer (a posted receive, as in MPI);
-// otherwise it reads it into a buffer from the transport's pool and queues
+// taken). When a RecvInto is already waiting on the frame's (source, tag),
+// nothing is queued there and the payload is at most 1 MiB, the reader
+// reads the payload from the socket straight into the caller's buffer (a
+// posted receive, as in MPI); otherwise it reads it into a buffer from the
+// transport's pool and queues
 // it in a bounded per-(source, tag) queue, from which Recv hands it out
 // (Release takes it back) and RecvInto copies it. Send writes the header
 // and payload with one write (a copy for small payloads, one writev for

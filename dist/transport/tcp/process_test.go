@@ -215,3 +215,28 @@ func median(ds []time.Duration) time.Duration {
 	}
 	return s[len(s)/2]
 }
+
+// TestCloseSkipsSilentPeer: Close does not wait for the goodbye of a peer
+// that has stopped answering (SIGSTOP) but that its heartbeat timeout has
+// not named yet — as on a rank that learned of the failure from another
+// rank first. It returns at once instead of after the linger (here 4 s),
+// and the live peer still sees a clean goodbye.
+func TestCloseSkipsSilentPeer(t *testing.T) {
+	const world = 3
+	const interval, timeout = 100 * time.Millisecond, 4 * time.Second
+	ts, cmd := childJob(t, world, "freeze", []Option{WithHeartbeat(interval, timeout)}, envChildHB+"="+timeout.String())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	// Long enough to miss lingerSilence heartbeats, far from the timeout.
+	time.Sleep(lingerSilence*interval + 300*time.Millisecond)
+	start := time.Now()
+	require.NoError(t, ts[0].Close())
+	took := time.Since(start)
+	t.Logf("Close %v after SIGSTOP took %v (linger %v)", start.Sub(stopped).Round(time.Millisecond), took.Round(time.Millisecond), min(closeLinger, timeout))
+	assert.Less(t, took, time.Second, "Close must not linger for a silent peer")
+	assert.Less(t, time.Since(stopped), timeout, "the victim was not named by its heartbeat timeout first")
+	_, err := ts[1].Recv(ctx, 0, 9)
+	requirePeer(t, err, 0, transport.ErrPeerClosed)
+}
