@@ -64,6 +64,11 @@ func encodeNotice(a *AbortError) []byte {
 		if !errors.As(a.Err, &de) {
 			de = &DesyncError{Rank: a.Reporter, Peer: a.Rank}
 		}
+		if de.Rank != a.Reporter && de.Peer == a.Reporter {
+			// A relayed notice holds the desync as its other side decoded
+			// it (from there); the wire carries it from the reporter's.
+			de = de.swapped()
+		}
 		b = le.AppendUint32(b, uint32(de.Peer))
 		b = le.AppendUint64(b, de.PeerSeq)
 		b = le.AppendUint64(b, descFingerprint(de.Local))
@@ -140,14 +145,11 @@ func decodeNotice(self, world, from int, b []byte) (*AbortError, error) {
 			Local: describe(r.u64()), Remote: describe(r.u64())}
 		de.LocalSite = r.str(int(r.u16()))
 		de.RemoteSite = r.str(int(r.u16()))
-		if r.bad || de.Peer < 0 || de.Peer >= world {
+		if r.bad || de.Peer < 0 || de.Peer >= world || de.Peer == de.Rank {
 			return bad("desync fields")
 		}
 		if de.Peer == self { // we are the other side: report it from here
-			de.Rank, de.Peer = de.Peer, de.Rank
-			de.Seq, de.PeerSeq = de.PeerSeq, de.Seq
-			de.Local, de.Remote = de.Remote, de.Local
-			de.LocalSite, de.RemoteSite = de.RemoteSite, de.LocalSite
+			de = de.swapped()
 		}
 		a.Err = de
 	}
@@ -155,4 +157,10 @@ func decodeNotice(self, world, from int, b []byte) (*AbortError, error) {
 		return bad("trailing bytes")
 	}
 	return a, nil
+}
+
+// swapped returns e as its other side sees it.
+func (e *DesyncError) swapped() *DesyncError {
+	return &DesyncError{Rank: e.Peer, Peer: e.Rank, Seq: e.PeerSeq, PeerSeq: e.Seq,
+		Local: e.Remote, Remote: e.Local, LocalSite: e.RemoteSite, RemoteSite: e.LocalSite}
 }
