@@ -67,6 +67,8 @@ type config struct {
 	QueueMiB      int
 	Sizes         []int
 	Shm           bool
+	ShmRing       int // 0: the shm default
+	ShmSingleCopy int // -1: the shm default
 }
 
 var (
@@ -104,6 +106,8 @@ func parseFlags(args []string, stderr io.Writer) error {
 	})
 	fs.IntVar(&cfg.QueueMiB, "queue-mib", 0, "gdist receive queue limit per peer in MiB (0: the transport's default)")
 	fs.BoolVar(&cfg.Shm, "shm", shmSupported, "also measure the shared-memory transport (dist/transport/shm) against TCP")
+	fs.IntVar(&cfg.ShmRing, "shm-ring", 0, "shm ring size per direction in bytes, a power of two (0: the transport's default)")
+	fs.IntVar(&cfg.ShmSingleCopy, "shm-single-copy", -1, "shm single-copy threshold in bytes, 0 disables it (-1: the transport's default)")
 	fs.IntVar(&cfg.SockBuf, "sockbuf", 0, "kernel socket buffer size for both raw and gdist connections (0: kernel default)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err

@@ -53,7 +53,14 @@ func (b *bench) setupShm(ctx context.Context, master string) error {
 	name := "@gdist-" + hex.EncodeToString(sum[:12])
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	tr, err := shm.Rendezvous(sctx, b.rank, 2, name, shm.WithToken([]byte(tok)))
+	opts := []shm.Option{shm.WithToken([]byte(tok))}
+	if cfg.ShmRing > 0 {
+		opts = append(opts, shm.WithRingSize(cfg.ShmRing))
+	}
+	if cfg.ShmSingleCopy >= 0 {
+		opts = append(opts, shm.WithSingleCopy(cfg.ShmSingleCopy))
+	}
+	tr, err := shm.Rendezvous(sctx, b.rank, 2, name, opts...)
 	if err != nil {
 		return err
 	}

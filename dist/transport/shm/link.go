@@ -72,6 +72,8 @@ type peer struct {
 	remoteOK     bool // we can read the peer's memory, and told it so
 	liov         [1]unix.Iovec
 	riov         [1]unix.RemoteIovec
+	scratch      []byte // combineRemote's buffer
+	elem         []byte // combineFrom's buffer for an element split by the ring's end
 
 	// send credit
 	cmu           sync.Mutex
@@ -253,8 +255,9 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	}
 	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h}
 	rh.Put(p.hdr[:])
+	pad := ring.Pad(uint64(len(b)))
 	size := p.outR.Size()
-	want := min(uint64(ring.HeaderSize+len(b)), size)
+	want := min(uint64(ring.HeaderSize+len(b))+pad, size)
 	space, err := p.waitSpace(want)
 	if err != nil {
 		return err
@@ -266,12 +269,22 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 		p.out.Write(b[:k])
 		b = b[k:]
 		space -= k
-		if len(b) == 0 || space == 0 || k == p.chunk {
+		if len(b) == 0 {
+			if space < pad {
+				p.out.Publish()
+				p.peerBell.Ring()
+				if _, err = p.waitSpace(pad); err != nil {
+					return err
+				}
+			}
+			p.out.Write(zeroPad[:pad])
 			p.out.Publish()
 			p.peerBell.Ring()
-		}
-		if len(b) == 0 {
 			return nil
+		}
+		if space == 0 || k == p.chunk {
+			p.out.Publish()
+			p.peerBell.Ring()
 		}
 		if space == 0 {
 			if space, err = p.waitSpace(min(uint64(len(b)), p.chunk)); err != nil {
@@ -280,6 +293,9 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 		}
 	}
 }
+
+// zeroPad is the padding after a payload (ring.Align).
+var zeroPad [ring.Align]byte
 
 // sendRemote writes a remote record for b and waits until the peer has
 // read b from this process's memory. Called with wmu held.
@@ -610,10 +626,16 @@ func (p *peer) readLoop() {
 		}
 		if post := t.box.Claim(p.rank, h.Tag); post != nil {
 			n := int(h.Len)
-			if n > len(post.Dst) {
+			switch {
+			case !fits(post, n):
 				err = p.skip(h.Len)
-			} else {
+			case post.Combine != nil:
+				err = p.combineFrom(post.Dst[:n], post.Unit, post.Combine)
+			default:
 				err = p.readInto(post.Dst[:n])
+			}
+			if err == nil {
+				err = p.skip(ring.Pad(h.Len))
 			}
 			if err != nil {
 				p.readEnded(err, post, false)
@@ -628,7 +650,11 @@ func (p *peer) readLoop() {
 			continue
 		}
 		buf := bufpool.Default.Get(int(h.Len))
-		if err := p.readInto(buf); err != nil {
+		err = p.readInto(buf)
+		if err == nil {
+			err = p.skip(ring.Pad(h.Len))
+		}
+		if err != nil {
 			bufpool.Default.Put(buf)
 			p.readEnded(err, nil, false)
 			return
@@ -640,6 +666,72 @@ func (p *peer) readLoop() {
 			runtime.Gosched()
 		}
 	}
+}
+
+// fits reports whether an n-byte message is delivered into post's buffer:
+// it fits, and a combining receive takes exactly its length.
+func fits(post *mailbox.Post[transport.Message], n int) bool {
+	return n <= len(post.Dst) && (post.Combine == nil || n == len(post.Dst))
+}
+
+// combineFrom merges the next len(dst) bytes of the inbound ring into dst
+// with combine, in place in the ring, piece by piece as they arrive; every
+// piece is a whole number of unit-byte elements.
+func (p *peer) combineFrom(dst []byte, unit int, combine func(dst, src []byte)) error {
+	u := uint64(unit)
+	for len(dst) > 0 {
+		a, err := p.wait(u)
+		if err != nil {
+			return err
+		}
+		piece := p.in.Peek(min(a, uint64(len(dst)), p.chunk))
+		k := uint64(len(piece)) / u * u
+		if k == 0 { // an element straddles the end of the ring
+			e := p.elemBuf(unit)
+			p.in.Read(e)
+			combine(dst[:unit], e)
+			k = u
+		} else {
+			combine(dst[:k], piece[:k])
+			p.in.Skip(k)
+		}
+		dst = dst[k:]
+		p.release()
+	}
+	return nil
+}
+
+// elemBuf returns a reader-owned buffer of n bytes.
+func (p *peer) elemBuf(n int) []byte {
+	if cap(p.elem) < n {
+		p.elem = make([]byte, n)
+	}
+	return p.elem[:n]
+}
+
+// remotePiece is how much of a remote record a combining receive reads at
+// a time, into a reader-owned buffer that stays in cache, before combining
+// it.
+const remotePiece = 128 << 10
+
+// combineRemote merges len(dst) bytes at addr in the peer's memory into dst
+// with combine, a piece at a time.
+func (p *peer) combineRemote(dst []byte, addr uint64, unit int, combine func(dst, src []byte)) error {
+	step := max(remotePiece/unit, 1) * unit
+	if cap(p.scratch) < step {
+		p.scratch = make([]byte, step)
+	}
+	for len(dst) > 0 {
+		k := min(step, len(dst))
+		s := p.scratch[:k]
+		if err := p.readRemote(s, addr); err != nil {
+			return err
+		}
+		combine(dst[:k], s)
+		dst = dst[k:]
+		addr += uint64(k)
+	}
+	return nil
 }
 
 // probeRemote tries to read the peer's probe word from its memory and, if
@@ -700,11 +792,21 @@ func (p *peer) readRemoteRecord(h ring.Header) bool {
 	n := int(h.Len)
 	m := transport.Message{Header: h.Meta}
 	if post := t.box.Claim(p.rank, h.Tag); post != nil {
-		if n > len(post.Dst) {
+		if !fits(post, n) {
 			p.ack()
-			t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+			if n > len(post.Dst) {
+				t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+			} else {
+				t.box.Complete(post, m, n, nil)
+			}
 		} else {
-			if err := p.readRemote(post.Dst[:n], addr); err != nil {
+			var err error
+			if post.Combine != nil {
+				err = p.combineRemote(post.Dst[:n], addr, post.Unit, post.Combine)
+			} else {
+				err = p.readRemote(post.Dst[:n], addr)
+			}
+			if err != nil {
 				p.readEnded(err, post, false)
 				return false
 			}
