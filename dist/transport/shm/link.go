@@ -676,25 +676,33 @@ func fits(post *mailbox.Post[transport.Message], n int) bool {
 
 // combineFrom merges the next len(dst) bytes of the inbound ring into dst
 // with combine, in place in the ring, piece by piece as they arrive; every
-// piece is a whole number of unit-byte elements.
+// piece is a whole number of unit-byte elements. An element split by the
+// end of the ring or by what the producer has published so far is
+// gathered in a buffer first: the reader always takes everything
+// available, as the producer may wait for the whole ring to drain.
 func (p *peer) combineFrom(dst []byte, unit int, combine func(dst, src []byte)) error {
 	u := uint64(unit)
+	e := p.elemBuf(unit)
+	have := 0 // bytes of a split element in e
 	for len(dst) > 0 {
-		a, err := p.wait(u)
+		a, err := p.wait(1)
 		if err != nil {
 			return err
 		}
-		piece := p.in.Peek(min(a, uint64(len(dst)), p.chunk))
-		k := uint64(len(piece)) / u * u
-		if k == 0 { // an element straddles the end of the ring
-			e := p.elemBuf(unit)
-			p.in.Read(e)
-			combine(dst[:unit], e)
-			k = u
-		} else {
-			combine(dst[:k], piece[:k])
-			p.in.Skip(k)
+		piece := p.in.Peek(min(a, uint64(len(dst)-have), p.chunk))
+		if have > 0 || uint64(len(piece)) < u {
+			k := min(unit-have, int(a))
+			p.in.Read(e[have : have+k])
+			p.release()
+			if have += k; have == unit {
+				combine(dst[:unit], e)
+				dst, have = dst[unit:], 0
+			}
+			continue
 		}
+		k := uint64(len(piece)) / u * u
+		combine(dst[:k], piece[:k])
+		p.in.Skip(k)
 		dst = dst[k:]
 		p.release()
 	}
