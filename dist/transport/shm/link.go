@@ -624,7 +624,7 @@ func (p *peer) readLoop() {
 			}
 			continue
 		}
-		if post := t.box.Claim(p.rank, h.Tag); post != nil {
+		if post := p.claim(h); post != nil {
 			n := int(h.Len)
 			switch {
 			case !fits(post, n):
@@ -647,6 +647,12 @@ func (p *peer) readLoop() {
 				t.box.Complete(post, m, n, nil)
 			}
 			p.consumed(n)
+			if n >= yieldMin {
+				// Let the receiver run before the next record: it may
+				// post the receive that record is for (a pipelined
+				// collective's next segment), which saves a copy.
+				runtime.Gosched()
+			}
 			continue
 		}
 		buf := bufpool.Default.Get(int(h.Len))
@@ -666,6 +672,18 @@ func (p *peer) readLoop() {
 			runtime.Gosched()
 		}
 	}
+}
+
+// claim returns the receive posted for the record h, if any. For a large
+// record it lets the application's goroutines run once before giving up:
+// one may be about to post it (with few Ps, the reader can get the CPU
+// between a receiver waking and its next receive).
+func (p *peer) claim(h ring.Header) *mailbox.Post[transport.Message] {
+	if post := p.t.box.Claim(p.rank, h.Tag); post != nil || h.Len < yieldMin {
+		return post
+	}
+	runtime.Gosched()
+	return p.t.box.Claim(p.rank, h.Tag)
 }
 
 // fits reports whether an n-byte message is delivered into post's buffer:
@@ -799,7 +817,7 @@ func (p *peer) readRemoteRecord(h ring.Header) bool {
 	addr := binary.LittleEndian.Uint64(d[:])
 	n := int(h.Len)
 	m := transport.Message{Header: h.Meta}
-	if post := t.box.Claim(p.rank, h.Tag); post != nil {
+	if post := p.claim(h); post != nil {
 		if !fits(post, n) {
 			p.ack()
 			if n > len(post.Dst) {
