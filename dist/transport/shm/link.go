@@ -186,14 +186,18 @@ func (p *peer) spinning(i int, start time.Time) bool {
 // spinner adapts how long a waiter polls before it also yields the CPU
 // to the kernel. When the peer runs on another CPU its reply comes while
 // we poll, and yielding would only cost latency (or hand the CPU to an
-// unrelated process). When the two processes share a CPU the reply comes
-// only after we yield, and polling longer merely delays it: the budget
-// halves down to zero. Every probeEvery waits it is reset to the maximum,
-// to notice that the processes moved apart again.
+// unrelated process, for a whole time slice on a loaded machine). When
+// the two processes share a CPU the reply comes only after we yield, and
+// polling longer merely delays it. The sign of that is a reply found
+// right after the first yield: then the budget halves, down to zero. A
+// reply that takes several yields says nothing (the peer was busy, or
+// descheduled by other load) and leaves the budget alone; one that comes
+// while polling doubles it, up to maxPoll. Every probeEvery waits it is
+// reset to the maximum, to notice that the processes moved apart again.
 type spinner struct {
-	budget  time.Duration // poll this long before yielding
-	yielded bool          // the current wait yielded
-	waits   uint32
+	budget time.Duration // poll this long before yielding
+	yields int           // sched_yield calls in the current wait
+	waits  uint32
 }
 
 const (
@@ -206,7 +210,7 @@ func (s *spinner) pause(start time.Time) {
 	runtime.Gosched() // let this process's other goroutines run
 	if time.Since(start) >= s.budget {
 		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-		s.yielded = true
+		s.yields++
 	}
 }
 
@@ -216,15 +220,15 @@ func (s *spinner) done(served bool) {
 	switch {
 	case s.waits%probeEvery == 0:
 		s.budget = maxPoll
-	case !served || s.yielded:
+	case served && s.yields == 1:
 		s.budget /= 2
 		if s.budget < time.Microsecond {
 			s.budget = 0
 		}
-	default:
+	case served && s.yields == 0:
 		s.budget = min(2*s.budget+time.Microsecond, maxPoll)
 	}
-	s.yielded = false
+	s.yields = 0
 }
 
 // ---- send side ----
