@@ -60,12 +60,6 @@ func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
 // *DesyncError; one of another length a protocol error.
 func (g *ProcessGroup) recvInto(ctx context.Context, from int, dst []byte) error {
 	h, n, err := g.t.RecvInto(ctx, from, tagColl, dst)
-	return g.checkRecv(from, h, n, len(dst), err)
-}
-
-// checkRecv checks the result of receiving a collective message of n bytes
-// with header h where want bytes were expected.
-func (g *ProcessGroup) checkRecv(from int, h transport.Header, n, want int, err error) error {
 	if err == nil {
 		g.obs.met.Received(from, n)
 	}
@@ -76,24 +70,12 @@ func (g *ProcessGroup) checkRecv(from int, h transport.Header, n, want int, err 
 	if wire != g.cur.wire || fp != g.cur.fp {
 		return g.desync(from, wire, fp)
 	}
-	if err != nil || n != want {
+	if err != nil || n != len(dst) {
 		return &PeerError{Rank: from, Op: g.cur.kind.String(),
-			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, want)}
+			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, len(dst))}
 	}
 	return nil
 }
-
-// combiners holds reducer.into of every (dtype, op) as a transport.Combine,
-// made once so that passing one to RecvReduce does not allocate.
-var combiners = func() (c [F64 + 1][Prod + 1]transport.Combine) {
-	for dt := range c {
-		for op := range c[dt] {
-			r := reducer{dt: DType(dt), op: ReduceOp(op)}
-			c[dt][op] = r.into
-		}
-	}
-	return c
-}()
 
 // recvMsg receives one collective message of exactly n bytes from rank
 // `from` and returns its payload, which the caller owns and hands back with
@@ -156,7 +138,7 @@ func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode
 	if rr, ok := g.t.(transport.ReduceReceiver); ok && int(red.dt) < len(combiners) && int(red.op) < len(combiners[0]) {
 		// Combined where the message lies (shared memory): no copy at all.
 		h, n, err := rr.RecvReduce(ctx, from, tagColl, dst, red.dt.Size(), combiners[red.dt][red.op])
-		return g.checkRecv(from, h, n, len(dst), err)
+		return g.checkReduced(from, h, n, len(dst), err)
 	}
 	p, err := g.recvMsg(ctx, from, len(dst))
 	if err != nil {
@@ -166,6 +148,38 @@ func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode
 	g.t.Release(p)
 	return nil
 }
+
+// checkReduced checks the result of RecvReduce as recvInto checks that of
+// RecvInto: n bytes with header h where want were expected.
+func (g *ProcessGroup) checkReduced(from int, h transport.Header, n, want int, err error) error {
+	if err == nil {
+		g.obs.met.Received(from, n)
+	}
+	wire, fp := parseHeader(h)
+	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
+		return err
+	}
+	if wire != g.cur.wire || fp != g.cur.fp {
+		return g.desync(from, wire, fp)
+	}
+	if err != nil || n != want {
+		return &PeerError{Rank: from, Op: g.cur.kind.String(),
+			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, want)}
+	}
+	return nil
+}
+
+// combiners holds reducer.into of every (dtype, op) as a transport.Combine,
+// made once so that passing one to RecvReduce does not allocate.
+var combiners = func() (c [F64 + 1][Prod + 1]transport.Combine) {
+	for dt := range c {
+		for op := range c[dt] {
+			r := reducer{dt: DType(dt), op: ReduceOp(op)}
+			c[dt][op] = r.into
+		}
+	}
+	return c
+}()
 
 // exchange sends snd to `to` while receiving rcv from `from`, segment by
 // segment, storing what arrives according to mode. With ann, it receives the
