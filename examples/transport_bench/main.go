@@ -159,10 +159,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 type bench struct {
-	rank int
-	tr   *tcp.Transport
-	raw  *rawtcp.Conn
-	shm  shmTransport // nil unless cfg.Shm
+	tcpPG *dist.ProcessGroup // the group over tr, once allReduce made it
+	rank  int
+	tr    *tcp.Transport
+	raw   *rawtcp.Conn
+	shm   shmTransport // nil unless cfg.Shm
 }
 
 // runRank is one rank of the benchmark; rank 0 writes the report to stdout.
@@ -221,7 +222,11 @@ func runRank(ctx context.Context, stdout io.Writer) error {
 		}
 	}
 	if !cfg.NoAllReduce {
-		if err := b.allReduce(ctx, res); err != nil {
+		err := b.allReduce(ctx, res)
+		if b.tcpPG != nil {
+			defer b.tcpPG.Close()
+		}
+		if err != nil {
 			return err
 		}
 		if cfg.Shm {
@@ -461,7 +466,7 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	b.tcpPG = pg // closed by runRank, after the shm section used it too
 	// Each round measures a raw ping-pong right before the all-reduces, so
 	// the paired ratio compares them under the same machine conditions.
 	for _, count := range []int{4096, 32768} {
