@@ -69,6 +69,7 @@ type config struct {
 	Shm           bool
 	ShmRing       int // 0: the shm default
 	ShmSingleCopy int // -1: the shm default
+	Pin           bool
 }
 
 var (
@@ -108,6 +109,7 @@ func parseFlags(args []string, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Shm, "shm", shmSupported, "also measure the shared-memory transport (dist/transport/shm) against TCP")
 	fs.IntVar(&cfg.ShmRing, "shm-ring", 0, "shm ring size per direction in bytes, a power of two (0: the transport's default)")
 	fs.IntVar(&cfg.ShmSingleCopy, "shm-single-copy", -1, "shm single-copy threshold in bytes, 0 disables it (-1: the transport's default)")
+	fs.BoolVar(&cfg.Pin, "pin", false, "bind rank r to CPU r mod the CPUs available (Linux), so that the two ranks never share one")
 	fs.IntVar(&cfg.SockBuf, "sockbuf", 0, "kernel socket buffer size for both raw and gdist connections (0: kernel default)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err
@@ -196,6 +198,11 @@ func runRank(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	runtime.GOMAXPROCS(cfg.Procs)
+	if cfg.Pin {
+		if err := pinRank(rank); err != nil {
+			return err
+		}
+	}
 	if cpuprofile != "" {
 		f, err := os.Create(fmt.Sprintf("%s.rank%d", cpuprofile, rank))
 		if err != nil {
