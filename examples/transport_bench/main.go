@@ -13,18 +13,24 @@
 //     (dist/transport/shm) between the same processes: ping-pong and
 //     streams paired round by round with gdist TCP (and raw TCP), the CPU
 //     use of an idle rank blocked in a receive over each, and the dist
-//     all-reduce over shm against the TCP one.
+//     16 MiB all-reduce over shm against the TCP one, back to back in every
+//     round (-shm-ring and -shm-single-copy set the shm transport's ring
+//     size and single-copy threshold).
 //
 // Run alone, it starts both ranks itself (re-executed twice through
 // internal/launch, with a fresh job token) and prints rank 0's report; the
 // ranks meet over loopback. Under a launcher (RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT,
 // GDIST_TOKEN set, as gdistrun does) it uses those instead. Each rank runs
-// with GOMAXPROCS=1 unless -gomaxprocs says otherwise.
+// with GOMAXPROCS=1 unless -gomaxprocs says otherwise; with -pin (Linux)
+// rank r is bound to CPU r, so that the two ranks never share a CPU (on a
+// loaded machine the kernel sometimes puts both on one, which shows as a
+// run of much slower shm ping-pongs).
 //
 // # Usage
 //
 //	go run ./examples/transport_bench
 //	go run ./examples/transport_bench -rounds 5 -pingpong-iters 50000
+//	go run ./examples/transport_bench -pin
 //	gdistrun -n 2 -- go run ./examples/transport_bench
 package main
 
