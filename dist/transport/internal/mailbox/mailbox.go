@@ -54,7 +54,8 @@ type Post[M any] struct {
 	Dst []byte
 	// Combine, if not nil, asks the producer to merge the message into Dst
 	// with it instead of copying, on pieces whose lengths are multiples of
-	// Unit (GetReduce).
+	// Unit (GetReduce); only a message of exactly len(Dst) bytes is merged.
+	// A producer that claims posts made by GetReduce must honour it.
 	Combine func(dst, src []byte)
 	Unit    int
 
