@@ -168,6 +168,11 @@ func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode
 	if mode != modeReduce {
 		return g.recvInto(ctx, from, dst)
 	}
+	if rr, ok := g.t.(transport.ReduceReceiver); ok && int(red.dt) < len(combiners) && int(red.op) < len(combiners[0]) {
+		// Combined where the message lies (shared memory): no copy at all.
+		h, n, err := rr.RecvReduce(ctx, from, tagColl, dst, red.dt.Size(), combiners[red.dt][red.op])
+		return g.checkReduced(from, h, n, len(dst), err)
+	}
 	p, err := g.recvMsg(ctx, from, len(dst))
 	if err != nil {
 		return err
@@ -176,6 +181,38 @@ func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode
 	g.t.Release(p)
 	return nil
 }
+
+// checkReduced checks the result of RecvReduce as recvInto checks that of
+// RecvInto: n bytes with header h where want were expected.
+func (g *ProcessGroup) checkReduced(from int, h transport.Header, n, want int, err error) error {
+	if err == nil {
+		g.obs.met.Received(from, n)
+	}
+	wire, fp := parseHeader(h)
+	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
+		return err
+	}
+	if wire != g.cur.wire || fp != g.cur.fp {
+		return g.desync(from, wire, fp)
+	}
+	if err != nil || n != want {
+		return &PeerError{Rank: from, Op: g.cur.kind.String(),
+			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, want)}
+	}
+	return nil
+}
+
+// combiners holds reducer.into of every (dtype, op) as a transport.Combine,
+// made once so that passing one to RecvReduce does not allocate.
+var combiners = func() (c [F64 + 1][Prod + 1]transport.Combine) {
+	for dt := range c {
+		for op := range c[dt] {
+			r := reducer{dt: DType(dt), op: ReduceOp(op)}
+			c[dt][op] = r.into
+		}
+	}
+	return c
+}()
 
 // exchange sends snd to member `to` of c while receiving rcv from member
 // `from`, segment by segment, storing what arrives according to mode. With

@@ -1,8 +1,8 @@
 // Command collectives measures gdist's collectives in the format of
 // nccl-tests: ranks run as separate OS processes (this program re-executes
 // itself, one process per rank, GOMAXPROCS=1 each) connected by the TCP
-// transport over loopback, and sweep message sizes for all_reduce,
-// all_gather, reduce_scatter and broadcast.
+// transport over loopback (or shared memory, -transport), and sweep message
+// sizes for all_reduce, all_gather, reduce_scatter and broadcast.
 //
 // For every size it prints size(B), count, type, redop, root, time(us) (the
 // mean time per call of the slowest rank), algbw(GB/s) = size/time,
@@ -20,13 +20,19 @@
 //
 //	go run ./bench/collectives -np 2,3,4 -b 8 -e 64M -f 2 -n 20
 //	go run ./bench/collectives -ops all_reduce -np 4 -b 1K -e 1M -small 0   # force the ring
+//	go run ./bench/collectives -ops all_reduce -np 2 -b 16M -e 16M -transport tcp,shm
 //
 // Flags: -b and -e are the smallest and largest sizes in bytes (suffixes K,
 // M, G), -f the factor between sizes, -n the timed iterations per size (-w
 // warm-up iterations), -ops a comma-separated list of collectives, -np a
 // comma-separated list of world sizes, -small the all-reduce small-message
 // threshold (-1 keeps dist.DefaultSmallThreshold), -check=false skips the
-// #wrong check.
+// #wrong check. -transport is a comma-separated list of tcp (the TCP
+// transport), shm (dist/transport/shm, the ranks' shared-memory transport;
+// Linux) and auto (dist.InitFromEnv with GDIST_TRANSPORT=auto): one job per
+// world size and transport, the transports of a world size back to back, so
+// that their tables compare within one run. Each table's header names the
+// transport that ran (its Go type).
 package main
 
 import (
@@ -51,6 +57,9 @@ import (
 // childEnv marks a process started by the launcher as one rank.
 const childEnv = "GDIST_BENCH_COLLECTIVES_CHILD"
 
+// transportEnv tells a rank which transport of -transport its job uses.
+const transportEnv = "GDIST_BENCH_COLLECTIVES_TRANSPORT"
+
 type options struct {
 	minBytes, maxBytes int64
 	factor             int
@@ -59,9 +68,15 @@ type options struct {
 	nps                []int
 	small              int
 	check              bool
+	transports         []string
 }
 
 var validOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+
+// validTransports are the values of -transport: TCP over loopback, shared
+// memory (dist/transport/shm), or whatever dist.InitFromEnv picks with
+// GDIST_TRANSPORT=auto.
+var validTransports = []string{"tcp", "shm", "auto"}
 
 // errUsage reports bad command-line arguments (already printed).
 var errUsage = errors.New("collectives: usage")
@@ -96,6 +111,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	nps := fs.String("np", "2,3,4", "world sizes to run, comma-separated")
 	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes (-1: the default)")
 	fs.BoolVar(&o.check, "check", true, "check results against the reference (#wrong)")
+	trs := fs.String("transport", "tcp", "transports to run, comma-separated, one job each per world size: tcp, shm (shared memory, Linux) or auto (dist.InitFromEnv with GDIST_TRANSPORT=auto)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return o, err
 	}
@@ -120,6 +136,12 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 			return bad("unknown collective %q (want some of %s)", op, strings.Join(validOps, ","))
 		}
 		o.ops = append(o.ops, op)
+	}
+	for _, tr := range strings.Split(*trs, ",") {
+		if !slices.Contains(validTransports, tr) {
+			return bad("unknown transport %q (want some of %s)", tr, strings.Join(validTransports, ","))
+		}
+		o.transports = append(o.transports, tr)
 	}
 	for _, s := range strings.Split(*nps, ",") {
 		n, err := strconv.Atoi(s)
@@ -148,11 +170,14 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// launchAll runs one job per world size in opts.nps.
+// launchAll runs one job per world size in opts.nps and transport in
+// opts.transports, the transports of one world size back to back.
 func launchAll(ctx context.Context, opts options, args []string, stdout, stderr io.Writer) error {
 	for _, np := range opts.nps {
-		if err := launchJob(ctx, np, args, stdout, stderr); err != nil {
-			return fmt.Errorf("np=%d: %w", np, err)
+		for _, tr := range opts.transports {
+			if err := launchJob(ctx, np, tr, args, stdout, stderr); err != nil {
+				return fmt.Errorf("np=%d, transport %s: %w", np, tr, err)
+			}
 		}
 	}
 	return nil
@@ -161,13 +186,13 @@ func launchAll(ctx context.Context, opts options, args []string, stdout, stderr 
 // launchJob starts np copies of this program as the ranks of one job
 // (GOMAXPROCS=1 each, a fresh token and master port) and relays rank 0's
 // output and every rank's stderr, prefixed by rank.
-func launchJob(ctx context.Context, np int, args []string, stdout, stderr io.Writer) error {
+func launchJob(ctx context.Context, np int, tr string, args []string, stdout, stderr io.Writer) error {
 	errs := launch.Synced(stderr)
 	out := launch.Synced(stdout)
 	r, err := launch.Start(ctx, launch.Job{
 		Spec:  launch.Spec{NProc: np},
 		Args:  args,
-		Env:   []string{childEnv + "=1"},
+		Env:   []string{childEnv + "=1", transportEnv + "=" + tr},
 		Procs: 1,
 		Output: func(rank int) (io.Writer, io.Writer) {
 			e := launch.NewPrefixWriter(errs, fmt.Sprintf("[%d] ", rank))
@@ -183,14 +208,46 @@ func launchJob(ctx context.Context, np int, args []string, stdout, stderr io.Wri
 	return r.Wait()
 }
 
+// join makes this rank's group over the transport tr (see
+// validTransports).
+func join(ctx context.Context, tr string, gopts []dist.Option) (*dist.ProcessGroup, error) {
+	if tr != "shm" {
+		// tcp: InitFromEnv's TCP transport, whatever its default; auto:
+		// what it picks for ranks on one host.
+		if err := os.Setenv("GDIST_TRANSPORT", tr); err != nil {
+			return nil, err
+		}
+		return dist.InitFromEnv(ctx, gopts...)
+	}
+	rank, err1 := strconv.Atoi(os.Getenv(launch.EnvRank))
+	world, err2 := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("RANK and WORLD_SIZE: %w", err)
+	}
+	t, err := shmRendezvous(ctx, rank, world)
+	if err != nil {
+		return nil, fmt.Errorf("shm: %w", err)
+	}
+	g, err := dist.New(t, gopts...)
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
 // runRank is one rank's side of the benchmark.
 func runRank(ctx context.Context, o options, out io.Writer) error {
 	var gopts []dist.Option
 	if o.small >= 0 {
 		gopts = append(gopts, dist.WithSmallThreshold(o.small))
 	}
+	tr := os.Getenv(transportEnv)
+	if tr == "" {
+		tr = o.transports[0]
+	}
 	ictx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	g, err := dist.InitFromEnv(ictx, gopts...)
+	g, err := join(ictx, tr, gopts)
 	cancel()
 	if err != nil {
 		return err
@@ -203,7 +260,7 @@ func runRank(ctx context.Context, o options, out io.Writer) error {
 		return fmt.Errorf("raw TCP baseline: %w", err)
 	}
 	if g.Rank() == 0 {
-		fmt.Fprintf(out, "# gdist collectives: np=%d, TCP over loopback, one OS process per rank, GOMAXPROCS=1, float32, in place\n", n)
+		fmt.Fprintf(out, "# gdist collectives: np=%d, transport %s (%T), one OS process per rank, GOMAXPROCS=1, float32, in place\n", n, tr, g.Transport())
 		if n > 1 {
 			fmt.Fprintf(out, "# raw TCP baseline (ranks 0 <-> 1, same processes): one-way latency %.1f us, streaming %.2f GB/s, 2-rank ring exchange of %d MiB %.1f ms\n",
 				raw.LatencyUs, raw.StreamGBps, raw.ExchangeBytes>>20, raw.ExchangeMs)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,4 +102,33 @@ func TestParseFlags(t *testing.T) {
 		_, err := parseFlags(fs, bad)
 		assert.ErrorIs(t, err, errUsage, "%v", bad)
 	}
+}
+
+// TestTransports: -transport runs one job per transport, each table
+// naming the transport that ran, with nothing wrong; an unknown one is a
+// usage error.
+func TestTransports(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the shared-memory transport needs Linux")
+	}
+	args := []string{"-np", "2", "-transport", "tcp,shm", "-ops", "all_reduce,reduce_scatter", "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1"}
+	var out, errb bytes.Buffer
+	require.NoError(t, run(context.Background(), args, &out, &errb), "stderr:\n%s", errb.String())
+	t.Log("\n" + out.String())
+	s := out.String()
+	assert.Contains(t, s, "transport tcp (*tcp.Transport)")
+	assert.Contains(t, s, "transport shm (*shm.Transport)")
+	assert.Less(t, strings.Index(s, "transport tcp"), strings.Index(s, "transport shm"))
+	rows := 0
+	for _, l := range strings.Split(s, "\n") {
+		if f := strings.Fields(l); len(f) == 11 && !strings.HasPrefix(l, "#") {
+			rows++
+			assert.Equal(t, "0", f[8], "#wrong: %s", l)
+		}
+	}
+	assert.Equal(t, 2*2*4, rows, "2 transports x 2 collectives x 4 sizes")
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	_, err := parseFlags(fs, []string{"-transport", "udp"})
+	assert.ErrorIs(t, err, errUsage)
 }

@@ -1,5 +1,5 @@
 // Command ddp benchmarks gdist's DistributedDataParallel wrapper with ranks
-// as separate OS processes over loopback TCP.
+// as separate OS processes over loopback TCP (or shared memory, -transport).
 //
 // It re-executes itself once per rank (the job travels in the
 // GDIST_BENCH_JOB environment variable, with the torchrun-style RANK,
@@ -20,6 +20,12 @@
 // latency, one-way streaming rate, and the time of the exchange a 2-rank ring
 // all-reduce of the gradients performs (two rounds of half the bytes each
 // way), against which the DDP's all-reduce time is given as a ratio.
+// -transport picks the transport of the 2-rank runs, a comma-separated list
+// of tcp (the default), shm (dist/transport/shm, shared memory; Linux) and
+// auto (dist.InitFromEnv with GDIST_TRANSPORT=auto): each is one more
+// configuration, interleaved with the others in every repetition, with its
+// own efficiency lines naming the transport that ran (its Go type; also in
+// each rank's JSON result), so TCP and shared memory compare within a run.
 //
 // Part (b), overlap: a deep model (-layers layers of -width x -width, one
 // layer per bucket, batch 128 per rank) on a slow link, simulated by a
@@ -41,6 +47,7 @@
 //
 //	go run ./bench/ddp                      # both parts
 //	go run ./bench/ddp -part scaling -steps 400 -reps 5
+//	go run ./bench/ddp -part scaling -reps 5 -transport tcp,shm
 //	go run ./bench/ddp -part overlap -link 200 -overlap-steps 20
 //	go run ./bench/ddp -cpuprofile /tmp/prof # pprof files per rank and run
 //

@@ -41,6 +41,7 @@ type job struct {
 	SocketBuffer   int     `json:"socket_buffer"`    // tcp.WithSocketBuffer; 0: kernel auto-tuning
 	Trace          string  `json:"trace"`            // write an execution trace of the timed steps here
 	Small          *int    `json:"small,omitempty"`  // dist.WithSmallThreshold; nil: the default
+	Transport      string  `json:"transport"`        // tcp (or ""), shm or auto: see validTransports
 }
 
 // outcome is what one rank measured.
@@ -59,6 +60,8 @@ type outcome struct {
 	Bytes   int64           `json:"bytes"` // all-reduced bytes per step
 	Params  int             `json:"params"`
 	Raw     *rawtcp.Figures `json:"raw,omitempty"`
+	// Transport is the Go type of the transport the group ran over.
+	Transport string `json:"transport"`
 }
 
 // perStep returns a per-step mean in milliseconds.

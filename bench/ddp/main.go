@@ -70,7 +70,13 @@ type options struct {
 	oBucket                int
 	sockBuf                int
 	small                  int
+	transports             []string
 }
+
+// validTransports are the values of -transport: TCP over loopback, shared
+// memory (dist/transport/shm), or whatever dist.InitFromEnv picks with
+// GDIST_TRANSPORT=auto.
+var validTransports = []string{"tcp", "shm", "auto"}
 
 func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
@@ -97,8 +103,15 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.sockBuf, "socket-buffer", 0, "kernel socket buffer size of the ranks' TCP connections in bytes (0: the kernel's auto-tuning)")
 	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes: recursive doubling below it, ring above (-1: dist.DefaultSmallThreshold)")
 	fs.IntVar(&o.oBucket, "overlap-bucket-cap", 0, "overlap: DDP bucket cap in bytes (0: one layer per bucket)")
+	trList := fs.String("transport", "tcp", "scaling: comma-separated transports of the 2-rank runs, interleaved with the others: tcp, shm (shared memory, Linux) or auto (dist.InitFromEnv with GDIST_TRANSPORT=auto); overlap: the first one")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err
+	}
+	for _, tr := range strings.Split(*trList, ",") {
+		if !slices.Contains(validTransports, tr) {
+			return cli.Usagef(fs, errUsage, "-transport %q: want some of %s", *trList, strings.Join(validTransports, ","))
+		}
+		o.transports = append(o.transports, tr)
 	}
 	for _, f := range strings.Split(*linkList, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
@@ -222,11 +235,15 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		world int
 		j     job
 	}
-	plain, ddp1, ddp2 := base, base, base
+	plain, ddp1 := base, base
 	plain.Name, plain.Plain, plain.Compress, plain.BucketCap = "plain-w1", true, "", 0
 	ddp1.Name = "ddp-w1"
-	ddp2.Name, ddp2.Raw = "ddp-w2", true
-	cfgs := []cfg{{"plain Gorgonia (no DDP)", 1, plain}, {"DDP", 1, ddp1}, {"DDP", 2, ddp2}}
+	cfgs := []cfg{{"plain Gorgonia (no DDP)", 1, plain}, {"DDP", 1, ddp1}}
+	for _, tr := range o.transports {
+		ddp2 := base
+		ddp2.Name, ddp2.Raw, ddp2.Transport = "ddp-w2-"+tr, true, tr
+		cfgs = append(cfgs, cfg{"DDP, " + tr, 2, ddp2})
+	}
 	runs := make([][]run, len(cfgs))
 	for rep := range o.reps {
 		for i, c := range cfgs {
@@ -269,15 +286,6 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 			m.mean(func(o outcome) float64 { return o.Exposed }), m.cpuPct(), strings.Join(all, " "))
 	}
 	tw.Flush()
-	eff := func(rs []run) (float64, float64) {
-		t1p, t1d, t2 := rs[0].throughput(o.batch), rs[1].throughput(o.batch), rs[2].throughput(o.batch)
-		return t2 / (2 * t1p), t2 / (2 * t1d)
-	}
-	bp, bd := eff(best)
-	mp, md := eff(med)
-	fmt.Fprintf(stdout, "\nscaling efficiency thr(2)/(2*thr(1)), target >= 0.90 (PyTorch DDP/gloo ~0.81):\n")
-	fmt.Fprintf(stdout, "  fastest runs: %.3f against plain Gorgonia on 1 process, %.3f against DDP on 1 rank\n", bp, bd)
-	fmt.Fprintf(stdout, "  median runs:  %.3f against plain Gorgonia on 1 process, %.3f against DDP on 1 rank\n", mp, md)
 	cpu := func(r run) float64 { // CPU ms per step per rank
 		var s float64
 		for _, o := range r {
@@ -285,16 +293,28 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		}
 		return s / float64(len(r))
 	}
-	fmt.Fprintf(stdout, "  CPU time per step and rank (fastest runs): %.2f ms plain, %.2f ms DDP 1 rank, %.2f ms DDP 2 ranks: CPU-bound efficiency %.3f / %.3f\n",
-		cpu(best[0]), cpu(best[1]), cpu(best[2]), cpu(best[0])/cpu(best[2]), cpu(best[1])/cpu(best[2]))
+	for k, tr := range o.transports {
+		i := 2 + k
+		eff := func(rs []run) (float64, float64) {
+			t1p, t1d, t2 := rs[0].throughput(o.batch), rs[1].throughput(o.batch), rs[i].throughput(o.batch)
+			return t2 / (2 * t1p), t2 / (2 * t1d)
+		}
+		bp, bd := eff(best)
+		mp, md := eff(med)
+		fmt.Fprintf(stdout, "\nscaling efficiency thr(2)/(2*thr(1)) over %s (%s), target >= 0.90 (PyTorch DDP/gloo ~0.81):\n", tr, best[i][0].Transport)
+		fmt.Fprintf(stdout, "  fastest runs: %.3f against plain Gorgonia on 1 process, %.3f against DDP on 1 rank\n", bp, bd)
+		fmt.Fprintf(stdout, "  median runs:  %.3f against plain Gorgonia on 1 process, %.3f against DDP on 1 rank\n", mp, md)
+		fmt.Fprintf(stdout, "  CPU time per step and rank (fastest runs): %.2f ms plain, %.2f ms DDP 1 rank, %.2f ms DDP 2 ranks: CPU-bound efficiency %.3f / %.3f\n",
+			cpu(best[0]), cpu(best[1]), cpu(best[i]), cpu(best[0])/cpu(best[i]), cpu(best[1])/cpu(best[i]))
+		if rw := best[i][0].Raw; rw != nil {
+			comm := best[i].mean(func(o outcome) float64 { return o.Comm })
+			fmt.Fprintf(stdout, "  raw sockets between the same 2 processes: latency %.1f us (half RTT, 8 B), stream %.2f GB/s, ring exchange of %d B (2 rounds of %d B each way) %.3f ms\n",
+				rw.LatencyUs, rw.StreamGBps, rw.ExchangeBytes, rw.ExchangeBytes/2, rw.ExchangeMs)
+			fmt.Fprintf(stdout, "  DDP all-reduce per step %.3f ms = %.2fx the raw exchange\n", comm, comm/rw.ExchangeMs)
+		}
+	}
 	fmt.Fprintf(stdout, "note: %d CPUs; 2 ranks x GOMAXPROCS=%d use %d of them; a cpu %% well below 100 means a rank waited (for its peer or for a CPU)\n",
 		runtime.NumCPU(), o.procs, 2*o.procs)
-	if rw := best[2][0].Raw; rw != nil {
-		comm := best[2].mean(func(o outcome) float64 { return o.Comm })
-		fmt.Fprintf(stdout, "raw sockets between the same 2 processes: latency %.1f us (half RTT, 8 B), stream %.2f GB/s, ring exchange of %d B (2 rounds of %d B each way) %.3f ms\n",
-			rw.LatencyUs, rw.StreamGBps, rw.ExchangeBytes, rw.ExchangeBytes/2, rw.ExchangeMs)
-		fmt.Fprintf(stdout, "DDP all-reduce per step %.3f ms = %.2fx the raw exchange\n", comm, comm/rw.ExchangeMs)
-	}
 	return nil
 }
 
@@ -311,7 +331,7 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	}
 	for li, link := range o.links {
 		base := job{Sizes: sizes, Batch: o.oBatch, Steps: o.oSteps, Warmup: o.oWarmup, BucketCap: bucket, FirstBucketCap: bucket,
-			LinkMBps: link, SocketBuffer: o.sockBuf, Small: o.smallThreshold()}
+			LinkMBps: link, SocketBuffer: o.sockBuf, Small: o.smallThreshold(), Transport: o.transports[0]}
 		on, off, upfront := base, base, base
 		on.Name = "overlap-on"
 		off.Name, off.NoOverlap = "overlap-off", true
@@ -464,14 +484,44 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 	if err := errors.Join(err1, err2); err != nil {
 		return fmt.Errorf("RANK and WORLD_SIZE: %w", err)
 	}
+	var gopts []dist.Option
+	if j.Small != nil {
+		gopts = append(gopts, dist.WithSmallThreshold(*j.Small))
+	}
+	if j.Transport == "auto" && world > 1 {
+		// Whatever InitFromEnv picks for ranks on one host.
+		if j.LinkMBps > 0 {
+			return errors.New("-transport auto cannot be combined with a link limit")
+		}
+		if err := os.Setenv("GDIST_TRANSPORT", "auto"); err != nil {
+			return err
+		}
+		jctx, cancel := context.WithTimeout(ctx, time.Minute)
+		pg, err := dist.InitFromEnv(jctx, append(gopts, dist.WithTCPOptions(tcp.WithSocketBuffer(j.SocketBuffer)))...)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer pg.Close()
+		return runAndReport(ctx, pg, j, stdout)
+	}
 	var t transport.Transport
-	if world == 1 {
+	switch {
+	case world == 1:
 		ls, err := transport.NewLocal(1)
 		if err != nil {
 			return err
 		}
 		t = ls[0]
-	} else {
+	case j.Transport == "shm":
+		jctx, cancel := context.WithTimeout(ctx, time.Minute)
+		st, err := shmRendezvous(jctx, rank, world)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("shm: %w", err)
+		}
+		t = st
+	default:
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		tt, err := tcp.Rendezvous(jctx, rank, world, net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")),
 			tcp.WithToken([]byte(os.Getenv("GDIST_TOKEN"))), tcp.WithSocketBuffer(j.SocketBuffer))
@@ -489,21 +539,26 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 		}
 		t = lt
 	}
-	var gopts []dist.Option
-	if j.Small != nil {
-		gopts = append(gopts, dist.WithSmallThreshold(*j.Small))
-	}
 	pg, err := dist.New(t, gopts...)
 	if err != nil {
 		t.Close()
 		return err
 	}
 	defer pg.Close()
+	return runAndReport(ctx, pg, j, stdout)
+}
+
+// runAndReport runs j on pg and prints this rank's outcome.
+func runAndReport(ctx context.Context, pg *dist.ProcessGroup, j job, stdout io.Writer) error {
 	o, err := runJob(ctx, pg, j)
 	if err != nil {
 		return err
 	}
 	o.Procs = runtime.GOMAXPROCS(0)
+	o.Transport = fmt.Sprintf("%T", pg.Transport())
+	if lt, ok := pg.Transport().(*limited); ok {
+		o.Transport = fmt.Sprintf("%T over %T", lt, lt.Transport)
+	}
 	line, err := json.Marshal(o)
 	if err != nil {
 		return err

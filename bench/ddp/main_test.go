@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -192,8 +193,33 @@ func TestLaunch(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// TestLaunchShm runs a tiny job as two processes over shared memory:
+// every rank reports the transport that ran.
+func TestLaunchShm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("the shared-memory transport needs Linux")
+	}
+	j := job{Name: "t", Sizes: []int{20, 16, 5}, Batch: 4, Steps: 3, Warmup: 1, Raw: true, Transport: "shm"}
+	var stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := startRanks(ctx, 2, 1, j, &stderr)
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	require.Len(t, r, 2)
+	for _, o := range r {
+		assert.Equal(t, "*shm.Transport", o.Transport)
+		assert.Equal(t, 3, o.Steps)
+	}
+	require.NotNil(t, r[0].Raw)
+	assert.Positive(t, r.throughput(4))
+}
+
 func TestBenchFlags(t *testing.T) {
 	for _, args := range [][]string{
+		{"-transport", "udp"},
 		{"-part", "both"},
 		{"-link", "fast"},
 		{"-link", "400,-1"},

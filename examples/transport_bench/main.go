@@ -13,18 +13,24 @@
 //     (dist/transport/shm) between the same processes: ping-pong and
 //     streams paired round by round with gdist TCP (and raw TCP), the CPU
 //     use of an idle rank blocked in a receive over each, and the dist
-//     all-reduce over shm against the TCP one.
+//     16 MiB all-reduce over shm against the TCP one, back to back in every
+//     round (-shm-ring and -shm-single-copy set the shm transport's ring
+//     size and single-copy threshold).
 //
 // Run alone, it starts both ranks itself (re-executed twice through
 // internal/launch, with a fresh job token) and prints rank 0's report; the
 // ranks meet over loopback. Under a launcher (RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT,
 // GDIST_TOKEN set, as gdistrun does) it uses those instead. Each rank runs
-// with GOMAXPROCS=1 unless -gomaxprocs says otherwise.
+// with GOMAXPROCS=1 unless -gomaxprocs says otherwise; with -pin (Linux)
+// rank r is bound to CPU r, so that the two ranks never share a CPU (on a
+// loaded machine the kernel sometimes puts both on one, which shows as a
+// run of much slower shm ping-pongs).
 //
 // # Usage
 //
 //	go run ./examples/transport_bench
 //	go run ./examples/transport_bench -rounds 5 -pingpong-iters 50000
+//	go run ./examples/transport_bench -pin
 //	gdistrun -n 2 -- go run ./examples/transport_bench
 package main
 
@@ -67,6 +73,9 @@ type config struct {
 	QueueMiB      int
 	Sizes         []int
 	Shm           bool
+	ShmRing       int // 0: the shm default
+	ShmSingleCopy int // -1: the shm default
+	Pin           bool
 }
 
 var (
@@ -104,6 +113,9 @@ func parseFlags(args []string, stderr io.Writer) error {
 	})
 	fs.IntVar(&cfg.QueueMiB, "queue-mib", 0, "gdist receive queue limit per peer in MiB (0: the transport's default)")
 	fs.BoolVar(&cfg.Shm, "shm", shmSupported, "also measure the shared-memory transport (dist/transport/shm) against TCP")
+	fs.IntVar(&cfg.ShmRing, "shm-ring", 0, "shm ring size per direction in bytes, a power of two (0: the transport's default)")
+	fs.IntVar(&cfg.ShmSingleCopy, "shm-single-copy", -1, "shm single-copy threshold in bytes, 0 disables it (-1: the transport's default)")
+	fs.BoolVar(&cfg.Pin, "pin", false, "bind rank r to CPU r mod the CPUs available (Linux), so that the two ranks never share one")
 	fs.IntVar(&cfg.SockBuf, "sockbuf", 0, "kernel socket buffer size for both raw and gdist connections (0: kernel default)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err
@@ -155,10 +167,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 type bench struct {
-	rank int
-	tr   *tcp.Transport
-	raw  *rawtcp.Conn
-	shm  shmTransport // nil unless cfg.Shm
+	tcpPG *dist.ProcessGroup // the group over tr, once allReduce made it
+	rank  int
+	tr    *tcp.Transport
+	raw   *rawtcp.Conn
+	shm   shmTransport // nil unless cfg.Shm
 }
 
 // runRank is one rank of the benchmark; rank 0 writes the report to stdout.
@@ -191,6 +204,11 @@ func runRank(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	runtime.GOMAXPROCS(cfg.Procs)
+	if cfg.Pin {
+		if err := pinRank(rank); err != nil {
+			return err
+		}
+	}
 	if cpuprofile != "" {
 		f, err := os.Create(fmt.Sprintf("%s.rank%d", cpuprofile, rank))
 		if err != nil {
@@ -217,7 +235,11 @@ func runRank(ctx context.Context, stdout io.Writer) error {
 		}
 	}
 	if !cfg.NoAllReduce {
-		if err := b.allReduce(ctx, res); err != nil {
+		err := b.allReduce(ctx, res)
+		if b.tcpPG != nil {
+			defer b.tcpPG.Close()
+		}
+		if err != nil {
 			return err
 		}
 		if cfg.Shm {
@@ -457,7 +479,7 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	b.tcpPG = pg // closed by runRank, after the shm section used it too
 	// Each round measures a raw ping-pong right before the all-reduces, so
 	// the paired ratio compares them under the same machine conditions.
 	for _, count := range []int{4096, 32768} {

@@ -202,7 +202,7 @@ func TestIdleReceiverCPU(t *testing.T) {
 func TestSingleCopy(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprint(on), func(t *testing.T) {
-			var opts []Option
+			opts := []Option{WithSingleCopy(256 << 10)}
 			if !on {
 				opts = append(opts, WithSingleCopy(0))
 			}

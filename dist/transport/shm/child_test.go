@@ -36,7 +36,7 @@ func runChild(mode string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	t, err := Rendezvous(ctx, 1, 2, os.Getenv(envName), WithToken(testToken), WithLogger(quiet()),
-		WithHeartbeat(50*time.Millisecond, 30*time.Second))
+		WithHeartbeat(50*time.Millisecond, 30*time.Second), WithSingleCopy(256<<10))
 	if err != nil {
 		return err
 	}

@@ -38,20 +38,35 @@
 // of any size. The receiving rank has one reader goroutine per peer: when
 // a RecvInto is already waiting on the message's (source, tag) it copies
 // the payload from the ring straight into the caller's buffer; otherwise
-// into a pooled buffer queued for Recv. Steady-state Send, Recv, RecvInto
-// and Release do not allocate.
+// into a pooled buffer queued for Recv. RecvReduce (transport.ReduceReceiver,
+// which dist's reducing collectives use) goes further: the reader combines
+// the payload into the caller's buffer where it lies in the ring, a piece at
+// a time as it arrives, without copying it anywhere (records are padded to
+// 8 bytes so that payloads are aligned for the typed kernels). With 8 MiB
+// rings (WithRingSize) dist's 4 MiB segments fit whole, so a sender never
+// waits for its peer's receive and the receive is posted by the time its
+// segment is read: a 2-rank all-reduce costs each rank one copy into the
+// ring and one combine out of it per reduced byte. Steady-state Send, Recv,
+// RecvInto, RecvReduce and Release do not allocate.
 //
-// Large messages (WithSingleCopy, from 256 KiB by default) take one copy
-// instead of two: the ring carries only a remote record with the address
-// of the sender's buffer, which the receiver reads with
-// process_vm_readv(2) straight into the caller's buffer (or a pooled one)
-// while Send waits for its acknowledgement. A link uses this only after
+// Each pair's memory is two rings and their control blocks, 16 MiB with
+// the default ring size; the kernel provides its pages as the rings first
+// use them.
+//
+// Messages of the ring's size or more (WithSingleCopy, from 8 MiB by
+// default) take one copy instead of two: the ring carries only a remote
+// record with the address of the sender's buffer, which the receiver reads
+// with
+// process_vm_readv(2) straight into the caller's buffer (or a pooled one;
+// for RecvReduce, through a small buffer that stays in cache) while Send
+// waits for its acknowledgement. A link uses this only after
 // the receiver has read a probe word of the sender's memory that way (the
 // kernel allows it between processes of one user unless ptrace is
 // restricted); otherwise large messages stream through the ring.
 //
 // Waiting polls the ring briefly (WithSpin; the poll yields the CPU once
-// it stops paying, as when both ranks share a CPU), then parks on a futex
+// it stops paying, as when both ranks share a CPU: a reply found right after
+// a yield), then parks on a futex
 // in the shared memory; the other side makes the futex system call only
 // when someone is parked. An idle rank blocked in a receive uses almost no
 // CPU (its heartbeat ticks).

@@ -449,7 +449,7 @@ func TestNewSubset(t *testing.T) {
 func TestLargeMessagesAcrossProcesses(t *testing.T) {
 	for _, single := range []bool{true, false} {
 		t.Run(fmt.Sprint("single-copy=", single), func(t *testing.T) {
-			var opts []Option
+			opts := []Option{WithSingleCopy(256 << 10)} // as the child
 			if !single {
 				opts = append(opts, WithSingleCopy(0)) // this side neither sends nor accepts remote records
 			}

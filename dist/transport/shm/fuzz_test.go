@@ -69,6 +69,9 @@ func FuzzCorruptRing(f *testing.F) {
 			if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, transport.ErrClosed) {
 				return
 			}
+			if errors.Is(err, transport.ErrMessageTooLong) { // RecvReduce into a buffer that is too short
+				return
+			}
 			var pe *transport.PeerError
 			if !errors.As(err, &pe) {
 				t.Errorf("%s: not a *PeerError: %v", what, err)
@@ -114,12 +117,21 @@ func FuzzCorruptRing(f *testing.F) {
 		for i := 0; i <= n; i++ {
 			rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 			var err error
-			if i%2 == 0 {
+			switch i % 3 {
+			case 0:
 				var m transport.Message
 				m, err = ts[0].Recv(rctx, 1, 1)
 				ts[0].Release(m.Payload)
-			} else {
+			case 1:
 				_, _, err = ts[0].RecvInto(rctx, 1, 1, buf)
+			default: // combines only a message of exactly len(dst) bytes
+				dst := buf[:sizes(i)-sizes(i)%4]
+				_, _, err = ts[0].RecvReduce(rctx, 1, 1, dst, 4, func(d, s []byte) {
+					if len(d) != len(s) || len(d)%4 != 0 {
+						t.Errorf("combine of %d bytes into %d", len(s), len(d))
+					}
+					copy(d, s)
+				})
 			}
 			cancel()
 			check(fmt.Sprintf("recv 0<-1 #%d", i), err)

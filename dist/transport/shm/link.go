@@ -72,6 +72,8 @@ type peer struct {
 	remoteOK     bool // we can read the peer's memory, and told it so
 	liov         [1]unix.Iovec
 	riov         [1]unix.RemoteIovec
+	scratch      []byte // combineRemote's buffer
+	elem         []byte // combineFrom's buffer for an element split by the ring's end
 
 	// send credit
 	cmu           sync.Mutex
@@ -184,14 +186,18 @@ func (p *peer) spinning(i int, start time.Time) bool {
 // spinner adapts how long a waiter polls before it also yields the CPU
 // to the kernel. When the peer runs on another CPU its reply comes while
 // we poll, and yielding would only cost latency (or hand the CPU to an
-// unrelated process). When the two processes share a CPU the reply comes
-// only after we yield, and polling longer merely delays it: the budget
-// halves down to zero. Every probeEvery waits it is reset to the maximum,
-// to notice that the processes moved apart again.
+// unrelated process, for a whole time slice on a loaded machine). When
+// the two processes share a CPU the reply comes only after we yield, and
+// polling longer merely delays it. The sign of that is a reply found
+// right after the first yield: then the budget halves, down to zero. A
+// reply that takes several yields says nothing (the peer was busy, or
+// descheduled by other load) and leaves the budget alone; one that comes
+// while polling doubles it, up to maxPoll. Every probeEvery waits it is
+// reset to the maximum, to notice that the processes moved apart again.
 type spinner struct {
-	budget  time.Duration // poll this long before yielding
-	yielded bool          // the current wait yielded
-	waits   uint32
+	budget time.Duration // poll this long before yielding
+	yields int           // sched_yield calls in the current wait
+	waits  uint32
 }
 
 const (
@@ -204,7 +210,7 @@ func (s *spinner) pause(start time.Time) {
 	runtime.Gosched() // let this process's other goroutines run
 	if time.Since(start) >= s.budget {
 		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-		s.yielded = true
+		s.yields++
 	}
 }
 
@@ -214,15 +220,15 @@ func (s *spinner) done(served bool) {
 	switch {
 	case s.waits%probeEvery == 0:
 		s.budget = maxPoll
-	case !served || s.yielded:
+	case served && s.yields == 1:
 		s.budget /= 2
 		if s.budget < time.Microsecond {
 			s.budget = 0
 		}
-	default:
+	case served && s.yields == 0:
 		s.budget = min(2*s.budget+time.Microsecond, maxPoll)
 	}
-	s.yielded = false
+	s.yields = 0
 }
 
 // ---- send side ----
@@ -253,8 +259,9 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	}
 	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h}
 	rh.Put(p.hdr[:])
+	pad := ring.Pad(uint64(len(b)))
 	size := p.outR.Size()
-	want := min(uint64(ring.HeaderSize+len(b)), size)
+	want := min(uint64(ring.HeaderSize+len(b))+pad, size)
 	space, err := p.waitSpace(want)
 	if err != nil {
 		return err
@@ -266,12 +273,22 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 		p.out.Write(b[:k])
 		b = b[k:]
 		space -= k
-		if len(b) == 0 || space == 0 || k == p.chunk {
+		if len(b) == 0 {
+			if space < pad {
+				p.out.Publish()
+				p.peerBell.Ring()
+				if _, err = p.waitSpace(pad); err != nil {
+					return err
+				}
+			}
+			p.out.Write(zeroPad[:pad])
 			p.out.Publish()
 			p.peerBell.Ring()
-		}
-		if len(b) == 0 {
 			return nil
+		}
+		if space == 0 || k == p.chunk {
+			p.out.Publish()
+			p.peerBell.Ring()
 		}
 		if space == 0 {
 			if space, err = p.waitSpace(min(uint64(len(b)), p.chunk)); err != nil {
@@ -280,6 +297,9 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 		}
 	}
 }
+
+// zeroPad is the padding after a payload (ring.Align).
+var zeroPad [ring.Align]byte
 
 // sendRemote writes a remote record for b and waits until the peer has
 // read b from this process's memory. Called with wmu held.
@@ -608,12 +628,18 @@ func (p *peer) readLoop() {
 			}
 			continue
 		}
-		if post := t.box.Claim(p.rank, h.Tag); post != nil {
+		if post := p.claim(h); post != nil {
 			n := int(h.Len)
-			if n > len(post.Dst) {
+			switch {
+			case !fits(post, n):
 				err = p.skip(h.Len)
-			} else {
+			case post.Combine != nil:
+				err = p.combineFrom(post.Dst[:n], post.Unit, post.Combine)
+			default:
 				err = p.readInto(post.Dst[:n])
+			}
+			if err == nil {
+				err = p.skip(ring.Pad(h.Len))
 			}
 			if err != nil {
 				p.readEnded(err, post, false)
@@ -625,10 +651,20 @@ func (p *peer) readLoop() {
 				t.box.Complete(post, m, n, nil)
 			}
 			p.consumed(n)
+			if n >= yieldMin {
+				// Let the receiver run before the next record: it may
+				// post the receive that record is for (a pipelined
+				// collective's next segment), which saves a copy.
+				runtime.Gosched()
+			}
 			continue
 		}
 		buf := bufpool.Default.Get(int(h.Len))
-		if err := p.readInto(buf); err != nil {
+		err = p.readInto(buf)
+		if err == nil {
+			err = p.skip(ring.Pad(h.Len))
+		}
+		if err != nil {
 			bufpool.Default.Put(buf)
 			p.readEnded(err, nil, false)
 			return
@@ -640,6 +676,92 @@ func (p *peer) readLoop() {
 			runtime.Gosched()
 		}
 	}
+}
+
+// claim returns the receive posted for the record h, if any. For a large
+// record it lets the application's goroutines run once before giving up:
+// one may be about to post it (with few Ps, the reader can get the CPU
+// between a receiver waking and its next receive).
+func (p *peer) claim(h ring.Header) *mailbox.Post[transport.Message] {
+	if post := p.t.box.Claim(p.rank, h.Tag); post != nil || h.Len < yieldMin {
+		return post
+	}
+	runtime.Gosched()
+	return p.t.box.Claim(p.rank, h.Tag)
+}
+
+// fits reports whether an n-byte message is delivered into post's buffer:
+// it fits, and a combining receive takes exactly its length.
+func fits(post *mailbox.Post[transport.Message], n int) bool {
+	return n <= len(post.Dst) && (post.Combine == nil || n == len(post.Dst))
+}
+
+// combineFrom merges the next len(dst) bytes of the inbound ring into dst
+// with combine, in place in the ring, piece by piece as they arrive; every
+// piece is a whole number of unit-byte elements. An element split by the
+// end of the ring or by what the producer has published so far is
+// gathered in a buffer first: the reader always takes everything
+// available, as the producer may wait for the whole ring to drain.
+func (p *peer) combineFrom(dst []byte, unit int, combine func(dst, src []byte)) error {
+	u := uint64(unit)
+	e := p.elemBuf(unit)
+	have := 0 // bytes of a split element in e
+	for len(dst) > 0 {
+		a, err := p.wait(1)
+		if err != nil {
+			return err
+		}
+		piece := p.in.Peek(min(a, uint64(len(dst)-have), p.chunk))
+		if have > 0 || uint64(len(piece)) < u {
+			k := min(unit-have, int(a))
+			p.in.Read(e[have : have+k])
+			p.release()
+			if have += k; have == unit {
+				combine(dst[:unit], e)
+				dst, have = dst[unit:], 0
+			}
+			continue
+		}
+		k := uint64(len(piece)) / u * u
+		combine(dst[:k], piece[:k])
+		p.in.Skip(k)
+		dst = dst[k:]
+		p.release()
+	}
+	return nil
+}
+
+// elemBuf returns a reader-owned buffer of n bytes.
+func (p *peer) elemBuf(n int) []byte {
+	if cap(p.elem) < n {
+		p.elem = make([]byte, n)
+	}
+	return p.elem[:n]
+}
+
+// remotePiece is how much of a remote record a combining receive reads at
+// a time, into a reader-owned buffer that stays in cache, before combining
+// it.
+const remotePiece = 128 << 10
+
+// combineRemote merges len(dst) bytes at addr in the peer's memory into dst
+// with combine, a piece at a time.
+func (p *peer) combineRemote(dst []byte, addr uint64, unit int, combine func(dst, src []byte)) error {
+	step := max(remotePiece/unit, 1) * unit
+	if cap(p.scratch) < step {
+		p.scratch = make([]byte, step)
+	}
+	for len(dst) > 0 {
+		k := min(step, len(dst))
+		s := p.scratch[:k]
+		if err := p.readRemote(s, addr); err != nil {
+			return err
+		}
+		combine(dst[:k], s)
+		dst = dst[k:]
+		addr += uint64(k)
+	}
+	return nil
 }
 
 // probeRemote tries to read the peer's probe word from its memory and, if
@@ -699,12 +821,22 @@ func (p *peer) readRemoteRecord(h ring.Header) bool {
 	addr := binary.LittleEndian.Uint64(d[:])
 	n := int(h.Len)
 	m := transport.Message{Header: h.Meta}
-	if post := t.box.Claim(p.rank, h.Tag); post != nil {
-		if n > len(post.Dst) {
+	if post := p.claim(h); post != nil {
+		if !fits(post, n) {
 			p.ack()
-			t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+			if n > len(post.Dst) {
+				t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+			} else {
+				t.box.Complete(post, m, n, nil)
+			}
 		} else {
-			if err := p.readRemote(post.Dst[:n], addr); err != nil {
+			var err error
+			if post.Combine != nil {
+				err = p.combineRemote(post.Dst[:n], addr, post.Unit, post.Combine)
+			} else {
+				err = p.readRemote(post.Dst[:n], addr)
+			}
+			if err != nil {
 				p.readEnded(err, post, false)
 				return false
 			}

@@ -13,14 +13,14 @@ import (
 
 // Defaults for the options.
 const (
-	DefaultRingSize          = 1 << 20  // bytes per direction of each pair
+	DefaultRingSize          = 8 << 20  // bytes per direction of each pair
 	DefaultMaxFrame          = 64 << 20 // bytes
 	DefaultQueueLimit        = 64 << 20 // bytes per source
 	DefaultHeartbeatInterval = 500 * time.Millisecond
 	DefaultHeartbeatTimeout  = 5 * time.Second
 	DefaultHandshakeTimeout  = 10 * time.Second
 	DefaultSpin              = 50 * time.Microsecond
-	DefaultSingleCopy        = 256 << 10 // bytes
+	DefaultSingleCopy        = 8 << 20 // bytes
 )
 
 // Errors of package shm. Failures caused by a peer are reported as
@@ -111,7 +111,7 @@ func WithInsecure() Option {
 // WithRingSize sets the data capacity, in bytes, of each direction's ring
 // of the links this rank creates (the lower rank of a pair creates the
 // memory, so its setting governs the pair). n must be a power of two
-// between 4 KiB and 1 GiB; the default is 1 MiB. Messages of any size
+// between 4 KiB and 1 GiB; the default is 8 MiB. Messages of any size
 // stream through a ring of any size.
 func WithRingSize(n int) Option {
 	return func(c *config) error {
@@ -194,7 +194,7 @@ func WithSpin(d time.Duration) Option {
 // WithSingleCopy sets the size from which a message is not streamed
 // through the ring but read by the receiver straight from the sender's
 // buffer with process_vm_readv(2): one copy instead of two, while Send
-// waits until the receiver is done (default 256 KiB). It is used only on
+// waits until the receiver is done (default 8 MiB). It is used only on
 // links whose receiver could read a probe word of the sender's memory (the
 // kernel allows it between processes of one user unless ptrace is
 // restricted); 0 disables it, for messages to and from this rank.

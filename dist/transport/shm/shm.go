@@ -54,7 +54,10 @@ type Transport struct {
 	probe *uint64
 }
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport      = (*Transport)(nil)
+	_ transport.ReduceReceiver = (*Transport)(nil)
+)
 
 func newTransport(rank, world int, cfg config) *Transport {
 	t := &Transport{
@@ -138,9 +141,15 @@ func (t *Transport) sendSelf(ctx context.Context, tag uint32, h transport.Header
 		return fmt.Errorf("shm: send to self: %w: %d bytes, limit %d", transport.ErrFrameTooLarge, len(p), t.cfg.maxFrame)
 	}
 	if post := t.box.Claim(t.rank, tag); post != nil {
-		if len(p) > len(post.Dst) {
+		switch {
+		case len(p) > len(post.Dst):
 			t.box.Complete(post, transport.Message{Header: h}, len(p), transport.TooLong(t.rank, len(p), len(post.Dst)))
-		} else {
+		case post.Combine != nil:
+			if len(p) == len(post.Dst) {
+				post.Combine(post.Dst, p)
+			}
+			t.box.Complete(post, transport.Message{Header: h}, len(p), nil)
+		default:
 			t.box.Complete(post, transport.Message{Header: h}, copy(post.Dst, p), nil)
 		}
 		return nil
@@ -217,6 +226,57 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 		err = transport.TooLong(from, n, len(dst))
 	} else {
 		copy(dst, m.Payload)
+	}
+	bufpool.Default.Put(m.Payload)
+	if pr != nil {
+		pr.consumed(n)
+	}
+	return m.Header, n, err
+}
+
+// RecvReduce implements transport.ReduceReceiver. When it is already
+// waiting and nothing from (from, tag) is queued, the peer's reader
+// combines the message into dst straight from the ring as it arrives, or,
+// for a message sent by single copy, from the sender's memory a piece at a
+// time through a small buffer; otherwise it combines the queued message
+// and reuses its buffer. Once the reader has started, RecvReduce waits for
+// the whole message even if ctx ends meanwhile, as RecvInto does.
+func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []byte, unit int, combine transport.Combine) (transport.Header, int, error) {
+	if t.closing.Load() {
+		return transport.Header{}, 0, errClosed("recv")
+	}
+	if err := transport.CheckRank(from, t.world); err != nil {
+		return transport.Header{}, 0, err
+	}
+	if err := transport.CheckUnit(len(dst), unit); err != nil {
+		return transport.Header{}, 0, err
+	}
+	if combine == nil {
+		return transport.Header{}, 0, fmt.Errorf("%w: RecvReduce with a nil combine", transport.ErrInvalidArgument)
+	}
+	var pr *peer
+	if from != t.rank {
+		var err error
+		if pr, err = t.peerFor("recv from", from); err != nil {
+			return transport.Header{}, 0, err
+		}
+	}
+	m, n, direct, err := t.box.GetReduce(ctx, from, tag, dst, unit, combine)
+	if direct { // the reader combined into dst and returned the credit
+		if err != nil {
+			return m.Header, n, t.stateErr("recv", err)
+		}
+		return m.Header, n, nil
+	}
+	if err != nil {
+		return transport.Header{}, 0, t.stateErr("recv", err)
+	}
+	n = len(m.Payload)
+	switch {
+	case n > len(dst):
+		err = transport.TooLong(from, n, len(dst))
+	case n == len(dst):
+		combine(dst, m.Payload)
 	}
 	bufpool.Default.Put(m.Payload)
 	if pr != nil {

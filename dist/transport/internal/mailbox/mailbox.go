@@ -52,6 +52,12 @@ type Post[M any] struct {
 	// Dst is the receiver's buffer. Between Claim and Complete the producer
 	// may write into it; after Complete it must not touch it (or the Post).
 	Dst []byte
+	// Combine, if not nil, asks the producer to merge the message into Dst
+	// with it instead of copying, on pieces whose lengths are multiples of
+	// Unit (GetReduce); only a message of exactly len(Dst) bytes is merged.
+	// A producer that claims posts made by GetReduce must honour it.
+	Combine func(dst, src []byte)
+	Unit    int
 
 	state int // postPosted, postClaimed, postDone (guarded by the mailbox's mu)
 	msg   M
@@ -329,9 +335,20 @@ func (m *Mailbox[M]) Get(ctx context.Context, src int, tag uint32) (M, error) {
 // ends. Only one receive per (source, tag) is posted at a time; concurrent
 // ones wait for queued messages as Get does.
 func (m *Mailbox[M]) GetInto(ctx context.Context, src int, tag uint32, dst []byte) (msg M, n int, direct bool, err error) {
+	return m.getInto(ctx, src, tag, dst, 0, nil)
+}
+
+// GetReduce is GetInto for a receive that combines the message into dst:
+// a producer that claims its post finds Combine and Unit set.
+func (m *Mailbox[M]) GetReduce(ctx context.Context, src int, tag uint32, dst []byte, unit int, combine func(dst, src []byte)) (msg M, n int, direct bool, err error) {
+	return m.getInto(ctx, src, tag, dst, unit, combine)
+}
+
+func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byte, unit int, combine func(dst, src []byte)) (msg M, n int, direct bool, err error) {
 	k := key{src, tag}
 	m.mu.Lock()
 	p := m.newPost(dst)
+	p.Combine, p.Unit = combine, unit
 	defer func() {
 		m.mu.Lock()
 		m.freePost(p)
@@ -421,6 +438,7 @@ func (m *Mailbox[M]) newPost(dst []byte) *Post[M] {
 func (m *Mailbox[M]) freePost(p *Post[M]) {
 	var zero M
 	p.Dst, p.msg, p.err, p.n = nil, zero, nil, 0
+	p.Combine, p.Unit = nil, 0
 	select {
 	case <-p.done:
 	default:

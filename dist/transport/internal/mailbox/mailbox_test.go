@@ -321,3 +321,46 @@ func TestBurstShrinks(t *testing.T) {
 	require.NoError(t, m.Put(ctx, 1, 0, msg{id: 1}, 1))
 	require.NoError(t, <-waiter, "the waiter kept its queue through the rebuild")
 }
+
+// TestGetReduce: a waiting GetReduce posts its combine and unit, which the
+// producer finds on the claimed post; posts made by GetInto carry none,
+// and a recycled post forgets them.
+func TestGetReduce(t *testing.T) {
+	m := New[msg](2, 0, nil)
+	ctx := context.Background()
+	dst := make([]byte, 8)
+	called := 0
+	combine := func(d, s []byte) { called++ }
+	type res struct {
+		n      int
+		direct bool
+		err    error
+	}
+	rc := make(chan res, 1)
+	go func() {
+		_, n, direct, err := m.GetReduce(ctx, 1, 3, dst, 4, combine)
+		rc <- res{n, direct, err}
+	}()
+	var p *Post[msg]
+	require.Eventually(t, func() bool { p = m.Claim(1, 3); return p != nil }, 5*time.Second, time.Millisecond)
+	require.NotNil(t, p.Combine)
+	assert.Equal(t, 4, p.Unit)
+	p.Combine(p.Dst, make([]byte, 8))
+	m.Complete(p, msg{id: 1}, 8, nil)
+	r := <-rc
+	require.NoError(t, r.err)
+	assert.True(t, r.direct)
+	assert.Equal(t, 8, r.n)
+	assert.Equal(t, 1, called)
+
+	// The same post, recycled for a GetInto, has no combine.
+	go func() {
+		_, n, direct, err := m.GetInto(ctx, 1, 3, dst)
+		rc <- res{n, direct, err}
+	}()
+	require.Eventually(t, func() bool { p = m.Claim(1, 3); return p != nil }, 5*time.Second, time.Millisecond)
+	assert.Nil(t, p.Combine)
+	assert.Zero(t, p.Unit)
+	m.Complete(p, msg{id: 2}, 0, nil)
+	require.NoError(t, (<-rc).err)
+}

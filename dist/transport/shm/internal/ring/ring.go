@@ -261,6 +261,15 @@ func (c *Consumer) Read(dst []byte) {
 	}
 }
 
+// Peek returns up to n of the bytes Read would copy next, in place in the
+// ring: as many as lie contiguous before the ring wraps. n must not exceed
+// the last Avail minus what was read since. Skip consumes them. The slice
+// is shared memory the producer may still scribble on.
+func (c *Consumer) Peek(n uint64) []byte {
+	i := c.tail & c.r.mask
+	return c.r.data[i : i+min(n, c.r.mask+1-i)]
+}
+
 // Skip drops n bytes, as Read does.
 func (c *Consumer) Skip(n uint64) { c.tail += n }
 
@@ -277,6 +286,10 @@ func (c *Consumer) Release() bool {
 
 // Record headers.
 const (
+	// Align is the alignment of every record in the ring: a record's
+	// payload is followed by zero padding up to a multiple of Align, so
+	// that headers and payloads start 8-byte aligned.
+	Align = 8
 	// HeaderSize is the size of a record header.
 	HeaderSize = 32
 	// Magic starts every record header whose payload follows in the ring.
@@ -289,6 +302,9 @@ const (
 	// RemoteSize is the size of a remote record's body in the ring.
 	RemoteSize = 8
 )
+
+// Pad returns the padding after an n-byte payload (see Align).
+func Pad(n uint64) uint64 { return -n & (Align - 1) }
 
 // Header is a record header: a message's tag, its opaque 16-byte meta
 // (the transport.Header) and its payload length. The payload follows it
