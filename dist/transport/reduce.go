@@ -41,3 +41,29 @@ func CheckUnit(n, unit int) error {
 	}
 	return nil
 }
+
+// RecvThenCombine is RecvReduce for a transport without one: it receives
+// the message with t.Recv, combines it into dst when its length is
+// len(dst), and hands the payload back with t.Release, with RecvReduce's
+// results and errors.
+func RecvThenCombine(ctx context.Context, t Transport, from int, tag uint32, dst []byte, unit int, combine Combine) (Header, int, error) {
+	if err := CheckUnit(len(dst), unit); err != nil {
+		return Header{}, 0, err
+	}
+	if combine == nil {
+		return Header{}, 0, fmt.Errorf("%w: RecvReduce with a nil combine", ErrInvalidArgument)
+	}
+	m, err := t.Recv(ctx, from, tag)
+	if err != nil {
+		return Header{}, 0, err
+	}
+	n := len(m.Payload)
+	switch {
+	case n > len(dst):
+		err = TooLong(from, n, len(dst))
+	case n == len(dst):
+		combine(dst, m.Payload)
+	}
+	t.Release(m.Payload)
+	return m.Header, n, err
+}

@@ -45,8 +45,9 @@ type Transport struct {
 }
 
 var (
-	_ transport.Transport = (*Transport)(nil)
-	_ transport.Topology  = (*Transport)(nil)
+	_ transport.Transport      = (*Transport)(nil)
+	_ transport.Topology       = (*Transport)(nil)
+	_ transport.ReduceReceiver = (*Transport)(nil)
 )
 
 // Rank implements transport.Transport.
@@ -109,6 +110,25 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 		return transport.Header{}, 0, err
 	}
 	h, n, err := tr.RecvInto(ctx, from, tag, dst)
+	return h, n, t.stateErr("recv", err)
+}
+
+// RecvReduce implements transport.ReduceReceiver: from a peer on shared
+// memory the message is combined into dst where it lies in the ring; from
+// one on TCP (or this rank) it is received, then combined
+// (transport.RecvThenCombine).
+func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []byte, unit int, combine transport.Combine) (transport.Header, int, error) {
+	tr, err := t.route("recv", from)
+	if err != nil {
+		return transport.Header{}, 0, err
+	}
+	var h transport.Header
+	var n int
+	if rr, ok := tr.(transport.ReduceReceiver); ok {
+		h, n, err = rr.RecvReduce(ctx, from, tag, dst, unit, combine)
+	} else {
+		h, n, err = transport.RecvThenCombine(ctx, tr, from, tag, dst, unit, combine)
+	}
 	return h, n, t.stateErr("recv", err)
 }
 
