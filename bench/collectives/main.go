@@ -27,12 +27,13 @@
 // warm-up iterations), -ops a comma-separated list of collectives, -np a
 // comma-separated list of world sizes, -small the all-reduce small-message
 // threshold (-1 keeps dist.DefaultSmallThreshold), -check=false skips the
-// #wrong check. -transport is a comma-separated list of tcp (the TCP
-// transport), shm (dist/transport/shm, the ranks' shared-memory transport;
-// Linux) and auto (dist.InitFromEnv with GDIST_TRANSPORT=auto): one job per
-// world size and transport, the transports of a world size back to back, so
-// that their tables compare within one run. Each table's header names the
-// transport that ran (its Go type).
+// #wrong check. -transport is a comma-separated list of values of
+// GDIST_TRANSPORT — tcp (TCP between every pair), shm (shared memory
+// between the ranks of this host, or fail) and auto (what dist.InitFromEnv
+// does by default: shared memory where it sets up) — every rank joining
+// with dist.InitFromEnv: one job per world size and transport, the
+// transports of a world size back to back, so that their tables compare
+// within one run. Each table's header says how rank 0 reached its peers.
 package main
 
 import (
@@ -73,9 +74,7 @@ type options struct {
 
 var validOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
 
-// validTransports are the values of -transport: TCP over loopback, shared
-// memory (dist/transport/shm), or whatever dist.InitFromEnv picks with
-// GDIST_TRANSPORT=auto.
+// validTransports are the values of -transport, GDIST_TRANSPORT's.
 var validTransports = []string{"tcp", "shm", "auto"}
 
 // errUsage reports bad command-line arguments (already printed).
@@ -208,32 +207,22 @@ func launchJob(ctx context.Context, np int, tr string, args []string, stdout, st
 	return r.Wait()
 }
 
-// join makes this rank's group over the transport tr (see
-// validTransports).
+// join makes this rank's group with dist.InitFromEnv, GDIST_TRANSPORT
+// set to tr.
 func join(ctx context.Context, tr string, gopts []dist.Option) (*dist.ProcessGroup, error) {
-	if tr != "shm" {
-		// tcp: InitFromEnv's TCP transport, whatever its default; auto:
-		// what it picks for ranks on one host.
-		if err := os.Setenv("GDIST_TRANSPORT", tr); err != nil {
-			return nil, err
-		}
-		return dist.InitFromEnv(ctx, gopts...)
-	}
-	rank, err1 := strconv.Atoi(os.Getenv(launch.EnvRank))
-	world, err2 := strconv.Atoi(os.Getenv("WORLD_SIZE"))
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, fmt.Errorf("RANK and WORLD_SIZE: %w", err)
-	}
-	t, err := shmRendezvous(ctx, rank, world)
-	if err != nil {
-		return nil, fmt.Errorf("shm: %w", err)
-	}
-	g, err := dist.New(t, gopts...)
-	if err != nil {
-		t.Close()
+	if err := os.Setenv(dist.EnvTransport, tr); err != nil {
 		return nil, err
 	}
-	return g, nil
+	return dist.InitFromEnv(ctx, gopts...)
+}
+
+// routes says how this rank reaches its peers (InitFromEnv's transport
+// tells).
+func routes(g *dist.ProcessGroup) string {
+	if v, ok := g.Transport().(interface{ Summary() string }); ok {
+		return v.Summary()
+	}
+	return fmt.Sprintf("%T", g.Transport())
 }
 
 // runRank is one rank's side of the benchmark.
@@ -260,7 +249,7 @@ func runRank(ctx context.Context, o options, out io.Writer) error {
 		return fmt.Errorf("raw TCP baseline: %w", err)
 	}
 	if g.Rank() == 0 {
-		fmt.Fprintf(out, "# gdist collectives: np=%d, transport %s (%T), one OS process per rank, GOMAXPROCS=1, float32, in place\n", n, tr, g.Transport())
+		fmt.Fprintf(out, "# gdist collectives: np=%d, transport %s (rank 0: %s), one OS process per rank, GOMAXPROCS=1, float32, in place\n", n, tr, routes(g))
 		if n > 1 {
 			fmt.Fprintf(out, "# raw TCP baseline (ranks 0 <-> 1, same processes): one-way latency %.1f us, streaming %.2f GB/s, 2-rank ring exchange of %d MiB %.1f ms\n",
 				raw.LatencyUs, raw.StreamGBps, raw.ExchangeBytes>>20, raw.ExchangeMs)

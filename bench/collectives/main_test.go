@@ -116,8 +116,8 @@ func TestTransports(t *testing.T) {
 	require.NoError(t, run(context.Background(), args, &out, &errb), "stderr:\n%s", errb.String())
 	t.Log("\n" + out.String())
 	s := out.String()
-	assert.Contains(t, s, "transport tcp (*tcp.Transport)")
-	assert.Contains(t, s, "transport shm (*shm.Transport)")
+	assert.Contains(t, s, "transport tcp (rank 0: tcp to 1 peer)")
+	assert.Contains(t, s, "transport shm (rank 0: shm to 1 peer)")
 	assert.Less(t, strings.Index(s, "transport tcp"), strings.Index(s, "transport shm"))
 	rows := 0
 	for _, l := range strings.Split(s, "\n") {

@@ -21,11 +21,13 @@
 // all-reduce of the gradients performs (two rounds of half the bytes each
 // way), against which the DDP's all-reduce time is given as a ratio.
 // -transport picks the transport of the 2-rank runs, a comma-separated list
-// of tcp (the default), shm (dist/transport/shm, shared memory; Linux) and
-// auto (dist.InitFromEnv with GDIST_TRANSPORT=auto): each is one more
-// configuration, interleaved with the others in every repetition, with its
-// own efficiency lines naming the transport that ran (its Go type; also in
-// each rank's JSON result), so TCP and shared memory compare within a run.
+// of GDIST_TRANSPORT values, the ranks joining with dist.InitFromEnv: tcp
+// (the default), shm (shared memory between the ranks of this host; Linux)
+// and auto (shared memory where it sets up, InitFromEnv's default): each is
+// one more configuration, interleaved with the others in every repetition,
+// with its own efficiency lines naming the transport and how rank 0 reached
+// its peer (also in each rank's JSON result), so TCP and shared memory
+// compare within a run.
 //
 // Part (b), overlap: a deep model (-layers layers of -width x -width, one
 // layer per bucket, batch 128 per rank) on a slow link, simulated by a

@@ -488,12 +488,13 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 	if j.Small != nil {
 		gopts = append(gopts, dist.WithSmallThreshold(*j.Small))
 	}
-	if j.Transport == "auto" && world > 1 {
-		// Whatever InitFromEnv picks for ranks on one host.
-		if j.LinkMBps > 0 {
-			return errors.New("-transport auto cannot be combined with a link limit")
-		}
-		if err := os.Setenv("GDIST_TRANSPORT", "auto"); err != nil {
+	if j.Transport == "" {
+		j.Transport = "tcp"
+	}
+	if world > 1 && j.LinkMBps == 0 {
+		// The product path: InitFromEnv with GDIST_TRANSPORT set to tcp,
+		// shm or auto.
+		if err := os.Setenv(dist.EnvTransport, j.Transport); err != nil {
 			return err
 		}
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -505,23 +506,18 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 		defer pg.Close()
 		return runAndReport(ctx, pg, j, stdout)
 	}
+	// One rank, or a TCP link limited by a token bucket (the overlap part).
+	if j.LinkMBps > 0 && j.Transport != "tcp" {
+		return fmt.Errorf("-transport %s cannot be combined with a link limit (tcp only)", j.Transport)
+	}
 	var t transport.Transport
-	switch {
-	case world == 1:
+	if world == 1 {
 		ls, err := transport.NewLocal(1)
 		if err != nil {
 			return err
 		}
 		t = ls[0]
-	case j.Transport == "shm":
-		jctx, cancel := context.WithTimeout(ctx, time.Minute)
-		st, err := shmRendezvous(jctx, rank, world)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("shm: %w", err)
-		}
-		t = st
-	default:
+	} else {
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		tt, err := tcp.Rendezvous(jctx, rank, world, net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")),
 			tcp.WithToken([]byte(os.Getenv("GDIST_TOKEN"))), tcp.WithSocketBuffer(j.SocketBuffer))
@@ -556,6 +552,9 @@ func runAndReport(ctx context.Context, pg *dist.ProcessGroup, j job, stdout io.W
 	}
 	o.Procs = runtime.GOMAXPROCS(0)
 	o.Transport = fmt.Sprintf("%T", pg.Transport())
+	if v, ok := pg.Transport().(interface{ Summary() string }); ok {
+		o.Transport = j.Transport + ": " + v.Summary()
+	}
 	if lt, ok := pg.Transport().(*limited); ok {
 		o.Transport = fmt.Sprintf("%T over %T", lt, lt.Transport)
 	}

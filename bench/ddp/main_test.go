@@ -210,7 +210,7 @@ func TestLaunchShm(t *testing.T) {
 	require.NoError(t, err, "stderr: %s", stderr.String())
 	require.Len(t, r, 2)
 	for _, o := range r {
-		assert.Equal(t, "*shm.Transport", o.Transport)
+		assert.Equal(t, "shm: shm to 1 peer", o.Transport)
 		assert.Equal(t, 3, o.Steps)
 	}
 	require.NotNil(t, r[0].Raw)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"runtime"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gdist/gdist/dist"
@@ -156,25 +155,8 @@ func ms(d time.Duration) string {
 // (InitFromEnv's hybrid transport does: shared memory within a host, TCP
 // across hosts).
 func routes(pg *dist.ProcessGroup) string {
-	v, ok := pg.Transport().(interface{ Via(r int) string })
-	if !ok || pg.WorldSize() == 1 {
-		return ""
+	if v, ok := pg.Transport().(interface{ Summary() string }); ok && pg.WorldSize() > 1 {
+		return " (" + v.Summary() + ")"
 	}
-	count := map[string]int{}
-	var kinds []string
-	for r := range pg.WorldSize() {
-		if r == pg.Rank() {
-			continue
-		}
-		k := v.Via(r)
-		if count[k] == 0 {
-			kinds = append(kinds, k)
-		}
-		count[k]++
-	}
-	parts := make([]string, len(kinds))
-	for i, k := range kinds {
-		parts[i] = fmt.Sprintf("%d over %s", count[k], k)
-	}
-	return " (peers: " + strings.Join(parts, ", ") + ")"
+	return ""
 }

@@ -71,6 +71,36 @@ func (t *Transport) Via(r int) string {
 	return t.via[r]
 }
 
+// Summary says in words how this rank reaches its peers: "shm to 1 peer",
+// "shm to 3 peers, tcp to 4 peers", or "no peers" in a world of one.
+func (t *Transport) Summary() string {
+	var shm, tcp int
+	for r, v := range t.via {
+		switch {
+		case r == t.rank:
+		case v == ViaSHM:
+			shm++
+		case v == ViaTCP:
+			tcp++
+		}
+	}
+	peers := func(n int) string {
+		if n == 1 {
+			return "1 peer"
+		}
+		return fmt.Sprintf("%d peers", n)
+	}
+	switch {
+	case shm > 0 && tcp > 0:
+		return "shm to " + peers(shm) + ", tcp to " + peers(tcp)
+	case shm > 0:
+		return "shm to " + peers(shm)
+	case tcp > 0:
+		return "tcp to " + peers(tcp)
+	}
+	return "no peers"
+}
+
 func (t *Transport) route(op string, r int) (transport.Transport, error) {
 	if t.closing.Load() {
 		return nil, errClosed(op)

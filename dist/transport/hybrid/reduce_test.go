@@ -19,6 +19,8 @@ func TestRecvReduce(t *testing.T) {
 	ts := mesh(t, []string{"A", "A", "B"}) // rank 0: 1 over shm, 2 over tcp
 	require.Equal(t, "shm", ts[0].Via(1))
 	require.Equal(t, "tcp", ts[0].Via(2))
+	assert.Equal(t, "shm to 1 peer, tcp to 1 peer", ts[0].Summary())
+	assert.Equal(t, "tcp to 2 peers", ts[2].Summary())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	add := func(d, s []byte) {
