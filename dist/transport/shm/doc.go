@@ -53,8 +53,9 @@
 // the default ring size; the kernel provides its pages as the rings first
 // use them.
 //
-// Messages of the ring's size or more (WithSingleCopy, from 8 MiB by
-// default) take one copy instead of two: the ring carries only a remote
+// With WithSingleCopy (off by default: on the VM it was measured on, it was
+// slower than streaming), messages from the given size take one copy
+// instead of two: the ring carries only a remote
 // record with the address of the sender's buffer, which the receiver reads
 // with
 // process_vm_readv(2) straight into the caller's buffer (or a pooled one;
