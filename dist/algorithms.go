@@ -62,21 +62,7 @@ func (g *ProcessGroup) send(ctx context.Context, to int, p []byte) error {
 // *DesyncError; one of another length a protocol error.
 func (g *ProcessGroup) recvInto(ctx context.Context, from int, dst []byte) error {
 	h, n, err := g.t.RecvInto(ctx, from, tagColl, dst)
-	if err == nil {
-		g.obs.met.Received(from, n)
-	}
-	wire, fp := parseHeader(h)
-	if err != nil && !errors.Is(err, transport.ErrMessageTooLong) {
-		return err
-	}
-	if wire != g.cur.wire || fp != g.cur.fp {
-		return g.desync(from, wire, fp)
-	}
-	if err != nil || n != len(dst) {
-		return &PeerError{Rank: from, Op: g.cur.kind.String(),
-			Err: fmt.Errorf("%w: message of %d bytes, want %d", ErrProtocol, n, len(dst))}
-	}
-	return nil
+	return g.checkReceived(from, h, n, len(dst), err)
 }
 
 // recvMsg receives one collective message of exactly n bytes from rank
@@ -171,7 +157,7 @@ func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode
 	if rr, ok := g.t.(transport.ReduceReceiver); ok && int(red.dt) < len(combiners) && int(red.op) < len(combiners[0]) {
 		// Combined where the message lies (shared memory): no copy at all.
 		h, n, err := rr.RecvReduce(ctx, from, tagColl, dst, red.dt.Size(), combiners[red.dt][red.op])
-		return g.checkReduced(from, h, n, len(dst), err)
+		return g.checkReceived(from, h, n, len(dst), err)
 	}
 	p, err := g.recvMsg(ctx, from, len(dst))
 	if err != nil {
@@ -182,9 +168,11 @@ func (g *ProcessGroup) recvStore(ctx context.Context, from int, dst []byte, mode
 	return nil
 }
 
-// checkReduced checks the result of RecvReduce as recvInto checks that of
-// RecvInto: n bytes with header h where want were expected.
-func (g *ProcessGroup) checkReduced(from int, h transport.Header, n, want int, err error) error {
+// checkReceived checks what RecvInto or RecvReduce returned: n bytes
+// with header h from rank `from`, where want were expected. A message from
+// another collective is a *DesyncError; one of another length a protocol
+// error.
+func (g *ProcessGroup) checkReceived(from int, h transport.Header, n, want int, err error) error {
 	if err == nil {
 		g.obs.met.Received(from, n)
 	}

@@ -254,42 +254,48 @@ func TestAllReduceBitwiseIdentical(t *testing.T) {
 		for _, cfg := range algoConfigs {
 			t.Run(fmt.Sprintf("n=%d/%s", n, cfg.name), func(t *testing.T) {
 				t.Parallel()
-				c := newCluster(t, n, cfg.opts...)
-				const length = 1001
-				res32 := make([][]float32, n)
-				res16 := make([][]byte, n)
-				requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-					rng := rand.New(rand.NewPCG(uint64(r), 1))
-					for _, op := range []ReduceOp{Sum, Mean, Prod} {
-						d := make([]float32, length)
-						for i := range d {
-							d[i] = float32(rng.NormFloat64())
-						}
-						if err := g.AllReduce(bg, d, op); err != nil {
-							return err
-						}
-						res32[r] = append(res32[r], d...)
-						b := make([]byte, 2*length)
-						for i := range length {
-							codecF16.store(b[2*i:], rng.NormFloat64())
-						}
-						if err := g.AllReduceTyped(bg, b, F16, op); err != nil {
-							return err
-						}
-						res16[r] = append(res16[r], b...)
-					}
-					return nil
-				}))
-				for r := 1; r < n; r++ {
-					for i := range res32[0] {
-						if math.Float32bits(res32[r][i]) != math.Float32bits(res32[0][i]) {
-							require.Failf(t, "ranks differ", "f32 rank %d [%d]: %v vs %v", r, i, res32[r][i], res32[0][i])
-						}
-					}
-					require.Equal(t, res16[0], res16[r], "f16 rank %d", r)
-				}
+				requireSameBits(t, newCluster(t, n, cfg.opts...), n, F16)
 			})
 		}
+	}
+}
+
+// requireSameBits runs float32 and typed (dt, 16-bit) all-reduces of
+// random data (Sum, Mean, Prod) on the n ranks of c and requires that
+// every rank ends with the same bits.
+func requireSameBits(t *testing.T, c *cluster, n int, dt DType) {
+	const length = 1001
+	res32 := make([][]float32, n)
+	res16 := make([][]byte, n)
+	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
+		rng := rand.New(rand.NewPCG(uint64(r), 1))
+		for _, op := range []ReduceOp{Sum, Mean, Prod} {
+			d := make([]float32, length)
+			for i := range d {
+				d[i] = float32(rng.NormFloat64())
+			}
+			if err := g.AllReduce(bg, d, op); err != nil {
+				return err
+			}
+			res32[r] = append(res32[r], d...)
+			b := make([]byte, 2*length)
+			for i := range length {
+				codecF16.store(b[2*i:], rng.NormFloat64())
+			}
+			if err := g.AllReduceTyped(bg, b, dt, op); err != nil {
+				return err
+			}
+			res16[r] = append(res16[r], b...)
+		}
+		return nil
+	}))
+	for r := 1; r < n; r++ {
+		for i := range res32[0] {
+			if math.Float32bits(res32[r][i]) != math.Float32bits(res32[0][i]) {
+				require.Failf(t, "ranks differ", "f32 rank %d [%d]: %v vs %v", r, i, res32[r][i], res32[0][i])
+			}
+		}
+		require.Equal(t, res16[0], res16[r], "%v rank %d", dt, r)
 	}
 }
 

@@ -340,28 +340,5 @@ func TestProcessHybridKill(t *testing.T) {
 	const victim = 2
 	procs := procjob.Start(t, 3, procjob.Config{RoleEnv: hybridChildEnv, Role: "auto", LogStderr: true,
 		Env: []string{"GOMAXPROCS=1", hybridHostsEnv + "=A,B,A", hybridKillEnv + "=1"}})
-	for r, p := range procs {
-		_, err := p.Await(0, 30*time.Second, func(string) bool { return true })
-		require.NoError(t, err, "rank %d did not start", r)
-		require.Equal(t, "running", p.Lines()[0], "rank %d", r)
-	}
-	killedAt := time.Now()
-	require.NoError(t, procs[victim].Kill())
-	for r, p := range procs {
-		if r == victim {
-			continue
-		}
-		i, err := p.Await(1, 5*time.Second, func(string) bool { return true })
-		require.NoError(t, err, "rank %d: no error 5 s after the kill", r)
-		l := p.Lines()[i]
-		t.Logf("rank %d after %v: %s", r, time.Since(killedAt).Round(time.Millisecond), l)
-		require.True(t, strings.HasPrefix(l, "peer_error rank=2 "), "rank %d: %s", r, l)
-		assert.Contains(t, l, " op=all_reduce ")
-		assert.Contains(t, l, " lost=true")
-	}
-	for r, p := range procs {
-		if r != victim {
-			assert.NoError(t, p.Wait(time.Minute), "rank %d", r)
-		}
-	}
+	killMidStream(t, procs, victim, "peer_error rank=2 ")
 }

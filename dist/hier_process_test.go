@@ -58,35 +58,7 @@ func TestProcessHierCollectives(t *testing.T) {
 // *PeerError for a lost peer within 5 s.
 func TestProcessHierKill(t *testing.T) {
 	const victim = 2
-	procs := startHierJob(t, "kill")
-	for r, p := range procs {
-		_, err := p.Await(0, 30*time.Second, func(string) bool { return true })
-		require.NoError(t, err, "rank %d did not start", r)
-		require.Equal(t, "running", p.Lines()[0], "rank %d", r)
-	}
-	killedAt := time.Now()
-	require.NoError(t, procs[victim].Kill())
-	for r, p := range procs {
-		if r == victim {
-			continue
-		}
-		i, err := p.Await(1, 5*time.Second, func(string) bool { return true })
-		require.NotErrorIs(t, err, procjob.ErrExited, "rank %d exited without reporting", r)
-		require.NoError(t, err, "rank %d: no error 5 s after the kill", r)
-		l := p.Lines()[i]
-		t.Logf("rank %d after %v: %s", r, time.Since(killedAt), l)
-		assert.Less(t, time.Since(killedAt), 5*time.Second)
-		// As in TestProcessKill, a survivor may name a fellow survivor
-		// whose links dropped first.
-		require.True(t, strings.HasPrefix(l, "peer_error "), "rank %d: %s", r, l)
-		assert.Contains(t, l, " op=all_reduce ")
-		assert.Contains(t, l, " lost=true")
-	}
-	for r, p := range procs {
-		if r != victim {
-			assert.NoError(t, p.Wait(time.Minute), "rank %d", r)
-		}
-	}
+	killMidStream(t, startHierJob(t, "kill"), victim, "peer_error rank=2 ")
 }
 
 // childHier is one rank of a hierarchical multi-process test.

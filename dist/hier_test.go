@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
@@ -291,41 +289,7 @@ func TestHierBitwiseIdentical(t *testing.T) {
 		for _, cfg := range algoConfigs {
 			t.Run(fmt.Sprintf("%v/%s", hosts, cfg.name), func(t *testing.T) {
 				t.Parallel()
-				n := len(hosts)
-				c := newHostCluster(t, hosts, cfg.opts...)
-				const length = 1001
-				res32 := make([][]float32, n)
-				res16 := make([][]byte, n)
-				requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-					rng := rand.New(rand.NewPCG(uint64(r), 1))
-					for _, op := range []ReduceOp{Sum, Mean, Prod} {
-						d := make([]float32, length)
-						for i := range d {
-							d[i] = float32(rng.NormFloat64())
-						}
-						if err := g.AllReduce(bg, d, op); err != nil {
-							return err
-						}
-						res32[r] = append(res32[r], d...)
-						b := make([]byte, 2*length)
-						for i := range length {
-							codecF16.store(b[2*i:], rng.NormFloat64())
-						}
-						if err := g.AllReduceTyped(bg, b, BF16, op); err != nil {
-							return err
-						}
-						res16[r] = append(res16[r], b...)
-					}
-					return nil
-				}))
-				for r := 1; r < n; r++ {
-					for i := range res32[0] {
-						if math.Float32bits(res32[r][i]) != math.Float32bits(res32[0][i]) {
-							require.Failf(t, "ranks differ", "f32 rank %d [%d]: %v vs %v", r, i, res32[r][i], res32[0][i])
-						}
-					}
-					require.Equal(t, res16[0], res16[r], "bf16 rank %d", r)
-				}
+				requireSameBits(t, newHostCluster(t, hosts, cfg.opts...), len(hosts), BF16)
 			})
 		}
 	}
