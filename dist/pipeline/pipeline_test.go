@@ -408,9 +408,13 @@ func TestCallMismatch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := make([][]error, tc.p)
 			start := time.Now()
-			runRanks(t, tc.p, func(pg *dist.ProcessGroup) error {
+			var called sync.WaitGroup // no stage closes its group before all made their calls
+			called.Add(tc.p)
+			setupErrs := runRanks(t, tc.p, func(pg *dist.ProcessGroup) error {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
+				finished := sync.OnceFunc(called.Done)
+				defer finished()
 				r := pg.Rank()
 				pl, err := New(ctx, pg, mlpBuilder(testSizes, tc.p, r, rows, tensor.Float64), WithMicroBatches(m),
 					WithLoss(mseLoss), WithInference(true))
@@ -427,14 +431,36 @@ func TestCallMismatch(t *testing.T) {
 					}
 					errs[r] = append(errs[r], err)
 				}
+				if last := len(errs[r]) - 1; r == 0 && errs[r][last] == nil {
+					// The first stage's Infer only sends, so it can finish
+					// before a later stage finds the mismatch; the group
+					// fails then, and its next call would report it.
+					select {
+					case <-pg.Failed():
+						errs[r][last] = pl.Infer(ctx, mlpData(0, rows, nil))
+					case <-ctx.Done():
+					}
+				}
+				finished()
+				all := make(chan struct{})
+				go func() { called.Wait(); close(all) }()
+				select {
+				case <-all:
+				case <-ctx.Done():
+				}
 				return nil
 			})
 			took := time.Since(start)
 			assert.Less(t, took, 5*time.Second, "no stage waits for its context")
 			found := 0
 			for r := range tc.p {
-				// Every stage's last call fails with the mismatch.
-				last := errs[r][len(errs[r])-1]
+				// Every stage's last call fails with the mismatch — or its
+				// New, if another stage's first call found it meanwhile.
+				last := setupErrs[r]
+				if len(errs[r]) > 0 {
+					require.NoError(t, last, "stage %d", r)
+					last = errs[r][len(errs[r])-1]
+				}
 				require.ErrorIs(t, last, ErrCallMismatch, "stage %d: %v", r, errs[r])
 				var pe *dist.PeerError
 				if !errors.As(last, &pe) {
