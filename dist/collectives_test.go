@@ -1,6 +1,7 @@
 package dist
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -192,25 +193,8 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 	}
 
 	// Broadcast from every root.
-	for root := range n {
-		d := make([]float32, length)
-		d64 := make([]float64, length)
-		for i := range d {
-			d[i] = float32(r*100 + i)
-			d64[i] = float64(r*100+i) + 0.25
-		}
-		if err := g.Broadcast(ctx, d, root); err != nil {
-			return err
-		}
-		if err := g.BroadcastF64(ctx, d64, root); err != nil {
-			return err
-		}
-		for i := range d {
-			if d[i] != float32(root*100+i) || d64[i] != float64(root*100+i)+0.25 {
-				assert.Failf(t, "wrong value", "%s root %d: [%d] = %v, %v", where("broadcast"), root, i, d[i], d64[i])
-				break
-			}
-		}
+	if err := checkBroadcasts(ctx, t, g, length, where); err != nil {
+		return err
 	}
 	return g.Barrier(ctx)
 }
@@ -464,4 +448,31 @@ func TestCollectivesZeroAllocs(t *testing.T) {
 			require.Zero(t, testing.AllocsPerRun(50, step))
 		})
 	}
+}
+
+// checkBroadcasts broadcasts from every root, float32 and float64, and
+// checks every value against the root's.
+func checkBroadcasts(ctx context.Context, t require.TestingT, g *ProcessGroup, length int, where func(string) string) error {
+	r := g.Rank()
+	for root := range g.WorldSize() {
+		d := make([]float32, length)
+		d64 := make([]float64, length)
+		for i := range d {
+			d[i] = float32(r*100 + i)
+			d64[i] = float64(r*100+i) + 0.25
+		}
+		if err := g.Broadcast(ctx, d, root); err != nil {
+			return err
+		}
+		if err := g.BroadcastF64(ctx, d64, root); err != nil {
+			return err
+		}
+		for i := range d {
+			if d[i] != float32(root*100+i) || d64[i] != float64(root*100+i)+0.25 {
+				assert.Failf(t, "wrong value", "%s root %d: [%d] = %v, %v", where("broadcast"), root, i, d[i], d64[i])
+				break
+			}
+		}
+	}
+	return nil
 }

@@ -189,25 +189,8 @@ func checkHierRank(t require.TestingT, g *ProcessGroup, n, r, length int) error 
 			assert.Equal(t, refAllReduce(op, dt, n, length), decodeValues(t, dt, buf), where("typed "+dt.String()+" "+op.String()))
 		}
 	}
-	for root := range n {
-		d := make([]float32, length)
-		d64 := make([]float64, length)
-		for i := range d {
-			d[i] = float32(r*100 + i)
-			d64[i] = float64(r*100+i) + 0.25
-		}
-		if err := g.Broadcast(ctx, d, root); err != nil {
-			return err
-		}
-		if err := g.BroadcastF64(ctx, d64, root); err != nil {
-			return err
-		}
-		for i := range d {
-			if d[i] != float32(root*100+i) || d64[i] != float64(root*100+i)+0.25 {
-				assert.Failf(t, "wrong value", "%s root %d: [%d] = %v, %v", where("broadcast"), root, i, d[i], d64[i])
-				break
-			}
-		}
+	if err := checkBroadcasts(ctx, t, g, length, where); err != nil {
+		return err
 	}
 	// The other collectives still work between hierarchical ones.
 	return g.Barrier(ctx)
