@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"sort"
@@ -400,8 +401,8 @@ func printTable(w io.Writer, o options, sums []summary) {
 	if o.heartbeat > 0 {
 		hb = o.heartbeat.String()
 	}
-	fmt.Fprintf(w, "# failures: %d ranks (OS processes, TCP on loopback, GOMAXPROCS=1), all_reduce of %d float32, heartbeat %s, GOOS %s\n",
-		world, o.count, hb, runtime.GOOS)
+	fmt.Fprintf(w, "# failures: %d ranks (OS processes on one host, GDIST_TRANSPORT=%s, GOMAXPROCS=1), all_reduce of %d float32, heartbeat %s, GOOS %s\n",
+		world, transportName(), o.count, hb, runtime.GOOS)
 	fmt.Fprintf(w, "%-8s %5s %6s %7s %9s %9s %9s %9s %9s  %s\n", "scenario", "runs", "wrong", "healthy", "no-report", "p50", "p90", "p99", "max", "outcomes (type/kind: reports)")
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond)) }
 	for _, s := range sums {
@@ -420,4 +421,13 @@ func printTable(w io.Writer, o options, sums []summary) {
 			fmt.Fprintf(w, "#   %s: %s\n", s.Scenario, e)
 		}
 	}
+}
+
+// transportName is the GDIST_TRANSPORT the ranks inherit: auto (shared
+// memory between these ranks on Linux) unless it is set.
+func transportName() string {
+	if v := os.Getenv("GDIST_TRANSPORT"); v != "" {
+		return v
+	}
+	return "auto"
 }
