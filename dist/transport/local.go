@@ -214,12 +214,7 @@ func (l *Local) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) 
 		}
 		return Header{}, 0, err
 	}
-	n = len(m.Payload)
-	if n > len(dst) {
-		err = TooLong(from, n, len(dst))
-	} else {
-		copy(dst, m.Payload)
-	}
+	n, err = Deliver(m, from, dst, nil)
 	bufpool.Default.Put(m.Payload)
 	return m.Header, n, err
 }

@@ -57,13 +57,26 @@ func RecvThenCombine(ctx context.Context, t Transport, from int, tag uint32, dst
 	if err != nil {
 		return Header{}, 0, err
 	}
+	n, err := Deliver(m, from, dst, combine)
+	t.Release(m.Payload)
+	return m.Header, n, err
+}
+
+// Deliver puts a received message m from rank `from` into dst and returns
+// its length, as RecvInto (combine nil) or RecvReduce (combine set) do once
+// they have the message: it copies the payload into dst, or combines it
+// into dst when it is exactly len(dst) bytes; a payload longer than dst is
+// left out, with the error TooLong gives. It does not release m's payload.
+// Transports use it on their queued-message paths.
+func Deliver(m Message, from int, dst []byte, combine Combine) (int, error) {
 	n := len(m.Payload)
 	switch {
 	case n > len(dst):
-		err = TooLong(from, n, len(dst))
+		return n, TooLong(from, n, len(dst))
+	case combine == nil:
+		copy(dst, m.Payload)
 	case n == len(dst):
 		combine(dst, m.Payload)
 	}
-	t.Release(m.Payload)
-	return m.Header, n, err
+	return n, nil
 }

@@ -221,12 +221,7 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 	if err != nil {
 		return transport.Header{}, 0, t.stateErr("recv", err)
 	}
-	n = len(m.Payload)
-	if n > len(dst) {
-		err = transport.TooLong(from, n, len(dst))
-	} else {
-		copy(dst, m.Payload)
-	}
+	n, err = transport.Deliver(m, from, dst, nil)
 	bufpool.Default.Put(m.Payload)
 	if pr != nil {
 		pr.consumed(n)
@@ -271,13 +266,7 @@ func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []
 	if err != nil {
 		return transport.Header{}, 0, t.stateErr("recv", err)
 	}
-	n = len(m.Payload)
-	switch {
-	case n > len(dst):
-		err = transport.TooLong(from, n, len(dst))
-	case n == len(dst):
-		combine(dst, m.Payload)
-	}
+	n, err = transport.Deliver(m, from, dst, combine)
 	bufpool.Default.Put(m.Payload)
 	if pr != nil {
 		pr.consumed(n)

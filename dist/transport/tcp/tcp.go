@@ -229,12 +229,7 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 	if err != nil {
 		return transport.Header{}, 0, t.stateErr("recv", err)
 	}
-	n = len(m.Payload)
-	if n > len(dst) {
-		err = transport.TooLong(from, n, len(dst))
-	} else {
-		copy(dst, m.Payload)
-	}
+	n, err = transport.Deliver(m, from, dst, nil)
 	bufpool.Default.Put(m.Payload)
 	if from != t.rank {
 		if pr := t.peers[from].Load(); pr != nil {
