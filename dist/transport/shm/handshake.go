@@ -426,6 +426,14 @@ func parseRights(oob []byte) ([]int, error) {
 // shrink it under the other's mapping (which would make its loads fault).
 const seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
+// How both sides map a region. MAP_POPULATE allocates and maps every page
+// now rather than at its first use, a page fault on each side (see the
+// package documentation).
+const (
+	mapProt  = unix.PROT_READ | unix.PROT_WRITE
+	mapFlags = unix.MAP_SHARED | unix.MAP_POPULATE
+)
+
 // createRegion makes an anonymous, sealed, 0600 memfd of n bytes and maps it.
 func createRegion(n int) (int, []byte, error) {
 	fd, err := unix.MemfdCreate("gdist-shm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
@@ -445,7 +453,7 @@ func createRegion(n int) (int, []byte, error) {
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
 		return fail("seal", err)
 	}
-	mem, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, n, mapProt, mapFlags)
 	if err != nil {
 		return fail("mmap", err)
 	}
@@ -469,7 +477,7 @@ func mapRegion(fd, n int) ([]byte, error) {
 	case st.Uid != uint32(os.Getuid()) || st.Mode&0o077 != 0:
 		return nil, fmt.Errorf("%w: the memory is owned by uid %d with mode %#o", ErrAuth, st.Uid, st.Mode&0o777)
 	}
-	mem, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, n, mapProt, mapFlags)
 	if err != nil {
 		return nil, fmt.Errorf("shm: mmap: %w", err)
 	}

@@ -8,11 +8,14 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/transporttest"
@@ -79,4 +82,34 @@ func TestConformanceSmallRing(t *testing.T) {
 	}, transporttest.WithLimited(func(t *testing.T, n, limit int) []transport.Transport {
 		return asTransports(mesh(t, n, WithQueueLimit(limit), WithRingSize(4<<10)))
 	}))
+}
+
+// TestRegionsResident: both ends of every link have all of the pair's
+// pages mapped and resident when the rendezvous returns (MAP_POPULATE), so
+// the first lap of a ring costs no page faults.
+func TestRegionsResident(t *testing.T) {
+	ts := mesh(t, 3)
+	t.Cleanup(func() {
+		for _, tr := range ts {
+			tr.Close()
+		}
+	})
+	for i, tr := range ts {
+		for r := range ts {
+			if r == i {
+				continue
+			}
+			region := tr.peers[r].Load().region
+			vec := make([]byte, (len(region)+os.Getpagesize()-1)/os.Getpagesize())
+			_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&region[0])), uintptr(len(region)), uintptr(unsafe.Pointer(&vec[0])))
+			require.Zero(t, errno, "mincore")
+			missing := 0
+			for _, v := range vec {
+				if v&1 == 0 {
+					missing++
+				}
+			}
+			require.Zero(t, missing, "rank %d's region for rank %d: %d of %d pages not resident", i, r, missing, len(vec))
+		}
+	}
 }
