@@ -53,6 +53,7 @@ func program(ctx context.Context, args []string, stdout, stderr io.Writer) error
 type options struct {
 	part     string
 	procs    int
+	bind     bool
 	timeout  time.Duration
 	profile  string
 	steps    int
@@ -84,6 +85,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.part, "part", "all", "what to run: scaling, overlap or all")
 	fs.IntVar(&o.procs, "procs", 1, "scaling: GOMAXPROCS of every rank")
+	fs.BoolVar(&o.bind, "bind", false, "scaling: bind rank r to one CPU, the r-th (Linux; what gdistrun -bind-to core does), in every configuration")
 	fs.DurationVar(&o.timeout, "timeout", 15*time.Minute, "give up after this long")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of every rank's timed steps into this directory (and, with GDIST_BENCH_TRACE=1 in the environment, an execution trace)")
 	fs.IntVar(&o.steps, "steps", 150, "scaling: timed steps per run")
@@ -252,7 +254,7 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 			if o.profile != "" {
 				j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-rep%d", j.Name, rep))
 			}
-			r, err := startRanks(ctx, c.world, o.procs, j, stderr)
+			r, err := startRanks(ctx, c.world, o.procs, o.bind, j, stderr)
 			if err != nil {
 				return fmt.Errorf("%s on %d rank(s): %w", c.label, c.world, err)
 			}
@@ -267,6 +269,9 @@ func scaling(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "\n(a) Scaling: MNIST MLP 784-256-128-10 (%d parameters), batch %d per rank, synthetic data, gradients all-reduced as %s,\n",
 		runs[0][0][0].Params, o.batch, comp)
 	fmt.Fprintf(stdout, "    GOMAXPROCS=%d per rank;", o.procs)
+	if o.bind {
+		fmt.Fprintf(stdout, " each rank bound to one CPU (-bind);")
+	}
 	fmt.Fprintf(stdout, " %d timed steps after %d warm-up, %d interleaved runs per configuration; times per step of the fastest run, means over ranks\n\n",
 		o.steps, o.warmup, o.reps)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -353,7 +358,7 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 				if o.profile != "" {
 					j.CPUProfile = filepath.Join(o.profile, fmt.Sprintf("%s-link%g-rep%d", j.Name, link, rep))
 				}
-				r, err := startRanks(ctx, 2, o.oProcs, j, stderr)
+				r, err := startRanks(ctx, 2, o.oProcs, false, j, stderr)
 				if err != nil {
 					return fmt.Errorf("overlap %s: %w", c.label, err)
 				}
@@ -407,10 +412,11 @@ func overlap(ctx context.Context, o options, stdout, stderr io.Writer) error {
 }
 
 // startRanks runs j on world rank processes (this program, re-executed
-// through package launch, GOMAXPROCS=procs each) and returns their outcomes
+// through package launch, GOMAXPROCS=procs each, bound to one CPU each
+// with bind) and returns their outcomes
 // in rank order. If a rank fails the others are stopped. The ranks' stderr
 // goes to stderr, prefixed by rank.
-func startRanks(ctx context.Context, world, procs int, j job, stderr io.Writer) (run, error) {
+func startRanks(ctx context.Context, world, procs int, bind bool, j job, stderr io.Writer) (run, error) {
 	specs := make([]string, world)
 	for r := range world {
 		jr := j
@@ -431,6 +437,7 @@ func startRanks(ctx context.Context, world, procs int, j job, stderr io.Writer) 
 	l, err := launch.Start(ctx, launch.Job{
 		Spec:    launch.Spec{NProc: world},
 		Procs:   procs,
+		Bind:    bind,
 		RankEnv: func(r int) []string { return []string{envJob + "=" + specs[r]} },
 		Output: func(r int) (io.Writer, io.Writer) {
 			_, e := prefixed(r)

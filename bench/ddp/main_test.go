@@ -173,7 +173,7 @@ func TestLaunch(t *testing.T) {
 	var stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r, err := startRanks(ctx, 2, 1, j, &stderr)
+	r, err := startRanks(ctx, 2, 1, false, j, &stderr)
 	require.NoError(t, err, "stderr: %s", stderr.String())
 	require.Len(t, r, 2)
 	for i, o := range r {
@@ -189,7 +189,7 @@ func TestLaunch(t *testing.T) {
 	// A failing rank fails the launch instead of hanging.
 	bad := j
 	bad.Steps = 0
-	_, err = startRanks(ctx, 2, 1, bad, &stderr)
+	_, err = startRanks(ctx, 2, 1, false, bad, &stderr)
 	assert.Error(t, err)
 }
 
@@ -206,7 +206,7 @@ func TestLaunchShm(t *testing.T) {
 	var stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r, err := startRanks(ctx, 2, 1, j, &stderr)
+	r, err := startRanks(ctx, 2, 1, false, j, &stderr)
 	require.NoError(t, err, "stderr: %s", stderr.String())
 	require.Len(t, r, 2)
 	for _, o := range r {

@@ -38,6 +38,10 @@
 //	                 GDIST_TRANSPORT; default: gdist's, auto: shared memory
 //	                 between the ranks of a host where it sets up, TCP
 //	                 otherwise and between hosts)
+//	-bind-to B       core: bind each rank to one CPU, local rank i to the
+//	                 i-th CPU gdistrun may use, wrapping around when there are
+//	                 more ranks than CPUs (-bind_to; Linux; Open MPI's
+//	                 --bind-to core); none (default): the kernel places them
 //
 // Two spellings of one flag with different values (-n 2 --nproc_per_node 3),
 // -rdzv-endpoint with a different -master-addr or -master-port, and

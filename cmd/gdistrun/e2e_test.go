@@ -116,6 +116,14 @@ func childMain(mode string) int {
 	case "transport":
 		fmt.Printf("GDIST_TRANSPORT=%s\n", os.Getenv("GDIST_TRANSPORT"))
 		return 0
+	case "cpus":
+		b, _ := os.ReadFile("/proc/self/status")
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+				fmt.Printf("cpus=%s\n", strings.TrimSpace(v))
+			}
+		}
+		return 0
 	case "timeouts":
 		fmt.Printf("GDIST_HEARTBEAT_TIMEOUT=%s GDIST_INIT_TIMEOUT=%s\n",
 			os.Getenv("GDIST_HEARTBEAT_TIMEOUT"), os.Getenv("GDIST_INIT_TIMEOUT"))

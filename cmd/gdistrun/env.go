@@ -57,6 +57,8 @@ func resolveJob(cfg config, environ []string) (launch.Spec, error) {
 		return j, fmt.Errorf("%w: -heartbeat-timeout must be at least 10ms, got %v", errUsage, cfg.heartbeatTimeout)
 	case cfg.transport != "" && cfg.transport != "auto" && cfg.transport != "tcp" && cfg.transport != "shm":
 		return j, fmt.Errorf("%w: -transport must be auto, tcp or shm, got %q", errUsage, cfg.transport)
+	case cfg.bindTo != "" && cfg.bindTo != "none" && cfg.bindTo != "core":
+		return j, fmt.Errorf("%w: -bind-to must be core or none, got %q", errUsage, cfg.bindTo)
 	case cfg.initTimeout < 0:
 		return j, fmt.Errorf("%w: -init-timeout must not be negative, got %v", errUsage, cfg.initTimeout)
 	case len(cfg.argv) == 0:

@@ -73,6 +73,7 @@ func TestResolveJobRejects(t *testing.T) {
 		"heartbeat<10ms":  func(c *config) { c.heartbeatTimeout = time.Millisecond },
 		"init<0":          func(c *config) { c.initTimeout = -time.Second },
 		"transport=udp":   func(c *config) { c.transport = "udp" },
+		"bind-to=socket":  func(c *config) { c.bindTo = "socket" },
 		"max-restarts<0":  func(c *config) { c.maxRestarts = -1 },
 		"no program":      func(c *config) { c.argv = nil },
 	} {

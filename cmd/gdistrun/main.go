@@ -128,6 +128,8 @@ func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
 		"init-timeout", "init_timeout")
 	fs.add(stringValue(&cfg.transport, ""), "how ranks on one host talk: `auto` (shared memory where it sets up, else TCP), tcp or shm (GDIST_TRANSPORT; default auto)",
 		"transport")
+	fs.add(stringValue(&cfg.bindTo, ""), "`core`: bind each rank to one CPU, local rank i to the i-th the launcher may use (wrapping around when there are more ranks than CPUs; Linux), as Open MPI's --bind-to core does; none (the default): let the kernel place them",
+		"bind-to", "bind_to")
 	return fs
 }
 

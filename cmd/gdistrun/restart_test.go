@@ -5,10 +5,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/gdist/gdist/internal/launch"
 )
@@ -354,6 +357,42 @@ func TestRunTransportFlag(t *testing.T) {
 	for _, r := range []string{"0", "1"} {
 		assert.Contains(t, stdout.String(), "["+r+"] GDIST_TRANSPORT=tcp\n")
 	}
+}
+
+// TestRunBindTo: -bind-to core binds local rank i to the i-th CPU
+// gdistrun may use and says so; by default the ranks may run anywhere.
+func TestRunBindTo(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("binding is Linux only")
+	}
+	var set unix.CPUSet
+	require.NoError(t, unix.SchedGetaffinity(0, &set))
+	var cpus []int
+	for c := range len(set) * 64 {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	cfg, _ := testJob(t, 2, "cpus")
+	cfg.bindTo = "core"
+	var stdout, stderr bytes.Buffer
+	_, err := run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	for r := range 2 {
+		cpu := cpus[r%len(cpus)]
+		assert.Contains(t, stdout.String(), fmt.Sprintf("[%d] cpus=%d\n", r, cpu))
+		assert.Contains(t, stderr.String(), fmt.Sprintf("rank %d on CPU %d", r, cpu))
+	}
+
+	cfg.bindTo = "none"
+	stdout.Reset()
+	stderr.Reset()
+	_, err = run(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err)
+	if len(cpus) > 1 {
+		assert.NotContains(t, stdout.String(), fmt.Sprintf("[1] cpus=%d\n", cpus[1]))
+	}
+	assert.NotContains(t, stderr.String(), "bind-to")
 }
 
 func TestRunTimeoutEndsRestarts(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,7 @@ type config struct {
 	heartbeatTimeout time.Duration
 	initTimeout      time.Duration
 	transport        string   // -transport: GDIST_TRANSPORT for the ranks; "" leaves it alone
+	bindTo           string   // -bind-to: core or none
 	argv             []string // program and its arguments
 
 	environ []string         // base environment of the ranks; nil means os.Environ()
@@ -150,6 +152,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 			Stdin:     cfg.stdin,
 			Signals:   sigs.out,
 			KillGrace: cfg.killGrace,
+			Bind:      cfg.bindTo == "core",
 		}
 		if logs != nil {
 			logs.begin(attempt, attempts)
@@ -157,6 +160,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		r, err := launch.Start(ctx, job)
 		if err != nil {
 			return startFailureStatus(err), err
+		}
+		if job.Bind && attempt == 0 {
+			fmt.Fprintf(stderr, "gdistrun: -bind-to core: %s\n", bindings(r.Procs()))
 		}
 		err = r.Wait()
 		if logs != nil {
@@ -304,4 +310,14 @@ func startFailureStatus(err error) int {
 		return exitCannotExec
 	}
 	return 1
+}
+
+// bindings describes where the ranks are bound: "rank 0 on CPU 0, rank 1 on
+// CPU 1".
+func bindings(procs []*launch.Proc) string {
+	parts := make([]string, len(procs))
+	for i, p := range procs {
+		parts[i] = fmt.Sprintf("rank %d on CPU %d", p.Rank, p.CPU)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -22,9 +22,10 @@
 // ranks meet over loopback. Under a launcher (RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT,
 // GDIST_TOKEN set, as gdistrun does) it uses those instead. Each rank runs
 // with GOMAXPROCS=1 unless -gomaxprocs says otherwise; with -pin (Linux)
-// rank r is bound to CPU r, so that the two ranks never share a CPU (on a
-// loaded machine the kernel sometimes puts both on one, which shows as a
-// run of much slower shm ping-pongs).
+// the ranks it starts itself are bound to one CPU each (launch.Job.Bind,
+// what gdistrun -bind-to core does), so that the two never share a CPU (on
+// a loaded machine the kernel sometimes puts both on one, which shows as a
+// run of much slower shm ping-pongs). Under a launcher, bind there.
 //
 // # Usage
 //
@@ -115,7 +116,7 @@ func parseFlags(args []string, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Shm, "shm", shmSupported, "also measure the shared-memory transport (dist/transport/shm) against TCP")
 	fs.IntVar(&cfg.ShmRing, "shm-ring", 0, "shm ring size per direction in bytes, a power of two (0: the transport's default)")
 	fs.IntVar(&cfg.ShmSingleCopy, "shm-single-copy", -1, "shm single-copy threshold in bytes, 0 disables it (-1: the transport's default)")
-	fs.BoolVar(&cfg.Pin, "pin", false, "bind rank r to CPU r mod the CPUs available (Linux), so that the two ranks never share one")
+	fs.BoolVar(&cfg.Pin, "pin", false, "bind rank r to CPU r mod the CPUs available (Linux), so that the two ranks never share one (when it starts the ranks itself; under gdistrun use -bind-to core)")
 	fs.IntVar(&cfg.SockBuf, "sockbuf", 0, "kernel socket buffer size for both raw and gdist connections (0: kernel default)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err
@@ -152,6 +153,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	r, err := launch.Start(ctx, launch.Job{
 		Spec: launch.Spec{NProc: 2},
 		Args: args,
+		Bind: cfg.Pin,
 		Output: func(rank int) (io.Writer, io.Writer) {
 			e := launch.NewPrefixWriter(errs, fmt.Sprintf("[%d] ", rank))
 			if rank == 0 {
@@ -204,11 +206,6 @@ func runRank(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	runtime.GOMAXPROCS(cfg.Procs)
-	if cfg.Pin {
-		if err := pinRank(rank); err != nil {
-			return err
-		}
-	}
 	if cpuprofile != "" {
 		f, err := os.Create(fmt.Sprintf("%s.rank%d", cpuprofile, rank))
 		if err != nil {
@@ -608,8 +605,12 @@ func sizeName(n int) string {
 }
 
 func (r *results) print(w io.Writer) {
-	fmt.Fprintf(w, "transport_bench: 2 ranks (2 processes) over loopback TCP, GOMAXPROCS=%d per rank, %s, %d CPUs\n",
-		cfg.Procs, runtime.Version(), runtime.NumCPU())
+	cpus := fmt.Sprintf("%d CPUs", runtime.NumCPU())
+	if cfg.Pin {
+		cpus = "each rank bound to one CPU (-pin)"
+	}
+	fmt.Fprintf(w, "transport_bench: 2 ranks (2 processes) over loopback TCP, GOMAXPROCS=%d per rank, %s, %s\n",
+		cfg.Procs, runtime.Version(), cpus)
 	fmt.Fprintf(w, "%d rounds; raw and gdist run back to back in each round. Absolute figures: best round of each.\n", cfg.Rounds)
 	fmt.Fprintf(w, "Ratio: median over rounds of the paired gdist/raw ratio.\n\n")
 

@@ -7,16 +7,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"slices"
-	"strconv"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/transport"
@@ -227,42 +223,6 @@ func (b *bench) allReduceShm(ctx context.Context, res *results) error {
 			} else {
 				r.tcpAR = append(r.tcpAR, busbw(rawtcp.Summarize(l).Median))
 			}
-		}
-	}
-	return nil
-}
-
-// pinRank binds every thread of this process to CPU rank mod the CPUs it
-// may use (threads made later inherit it from the thread that makes
-// them), so that the two ranks never share a CPU, as MPI's --bind-to core
-// does. On a machine with other load a rank can then not escape a busy CPU.
-func pinRank(rank int) error {
-	var avail unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &avail); err != nil {
-		return err
-	}
-	var cpus []int
-	for c := range 1024 {
-		if avail.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
-	if len(cpus) == 0 {
-		return errors.New("pin: no CPU available")
-	}
-	var set unix.CPUSet
-	set.Set(cpus[rank%len(cpus)])
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return err
-	}
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
-		if err := unix.SchedSetaffinity(tid, &set); err != nil && err != unix.ESRCH {
-			return fmt.Errorf("pin thread %d: %w", tid, err)
 		}
 	}
 	return nil

@@ -23,6 +23,3 @@ func (b *bench) setupShm(context.Context, string) error       { return errNoShm 
 func (b *bench) measureShm(context.Context, *results) error   { return errNoShm }
 func (b *bench) allReduceShm(context.Context, *results) error { return errNoShm }
 func (r *results) printShm(io.Writer)                         {}
-
-// pinRank: CPU affinity is set only on Linux.
-func pinRank(int) error { return errors.New("-pin needs Linux") }

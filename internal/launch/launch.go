@@ -95,6 +95,14 @@ type Job struct {
 	// kill a rank on purpose and watch the survivors). Wait still reports
 	// the first rank that failed.
 	KeepGoing bool
+
+	// Bind binds every rank's process to one CPU, as Open MPI's
+	// --bind-to core does: local rank i to the (i mod n)-th of the n CPUs
+	// the launcher may run on, so ranks share a CPU only when there are
+	// more of them than CPUs. The child is bound from its first
+	// instruction (it inherits the binding of the thread that starts it).
+	// Linux only: elsewhere Start fails with ErrJob.
+	Bind bool
 }
 
 // drainTimeout bounds the wait for a rank's output pipes once it has been
@@ -114,6 +122,7 @@ type Run struct {
 type Proc struct {
 	Rank  int // global rank
 	Local int // local rank
+	CPU   int // the CPU it is bound to (Job.Bind), -1 if unbound
 
 	cmd *exec.Cmd
 
@@ -162,6 +171,15 @@ func Start(ctx context.Context, job Job) (*Run, error) {
 	if output == nil {
 		output = func(int) (io.Writer, io.Writer) { return os.Stdout, os.Stderr }
 	}
+	var cpus []int
+	if job.Bind {
+		if cpus, err = allowedCPUs(); err != nil {
+			return nil, fmt.Errorf("%w: Bind: %w", ErrJob, err)
+		}
+		if len(cpus) == 0 {
+			return nil, fmt.Errorf("%w: Bind: the launcher may run on no CPU", ErrJob)
+		}
+	}
 	r := &Run{spec: spec, done: make(chan struct{})}
 	for local := range spec.NProc {
 		rank := spec.GlobalRank(local)
@@ -178,7 +196,11 @@ func Start(ctx context.Context, job Job) (*Run, error) {
 			stdin = job.Stdin
 		}
 		stdout, stderr := output(rank)
-		p, err := startProc(rank, local, prog, job.Args, env, stdin, stdout, stderr)
+		cpu := -1
+		if cpus != nil {
+			cpu = cpus[local%len(cpus)]
+		}
+		p, err := startProc(rank, local, cpu, prog, job.Args, env, stdin, stdout, stderr)
 		if err != nil {
 			for _, q := range r.procs {
 				q.signal(os.Kill)
@@ -287,8 +309,8 @@ func (r *Run) supervise(ctx context.Context, job Job) {
 	r.err = reason
 }
 
-// startProc starts one rank.
-func startProc(rank, local int, prog string, args, env []string, stdin *os.File, stdout, stderr io.Writer) (*Proc, error) {
+// startProc starts one rank, bound to cpu unless it is negative.
+func startProc(rank, local, cpu int, prog string, args, env []string, stdin *os.File, stdout, stderr io.Writer) (*Proc, error) {
 	cmd := exec.Command(prog, args...)
 	if cmd.Err != nil {
 		return nil, cmd.Err
@@ -298,13 +320,13 @@ func startProc(rank, local int, prog string, args, env []string, stdin *os.File,
 	if stdin != nil {
 		cmd.Stdin = stdin
 	}
-	p := &Proc{Rank: rank, Local: local, cmd: cmd, done: make(chan struct{}), exitErr: make(chan error, 1)}
+	p := &Proc{Rank: rank, Local: local, CPU: cpu, cmd: cmd, done: make(chan struct{}), exitErr: make(chan error, 1)}
 	var err error
 	if cmd.Stdout, err = p.out.attach(stdout); err == nil {
 		cmd.Stderr, err = p.out.attach(stderr)
 	}
 	if err == nil {
-		err = cmd.Start()
+		err = startOn(cpu, cmd.Start)
 	}
 	p.out.closeParentEnds() // the child has its own copies
 	if err != nil {

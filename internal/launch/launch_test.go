@@ -34,9 +34,15 @@ func TestMain(m *testing.M) {
 //	exit3  rank 1 exits 3 at once; the others sleep
 //	late3  rank 1 exits 3 at once; the others exit 0 after 300 ms
 //	sleep  print "ready" and sleep
+//	cpus   print the CPUs each of its threads may run on (Linux)
 func child(role string) int {
 	rank := os.Getenv(EnvRank)
 	switch role {
+	case "cpus":
+		for _, c := range threadCPUs() {
+			fmt.Println(c)
+		}
+		return 0
 	case "env":
 		for _, k := range []string{EnvRank, EnvLocalRank, EnvWorldSize, EnvLocalWorldSize, EnvMasterAddr, EnvMasterPort, EnvToken, "GOMAXPROCS", "EXTRA", "PER_RANK"} {
 			fmt.Printf("%s=%s\n", k, os.Getenv(k))

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package launch
+
+func threadCPUs() []string { return nil }
