@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Defaults for the options.
@@ -74,17 +75,11 @@ func defaultConfig() config {
 	}
 }
 
+// apply applies opts to a default configuration.
 func apply(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			return cfg, fmt.Errorf("%w: nil option", ErrConfig)
-		}
-		if err := o(&cfg); err != nil {
-			return cfg, err
-		}
-	}
-	return cfg, nil
+	err := options.Apply(&cfg, opts, "shm", ErrConfig)
+	return cfg, err
 }
 
 // WithToken sets the job token every rank proves it knows in the handshake
