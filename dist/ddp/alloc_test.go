@@ -2,9 +2,13 @@ package ddp
 
 import (
 	"context"
+	"fmt"
+	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -117,4 +121,49 @@ func BenchmarkStep(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestHookGradInPlace: the compiler gives every gradient hook its input's
+// register (a parameter's gradient feeds only its hook), so the machine
+// calls UnsafeDo and the gradients are not copied once more per pass.
+func TestHookGradInPlace(t *testing.T) {
+	dt := tensor.Float32
+	sizes := []int{16, 8, 4}
+	buildMu.Lock()
+	g := gorgonia.NewGraph()
+	ps := newParams(g, dt, sizes, 0)
+	buildMu.Unlock()
+	pg, err := dist.New(transporttest.NewLocal(t, 1)[0])
+	require.NoError(t, err)
+	t.Cleanup(func() { pg.Close() })
+	d, err := Wrap(context.Background(), pg, ps)
+	require.NoError(t, err)
+	buildMu.Lock()
+	x := gorgonia.NewMatrix(g, dt, gorgonia.WithShape(2, sizes[0]), gorgonia.WithName("x"))
+	y := gorgonia.NewMatrix(g, dt, gorgonia.WithShape(2, sizes[len(sizes)-1]), gorgonia.WithName("y"))
+	out, err := forward(x, len(ps), func(i int) (*gorgonia.Node, error) { return d.Hook(ps[i]) }, nil)
+	var loss *gorgonia.Node
+	if err == nil {
+		loss, err = mseLoss(out, y)
+	}
+	if err == nil {
+		_, err = gorgonia.Grad(loss, ps...)
+	}
+	buildMu.Unlock()
+	require.NoError(t, err)
+	vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(ps...))
+	t.Cleanup(func() { vm.Close() })
+	prog := fmt.Sprint(reflect.ValueOf(vm).MethodByName("Prog").Call(nil)[0].Interface())
+	hooks := map[string]bool{} // the program lists its instructions twice
+	for _, line := range strings.Split(prog, "\n") {
+		f := strings.Split(strings.TrimSpace(line), "\t")
+		for i, field := range f {
+			if !strings.HasPrefix(field, "DDPHookGrad(") || i+2 >= len(f) {
+				continue
+			}
+			hooks[field] = true
+			assert.Equal(t, "["+f[i+2]+"]", f[i+1], "%s does not write its input's register: %s", field, line)
+		}
+	}
+	require.Len(t, hooks, len(ps), "hook gradient ops in the program:\n%s", prog)
 }

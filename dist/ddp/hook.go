@@ -26,10 +26,13 @@ import (
 // before the whole forward pass is reached last, so its gradient op would
 // run at the very end of backprop. Results are the same either way.
 //
-// The hook and its gradient op copy their input into an output buffer that
-// every pass reuses, so a training step allocates nothing per parameter:
-// hook(p).Value() and the gradient node's value are valid until the next
-// pass, like any value a TapeMachine may reuse.
+// The hook copies its input into an output buffer that every pass reuses,
+// so a training step allocates nothing per parameter. The gradient op
+// passes the gradient through in place where nothing else reads it (the
+// usual case: the compiler gives it its input's register, as it does for
+// a reshape) and copies it into such a buffer otherwise. hook(p).Value()
+// and the gradient node's value are valid until the next pass, like any
+// value a TapeMachine may reuse.
 //
 // Hook returns the same node for every call with the same parameter, so a
 // parameter used twice (weight tying) has one hook, created at its first use.
@@ -173,13 +176,34 @@ func (op *hookGradOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, err
 // every pass (see reuseCopy). Returning the input itself would alias two
 // registers the compiler believes distinct: an op that later reuses this
 // op's register in place would overwrite a gradient still live elsewhere.
+// Where the compiler knows the input dies here, it calls UnsafeDo instead.
 func (op *hookGradOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
+	if err := op.hand(inputs); err != nil {
+		return nil, err
+	}
+	return reuseCopy(&op.out, inputs[0])
+}
+
+// UnsafeDo is Do when the compiler has given this op its input's register
+// (OverwritesInput): nothing else reads the input afterwards, so the
+// gradient is passed through as it is, without a copy. That is the usual
+// case (a parameter's gradient feeds only its hook) and saves a copy of
+// every gradient per pass, on the critical path of the last bucket.
+func (op *hookGradOp) UnsafeDo(inputs ...gorgonia.Value) (gorgonia.Value, error) {
+	if err := op.hand(inputs); err != nil {
+		return nil, err
+	}
+	return inputs[0], nil
+}
+
+// hand gives the gradient to the DDP.
+func (op *hookGradOp) hand(inputs []gorgonia.Value) error {
 	if len(inputs) != 1 {
-		return nil, fmt.Errorf("ddp: %v: want 1 input, got %d: %w", op, len(inputs), dist.ErrInvalidArgument)
+		return fmt.Errorf("ddp: %v: want 1 input, got %d: %w", op, len(inputs), dist.ErrInvalidArgument)
 	}
 	launched, err := op.d.gradReady(op.i, inputs[0])
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if launched {
 		// Let the group's worker put the bucket on the wire now: with few
@@ -189,12 +213,16 @@ func (op *hookGradOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 		// hands the P back.
 		runtime.Gosched()
 	}
-	return reuseCopy(&op.out, inputs[0])
+	return nil
 }
 
-func (op *hookGradOp) ReturnsPtr() bool     { return false }
+// ReturnsPtr and OverwritesInput say what reshape says: the output may be
+// the input itself, which lets the register allocator give this op its
+// input's register when nothing reads the input afterwards (and the machine
+// then calls UnsafeDo).
+func (op *hookGradOp) ReturnsPtr() bool     { return true }
 func (op *hookGradOp) CallsExtern() bool    { return false }
-func (op *hookGradOp) OverwritesInput() int { return -1 }
+func (op *hookGradOp) OverwritesInput() int { return 0 }
 
 func (op *hookGradOp) WriteHash(h hash.Hash) {
 	fmt.Fprintf(h, "gdist.ddp.HookGrad#%d.%d", op.d.id, op.i)
