@@ -41,11 +41,10 @@ func startOn(cpu int, start func() error) error {
 		return fmt.Errorf("bind to CPU %d: sched_setaffinity: %w", cpu, err)
 	}
 	err := start()
-	if rerr := unix.SchedSetaffinity(0, &old); rerr != nil && err == nil {
-		// The thread stays locked (and so is never reused) rather than
-		// run other goroutines on one CPU.
-		runtime.LockOSThread()
-		return fmt.Errorf("bind to CPU %d: restoring the launcher's affinity: %w", cpu, rerr)
-	}
+	// Putting back a mask just read cannot fail short of a kernel bug; if it
+	// did, this thread would merely run the launcher's goroutines on one CPU.
+	// It must not end with the goroutine (Pdeathsig is per thread: the
+	// child would be killed), so it is unlocked as usual.
+	_ = unix.SchedSetaffinity(0, &old)
 	return err
 }
