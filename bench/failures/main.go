@@ -1,3 +1,5 @@
+//go:build unix
+
 // Command failures measures how gdist's ranks diagnose failures: it runs
 // each of four failure scenarios N times, ranks being separate OS processes
 // (this program re-executes itself through internal/launch, GOMAXPROCS=1
