@@ -50,12 +50,14 @@
 // RecvInto, RecvReduce and Release do not allocate.
 //
 // Each pair's memory is two rings and their control blocks, 16 MiB with
-// the default ring size (n ranks on a host: n(n-1)/2 pairs, 448 MiB for 8).
-// Both processes map it with MAP_POPULATE, so the pages are allocated and
-// mapped at setup: the rings would touch all of them within one lap anyway,
-// and left to first use, every fresh page cost the sender and the receiver a
-// page fault each, which made the first lap (the first 32 all-reduces of
-// 256 KiB) three to six times slower than the rest.
+// the default ring size (n ranks on a host: n(n-1)/2 pairs, at most 448 MiB
+// for 8). A ring's pages are allocated and mapped on both sides in one go
+// the first time a record of 16 KiB or more goes through it (madvise
+// MADV_POPULATE_WRITE and _READ): left to first use, every fresh page cost
+// the sender and the receiver a page fault each, which made the first lap
+// (the first 32 all-reduces of 256 KiB) three to six times slower than the
+// rest. Rings that only ever carry small messages (the pairs a ring
+// all-reduce does not use) stay almost unallocated.
 //
 // With WithSingleCopy (off by default: on the VM it was measured on, it was
 // slower than streaming), messages from the given size take one copy

@@ -426,12 +426,11 @@ func parseRights(oob []byte) ([]int, error) {
 // shrink it under the other's mapping (which would make its loads fault).
 const seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
-// How both sides map a region. MAP_POPULATE allocates and maps every page
-// now rather than at its first use, a page fault on each side (see the
-// package documentation).
+// How both sides map a region. Its pages come when a link first carries a
+// large record (warm, link.go), not at setup.
 const (
 	mapProt  = unix.PROT_READ | unix.PROT_WRITE
-	mapFlags = unix.MAP_SHARED | unix.MAP_POPULATE
+	mapFlags = unix.MAP_SHARED
 )
 
 // createRegion makes an anonymous, sealed, 0600 memfd of n bytes and maps it.
