@@ -94,14 +94,8 @@ func checkHosts(hosts []int, world int) error {
 	if len(hosts) != world {
 		return fmt.Errorf("%w: transport topology: %d host entries for %d ranks", ErrInvalidArgument, len(hosts), world)
 	}
-	next := 0
-	for r, h := range hosts {
-		switch {
-		case h == next:
-			next++
-		case h < 0 || h > next:
-			return fmt.Errorf("%w: transport topology: rank %d on host %d: hosts must be numbered 0, 1, ... in the order of their lowest rank", ErrInvalidArgument, r, h)
-		}
+	if err := transport.CheckHosts(hosts); err != nil {
+		return fmt.Errorf("%w: transport topology: %w", ErrInvalidArgument, err)
 	}
 	return nil
 }

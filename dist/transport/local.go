@@ -45,14 +45,8 @@ func WithLocalQueueLimit(n int) LocalOption {
 func WithHosts(hosts []int) LocalOption {
 	hosts = append([]int(nil), hosts...)
 	return func(c *localConfig) error {
-		next := 0
-		for r, h := range hosts {
-			switch {
-			case h == next:
-				next++
-			case h < 0 || h > next:
-				return fmt.Errorf("%w: WithHosts: rank %d on host %d: hosts must be numbered 0, 1, ... in the order of their lowest rank", ErrInvalidArgument, r, h)
-			}
+		if err := CheckHosts(hosts); err != nil {
+			return fmt.Errorf("%w: WithHosts: %w", ErrInvalidArgument, err)
 		}
 		c.hosts = hosts
 		return nil

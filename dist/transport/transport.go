@@ -125,3 +125,19 @@ type Topology interface {
 	// is a fresh copy.
 	Hosts() []int
 }
+
+// CheckHosts checks a host map against Topology's contract: hosts numbered
+// 0, 1, ... in the order of their lowest rank. Its error names the first
+// rank out of order; callers add their own context and sentinel.
+func CheckHosts(hosts []int) error {
+	next := 0
+	for r, h := range hosts {
+		switch {
+		case h == next:
+			next++
+		case h < 0 || h > next:
+			return fmt.Errorf("rank %d on host %d: hosts must be numbered 0, 1, ... in the order of their lowest rank", r, h)
+		}
+	}
+	return nil
+}
