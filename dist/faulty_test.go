@@ -22,12 +22,7 @@ func newFaultyCluster(t testing.TB, n int, cfg transporttest.FaultConfig, opts .
 		ts[i] = l
 	}
 	ts = transporttest.WrapAll(ts, cfg)
-	c := &cluster{gs: make([]*ProcessGroup, n), ts: locals}
-	for i := range ts {
-		g, err := New(ts[i], opts...)
-		require.NoError(t, err)
-		c.gs[i] = g
-	}
+	c := &cluster{gs: groupsOn(t, ts, opts...), ts: locals}
 	t.Cleanup(func() {
 		for _, g := range c.gs {
 			g.Close()

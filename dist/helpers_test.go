@@ -33,19 +33,32 @@ type cluster struct {
 
 func newCluster(t testing.TB, n int, opts ...Option) *cluster {
 	t.Helper()
-	ts := transporttest.NewLocal(t, n)
-	c := &cluster{gs: make([]*ProcessGroup, n), ts: ts}
-	for i := range ts {
-		g, err := New(ts[i], opts...)
-		require.NoError(t, err)
-		c.gs[i] = g
-	}
+	return localCluster(t, transporttest.NewLocal(t, n), opts...)
+}
+
+// localCluster is a group over each of ts, closed one after another when
+// the test ends.
+func localCluster(t testing.TB, ts []*transport.Local, opts ...Option) *cluster {
+	t.Helper()
+	c := &cluster{gs: groupsOn(t, ts, opts...), ts: ts}
 	t.Cleanup(func() {
 		for _, g := range c.gs {
 			require.NoError(t, g.Close())
 		}
 	})
 	return c
+}
+
+// groupsOn makes a group over each of ts.
+func groupsOn[T transport.Transport](t testing.TB, ts []T, opts ...Option) []*ProcessGroup {
+	t.Helper()
+	gs := make([]*ProcessGroup, len(ts))
+	for i, tr := range ts {
+		g, err := New(tr, opts...)
+		require.NoError(t, err, "rank %d", i)
+		gs[i] = g
+	}
+	return gs
 }
 
 // run calls f on every rank concurrently and returns the ranks' errors.

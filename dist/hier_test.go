@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
@@ -61,20 +59,7 @@ func hostLayouts(n int) [][]int {
 // map hosts.
 func newHostCluster(t testing.TB, hosts []int, opts ...Option) *cluster {
 	t.Helper()
-	n := len(hosts)
-	ts := transporttest.NewLocal(t, n, transport.WithHosts(hosts))
-	c := &cluster{gs: make([]*ProcessGroup, n), ts: ts}
-	for i := range ts {
-		g, err := New(ts[i], opts...)
-		require.NoError(t, err)
-		c.gs[i] = g
-	}
-	t.Cleanup(func() {
-		for _, g := range c.gs {
-			require.NoError(t, g.Close())
-		}
-	})
-	return c
+	return localCluster(t, transporttest.NewLocal(t, len(hosts), transport.WithHosts(hosts)), opts...)
 }
 
 func TestHierPlan(t *testing.T) {
@@ -490,38 +475,11 @@ func TestHierCrossHostBytes(t *testing.T) {
 // hosts.
 func newTCPHostCluster(t testing.TB, hosts []int, opts ...Option) *cluster {
 	t.Helper()
-	n := len(hosts)
-	lns := make([]net.Listener, n)
-	addrs := make([]string, n)
-	for r := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		lns[r], addrs[r] = ln, ln.Addr().String()
+	ts := make([]transport.Transport, len(hosts))
+	for r, tr := range tcpMesh(t, len(hosts)) {
+		ts[r] = &hostTransport{Transport: tr, hosts: hosts}
 	}
-	ts := make([]*tcp.Transport, n)
-	errs := make([]error, n)
-	ctx, cancel := context.WithTimeout(bg, 20*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			ts[r], errs[r] = tcp.New(ctx, r, n, lns[r], addrs, tcp.WithToken(testToken))
-		})
-	}
-	wg.Wait()
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
-	c := &cluster{gs: make([]*ProcessGroup, n)}
-	for r := range n {
-		g, err := New(&hostTransport{Transport: ts[r], hosts: hosts}, opts...)
-		require.NoError(t, err)
-		c.gs[r] = g
-	}
-	t.Cleanup(func() {
-		c.run(func(r int, g *ProcessGroup) error { return g.Close() })
-	})
-	return c
+	return tcpCluster(t, ts, opts...)
 }
 
 func TestHierTCP(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
 )
 
@@ -19,6 +20,13 @@ var testToken = []byte("dist-test-token-0123456789")
 // newTCPCluster is n ranks in this process connected by the TCP transport
 // over loopback.
 func newTCPCluster(t testing.TB, n int, opts ...Option) (*cluster, []*tcp.Transport) {
+	t.Helper()
+	ts := tcpMesh(t, n)
+	return tcpCluster(t, ts, opts...), ts
+}
+
+// tcpMesh is n TCP transports in this process, connected over loopback.
+func tcpMesh(t testing.TB, n int) []*tcp.Transport {
 	t.Helper()
 	lns := make([]net.Listener, n)
 	addrs := make([]string, n)
@@ -41,18 +49,19 @@ func newTCPCluster(t testing.TB, n int, opts ...Option) (*cluster, []*tcp.Transp
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
-	c := &cluster{gs: make([]*ProcessGroup, n)}
-	for r := range n {
-		g, err := New(ts[r], opts...)
-		require.NoError(t, err)
-		c.gs[r] = g
-	}
+	return ts
+}
+
+// tcpCluster is a group over each of ts, closed concurrently when the test
+// ends: a closing rank says goodbye and waits (briefly) for its peers to
+// acknowledge.
+func tcpCluster[T transport.Transport](t testing.TB, ts []T, opts ...Option) *cluster {
+	t.Helper()
+	c := &cluster{gs: groupsOn(t, ts, opts...)}
 	t.Cleanup(func() {
-		// Close concurrently: a closing rank says goodbye and waits
-		// (briefly) for its peers to acknowledge.
 		c.run(func(r int, g *ProcessGroup) error { return g.Close() })
 	})
-	return c, ts
+	return c
 }
 
 func TestTCPCollectives(t *testing.T) {
