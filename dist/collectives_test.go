@@ -60,42 +60,8 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 	ctx := bg
 	where := func(what string) string { return fmt.Sprintf("%s n=%d rank=%d len=%d", what, n, r, length) }
 	for _, op := range allOps {
-		// AllReduce, float32 and float64.
-		want := refAllReduce(op, F32, n, length)
-		f32 := make([]float32, length)
-		for i := range f32 {
-			f32[i] = float32(exactInput(op, r, i))
-		}
-		if err := g.AllReduce(ctx, f32, op); err != nil {
+		if err := checkAllReduceOp(ctx, t, g, n, r, length, op, where); err != nil {
 			return err
-		}
-		for i := range f32 {
-			if float64(f32[i]) != want[i] {
-				assert.Failf(t, "wrong value", "%s %v: [%d] = %v, want %v", where("all_reduce f32"), op, i, f32[i], want[i])
-				break
-			}
-		}
-		want = refAllReduce(op, F64, n, length)
-		f64 := make([]float64, length)
-		for i := range f64 {
-			f64[i] = exactInput(op, r, i)
-		}
-		if err := g.AllReduceF64(ctx, f64, op); err != nil {
-			return err
-		}
-		assert.Equal(t, want, f64, where("all_reduce f64 "+op.String()))
-
-		// AllReduceTyped, every dtype.
-		for _, dt := range allDTypes {
-			in := make([]float64, length)
-			for i := range in {
-				in[i] = exactInput(op, r, i)
-			}
-			buf := encodeValues(t, dt, in)
-			if err := g.AllReduceTyped(ctx, buf, dt, op); err != nil {
-				return err
-			}
-			assert.Equal(t, refAllReduce(op, dt, n, length), decodeValues(t, dt, buf), where("typed "+dt.String()+" "+op.String()))
 		}
 
 		// ReduceScatter: rank r gets block r of the all-reduce of n blocks.
@@ -197,6 +163,49 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 		return err
 	}
 	return g.Barrier(ctx)
+}
+
+// checkAllReduceOp runs AllReduce (float32, float64) and AllReduceTyped
+// (every dtype) with op once on rank r and compares with the reference.
+func checkAllReduceOp(ctx context.Context, t require.TestingT, g *ProcessGroup, n, r, length int, op ReduceOp, where func(string) string) error {
+	// AllReduce, float32 and float64.
+	want := refAllReduce(op, F32, n, length)
+	f32 := make([]float32, length)
+	for i := range f32 {
+		f32[i] = float32(exactInput(op, r, i))
+	}
+	if err := g.AllReduce(ctx, f32, op); err != nil {
+		return err
+	}
+	for i := range f32 {
+		if float64(f32[i]) != want[i] {
+			assert.Failf(t, "wrong value", "%s %v: [%d] = %v, want %v", where("all_reduce f32"), op, i, f32[i], want[i])
+			break
+		}
+	}
+	want = refAllReduce(op, F64, n, length)
+	f64 := make([]float64, length)
+	for i := range f64 {
+		f64[i] = exactInput(op, r, i)
+	}
+	if err := g.AllReduceF64(ctx, f64, op); err != nil {
+		return err
+	}
+	assert.Equal(t, want, f64, where("all_reduce f64 "+op.String()))
+
+	// AllReduceTyped, every dtype.
+	for _, dt := range allDTypes {
+		in := make([]float64, length)
+		for i := range in {
+			in[i] = exactInput(op, r, i)
+		}
+		buf := encodeValues(t, dt, in)
+		if err := g.AllReduceTyped(ctx, buf, dt, op); err != nil {
+			return err
+		}
+		assert.Equal(t, refAllReduce(op, dt, n, length), decodeValues(t, dt, buf), where("typed "+dt.String()+" "+op.String()))
+	}
+	return nil
 }
 
 // TestAllReduceLarge checks vectors of more than a million elements, split

@@ -140,38 +140,8 @@ func checkHierRank(t require.TestingT, g *ProcessGroup, n, r, length int) error 
 	ctx := bg
 	where := func(what string) string { return fmt.Sprintf("%s n=%d rank=%d len=%d", what, n, r, length) }
 	for _, op := range allOps {
-		want := refAllReduce(op, F32, n, length)
-		f32 := make([]float32, length)
-		for i := range f32 {
-			f32[i] = float32(exactInput(op, r, i))
-		}
-		if err := g.AllReduce(ctx, f32, op); err != nil {
+		if err := checkAllReduceOp(ctx, t, g, n, r, length, op, where); err != nil {
 			return err
-		}
-		for i := range f32 {
-			if float64(f32[i]) != want[i] {
-				assert.Failf(t, "wrong value", "%s %v: [%d] = %v, want %v", where("all_reduce f32"), op, i, f32[i], want[i])
-				break
-			}
-		}
-		f64 := make([]float64, length)
-		for i := range f64 {
-			f64[i] = exactInput(op, r, i)
-		}
-		if err := g.AllReduceF64(ctx, f64, op); err != nil {
-			return err
-		}
-		assert.Equal(t, refAllReduce(op, F64, n, length), f64, where("all_reduce f64 "+op.String()))
-		for _, dt := range allDTypes {
-			in := make([]float64, length)
-			for i := range in {
-				in[i] = exactInput(op, r, i)
-			}
-			buf := encodeValues(t, dt, in)
-			if err := g.AllReduceTyped(ctx, buf, dt, op); err != nil {
-				return err
-			}
-			assert.Equal(t, refAllReduce(op, dt, n, length), decodeValues(t, dt, buf), where("typed "+dt.String()+" "+op.String()))
 		}
 	}
 	if err := checkBroadcasts(ctx, t, g, length, where); err != nil {
