@@ -2,7 +2,6 @@ package dist
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -75,44 +74,14 @@ func childHier() int {
 		fmt.Fprintln(os.Stderr, "hier child: the group is not hierarchical")
 		return 1
 	}
-	n, r := g.WorldSize(), g.Rank()
 	if os.Getenv(hierModeEnv) == "kill" {
-		d := make([]float32, 1<<18)
-		for i := 0; ; i++ {
-			if i == 3 {
-				fmt.Println("running")
-			}
-			err := g.AllReduce(context.Background(), d, Sum)
-			if err == nil {
-				continue
-			}
-			var pe *PeerError
-			if errors.As(err, &pe) {
-				fmt.Printf("peer_error rank=%d op=%s lost=%v err=%q\n", pe.Rank, pe.Op, errors.Is(err, ErrPeerLost), err)
-			} else {
-				fmt.Printf("other_error %q\n", err)
-			}
-			return 0
-		}
+		return childKill(g)
 	}
-	rec := &recorder{}
-	lengths := []int{0, 1, n - 1, 7, 333, 1<<18 + 3}
+	lengths := []int{0, 1, g.WorldSize() - 1, 7, 333, 1<<18 + 3}
 	if os.Getenv(lightEnv) != "" {
 		lengths = lengths[:5]
 	}
-	for _, length := range lengths {
-		if err := checkHierRank(rec, g, n, r, length); err != nil {
-			fmt.Fprintln(os.Stderr, "collective failed:", err)
-			return 1
-		}
-	}
-	for _, f := range rec.failed {
-		fmt.Fprintln(os.Stderr, f)
-	}
-	if len(rec.failed) > 0 {
-		return 1
-	}
-	return 0
+	return childCheck(g, lengths, checkHierRank)
 }
 
 // hierChildGroup connects this rank to the others over TCP and returns its

@@ -135,7 +135,6 @@ func (r *recorder) Errorf(format string, args ...any) {
 func (r *recorder) FailNow() { panic("FailNow: " + strings.Join(r.failed, "; ")) }
 
 func childCollectives(g *ProcessGroup) int {
-	rec := &recorder{}
 	n, r := g.WorldSize(), g.Rank()
 	if g.LocalRank() != r {
 		fmt.Fprintf(os.Stderr, "LocalRank %d, want %d\n", g.LocalRank(), r)
@@ -145,8 +144,16 @@ func childCollectives(g *ProcessGroup) int {
 	if os.Getenv(lightEnv) != "" {
 		lengths = lengths[:4]
 	}
+	return childCheck(g, lengths, checkRank)
+}
+
+// childCheck runs check on this rank for every length and reports what
+// failed on stderr: exit status 1 if anything did.
+func childCheck(g *ProcessGroup, lengths []int, check func(t require.TestingT, g *ProcessGroup, n, r, length int) error) int {
+	rec := &recorder{}
+	n, r := g.WorldSize(), g.Rank()
 	for _, length := range lengths {
-		if err := checkRank(rec, g, n, r, length); err != nil {
+		if err := check(rec, g, n, r, length); err != nil {
 			fmt.Fprintln(os.Stderr, "collective failed:", err)
 			return 1
 		}
