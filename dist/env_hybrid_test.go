@@ -25,14 +25,6 @@ import (
 	"github.com/gdist/gdist/internal/procjob"
 )
 
-func lookupOf(kv ...string) func(string) (string, bool) {
-	m := map[string]string{}
-	for i := 0; i < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-}
-
 func TestHybridEnvOptions(t *testing.T) {
 	for _, c := range []struct {
 		env []string

@@ -23,14 +23,17 @@ import (
 	"github.com/gdist/gdist/internal/launchenv"
 )
 
-func TestTCPEnvOptions(t *testing.T) {
-	env := func(kv ...string) func(string) (string, bool) {
-		m := map[string]string{}
-		for i := 0; i < len(kv); i += 2 {
-			m[kv[i]] = kv[i+1]
-		}
-		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+// lookupOf is an environment lookup (os.LookupEnv's shape) over the
+// key/value pairs kv.
+func lookupOf(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
 	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestTCPEnvOptions(t *testing.T) {
 	for _, c := range []struct {
 		env  []string
 		n    int // options
@@ -58,7 +61,7 @@ func TestTCPEnvOptions(t *testing.T) {
 		{[]string{EnvSocketBuffer, "-5"}, 0, EnvSocketBuffer, false},
 		{[]string{EnvHeartbeatTimeout, "3s", EnvInitTimeout, "1m", EnvMaxFrame, "1M", EnvSocketBuffer, "1M"}, 4, "", false},
 	} {
-		opts, err := tcpEnvOptions(env(c.env...))
+		opts, err := tcpEnvOptions(lookupOf(c.env...))
 		if c.bad != "" {
 			require.ErrorIs(t, err, ErrEnv, "%v", c.env)
 			assert.Contains(t, err.Error(), c.bad, "%v", c.env)
