@@ -6,10 +6,10 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -66,29 +66,11 @@ func TestTimeoutNamesStraggler(t *testing.T) {
 	assert.Equal(t, uint64(1), ps[1].FinishedSeq)
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestStallReport: a collective with no timeout that waits longer than the
 // stall threshold logs a report naming the rank it waits for, once per
 // threshold.
 func TestStallReport(t *testing.T) {
-	var logs syncBuffer
+	var logs transporttest.LogBuffer
 	l := slog.New(slog.NewTextHandler(&logs, nil))
 	c := newCluster(t, 2, withProgressInterval(10*time.Millisecond), WithStallThreshold(100*time.Millisecond), WithLogger(l))
 	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error { return g.Barrier(bg) }))

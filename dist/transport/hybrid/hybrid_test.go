@@ -3,7 +3,6 @@
 package hybrid_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -266,7 +265,7 @@ func badSHM(r int) []hybrid.Option {
 // host's ranks agree to use TCP, log a warning, and the other host keeps
 // shared memory.
 func TestAutoFallback(t *testing.T) {
-	var logs syncBuffer
+	var logs transporttest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ts, errs := start(t, []string{"A", "A", "B", "B"}, badSHM, hybrid.WithLogger(log))
 	defer closeAll(ts)
@@ -392,23 +391,6 @@ func TestPeerLostEachRoute(t *testing.T) {
 		assert.Equal(t, 2, pe.Rank)
 		assert.ErrorIs(t, err, transport.ErrPeerLost)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestPeerWithoutHybrid: a peer that joined over plain TCP and never sends
