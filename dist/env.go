@@ -3,11 +3,9 @@ package dist
 import (
 	"context"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/launchenv"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Environment variables InitFromEnv reads.
@@ -331,32 +330,9 @@ func envSize(lookup func(string) (string, bool), name string) (int, bool, error)
 	if !ok || v == "" {
 		return 0, false, nil
 	}
-	n, err := parseBytes(v)
+	n, err := options.ParseBytes(v)
 	if err != nil || n <= 0 {
 		return 0, false, fmt.Errorf("%w: %s=%q is not a positive size in bytes (e.g. 67108864 or 64M)", ErrEnv, name, v)
 	}
 	return n, true, nil
-}
-
-// parseBytes parses a byte count with an optional binary suffix K, M or G
-// (also KiB, MiB, GiB).
-func parseBytes(s string) (int, error) {
-	mult := 1
-	for _, u := range []struct {
-		suffix string
-		mult   int
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
-		if t, ok := strings.CutSuffix(s, u.suffix); ok {
-			s, mult = t, u.mult
-			break
-		}
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, err
-	}
-	if n > math.MaxInt/mult {
-		return 0, fmt.Errorf("%d * %d overflows", n, mult)
-	}
-	return n * mult, nil
 }

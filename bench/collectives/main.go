@@ -49,6 +49,8 @@ import (
 	"strings"
 	"time"
 
+	config "github.com/gdist/gdist/internal/options"
+
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/launch"
@@ -152,21 +154,13 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	return o, nil
 }
 
+// parseSize parses a message size such as 8, 64K or 16M.
 func parseSize(s string) (int64, error) {
-	mult := int64(1)
-	switch {
-	case strings.HasSuffix(s, "K"):
-		mult, s = 1<<10, strings.TrimSuffix(s, "K")
-	case strings.HasSuffix(s, "M"):
-		mult, s = 1<<20, strings.TrimSuffix(s, "M")
-	case strings.HasSuffix(s, "G"):
-		mult, s = 1<<30, strings.TrimSuffix(s, "G")
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
+	n, err := config.ParseBytes(s)
 	if err != nil {
-		return 0, fmt.Errorf("bad size %q", s)
+		return 0, fmt.Errorf("bad size %q: %w", s, err)
 	}
-	return n * mult, nil
+	return int64(n), nil
 }
 
 // launchAll runs one job per world size in opts.nps and transport in

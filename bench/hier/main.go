@@ -65,6 +65,8 @@ import (
 	"sync"
 	"time"
 
+	config "github.com/gdist/gdist/internal/options"
+
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport/hybrid"
@@ -153,21 +155,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return drive(ctx, o, args, stdout, stderr)
 }
 
+// parseSize parses a message size such as 8, 64K or 16M.
 func parseSize(s string) (int64, error) {
-	mult := int64(1)
-	switch {
-	case strings.HasSuffix(s, "K"):
-		mult, s = 1<<10, strings.TrimSuffix(s, "K")
-	case strings.HasSuffix(s, "M"):
-		mult, s = 1<<20, strings.TrimSuffix(s, "M")
-	case strings.HasSuffix(s, "G"):
-		mult, s = 1<<30, strings.TrimSuffix(s, "G")
+	n, err := config.ParseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("bad size %q: %w", s, err)
 	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return v * mult, nil
+	return int64(n), nil
 }
 
 // parseTransports parses -transport: tcp and auto, each at most once.

@@ -42,3 +42,15 @@ func TestApply(t *testing.T) {
 
 	require.NoError(t, Apply[config, option](&c, nil, "test", errInvalid))
 }
+
+func TestParseBytes(t *testing.T) {
+	for s, want := range map[string]int{"0": 0, "8": 8, "64K": 64 << 10, "2KiB": 2 << 10, "16M": 16 << 20, "3MiB": 3 << 20, "1G": 1 << 30, "1GiB": 1 << 30} {
+		got, err := ParseBytes(s)
+		require.NoError(t, err, s)
+		assert.Equal(t, want, got, s)
+	}
+	for _, s := range []string{"", "K", "-1", "1T", "1.5M", "x", "99999999999999999G"} {
+		_, err := ParseBytes(s)
+		assert.Error(t, err, s)
+	}
+}
