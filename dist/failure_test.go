@@ -21,48 +21,60 @@ func TestKillMidAllReduce(t *testing.T) {
 		t.Run(fmt.Sprintf("victim=%d", victim), func(t *testing.T) {
 			const n = 4
 			c := newCluster(t, n, withSegment(16<<10))
-			var killedAt time.Time
-			var once sync.Once
-			kill := func() {
-				once.Do(func() {
-					killedAt = time.Now()
-					c.ts[victim].Kill()
-				})
-			}
-			failedAt := make([]time.Time, n)
-			errs := c.run(func(r int, g *ProcessGroup) error {
-				d := make([]float32, 1<<18)
-				for i := 0; ; i++ {
-					if r == victim && i == 3 {
-						go func() { time.Sleep(time.Millisecond); kill() }()
-					}
-					if err := g.AllReduce(bg, d, Sum); err != nil {
-						failedAt[r] = time.Now()
-						return err
-					}
-				}
-			})
-			for r, err := range errs {
+			requireKillNamed(t, c, victim, 1<<18)
+			for r := range n {
 				if r == victim {
 					continue
 				}
-				var pe *PeerError
-				require.ErrorAs(t, err, &pe, "rank %d", r)
-				assert.Equal(t, victim, pe.Rank, "rank %d: %v", r, err)
-				assert.Equal(t, "all_reduce", pe.Op, "rank %d", r)
-				// Local.Kill fails the victim's own mailbox before the
-				// others', so a send racing with it can see the victim as
-				// closed rather than lost.
-				assert.True(t, errors.Is(err, ErrPeerLost) || errors.Is(err, ErrPeerClosed), "rank %d: %v", r, err)
-				assert.Less(t, failedAt[r].Sub(killedAt), 5*time.Second)
-
 				// Later collectives fail the same way, naming themselves.
-				err = c.gs[r].Broadcast(bg, make([]float32, 3), 0)
+				var pe *PeerError
+				err := c.gs[r].Broadcast(bg, make([]float32, 3), 0)
 				require.ErrorAs(t, err, &pe)
 				assert.Equal(t, victim, pe.Rank)
 				assert.Equal(t, "broadcast", pe.Op)
 			}
 		})
+	}
+}
+
+// requireKillNamed kills rank victim of c while every rank loops on
+// all-reduces of length float32s and checks that every survivor's
+// all-reduce fails within 5 s with a *PeerError naming the victim and the
+// collective, the victim lost (or closed: Local.Kill fails the victim's own
+// mailbox before the others', so a send racing with it can see it closed).
+func requireKillNamed(t *testing.T, c *cluster, victim, length int) {
+	t.Helper()
+	var killedAt time.Time
+	var once sync.Once
+	kill := func() {
+		once.Do(func() {
+			killedAt = time.Now()
+			c.ts[victim].Kill()
+		})
+	}
+	failedAt := make([]time.Time, len(c.gs))
+	errs := c.run(func(r int, g *ProcessGroup) error {
+		d := make([]float32, length)
+		for i := 0; ; i++ {
+			if r == victim && i == 3 {
+				go func() { time.Sleep(time.Millisecond); kill() }()
+			}
+			if err := g.AllReduce(bg, d, Sum); err != nil {
+				failedAt[r] = time.Now()
+				return err
+			}
+		}
+	})
+	for r, err := range errs {
+		if r == victim {
+			continue
+		}
+		var pe *PeerError
+		require.ErrorAs(t, err, &pe, "rank %d", r)
+		assert.Equal(t, victim, pe.Rank, "rank %d: %v", r, err)
+		assert.Equal(t, "all_reduce", pe.Op, "rank %d", r)
+		assert.True(t, errors.Is(err, ErrPeerLost) || errors.Is(err, ErrPeerClosed), "rank %d: %v", r, err)
+		assert.Less(t, failedAt[r].Sub(killedAt), 5*time.Second)
 	}
 }
 

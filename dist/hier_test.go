@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -290,45 +289,7 @@ func TestHierKillMidAllReduce(t *testing.T) {
 	for _, victim := range []int{0, 1, 2, 3} {
 		for _, length := range []int{1 << 18, 100} {
 			t.Run(fmt.Sprintf("victim=%d/len=%d", victim, length), func(t *testing.T) {
-				n := len(hosts)
-				c := newHostCluster(t, hosts, withSegment(16<<10))
-				var killedAt time.Time
-				var once sync.Once
-				kill := func() {
-					once.Do(func() {
-						killedAt = time.Now()
-						c.ts[victim].Kill()
-					})
-				}
-				errs := make([]error, n)
-				failedAt := make([]time.Time, n)
-				var wg sync.WaitGroup
-				for r, g := range c.gs {
-					wg.Go(func() {
-						d := make([]float32, length)
-						for i := 0; ; i++ {
-							if r == victim && i == 3 {
-								go func() { time.Sleep(time.Millisecond); kill() }()
-							}
-							if err := g.AllReduce(bg, d, Sum); err != nil {
-								failedAt[r], errs[r] = time.Now(), err
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				for r, err := range errs {
-					if r == victim {
-						continue
-					}
-					var pe *PeerError
-					require.ErrorAs(t, err, &pe, "rank %d", r)
-					assert.Equal(t, victim, pe.Rank, "rank %d: %v", r, err)
-					assert.Equal(t, "all_reduce", pe.Op, "rank %d", r)
-					assert.True(t, errors.Is(err, ErrPeerLost) || errors.Is(err, ErrPeerClosed), "rank %d: %v", r, err)
-					assert.Less(t, failedAt[r].Sub(killedAt), 5*time.Second)
-				}
+				requireKillNamed(t, newHostCluster(t, hosts, withSegment(16<<10)), victim, length)
 			})
 		}
 	}
