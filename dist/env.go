@@ -145,10 +145,10 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		t.Close()
 		return nil, err
 	}
-	if g.obs.met != nil {
-		rtts.Store(g.obs.met) // the transport's heartbeat round trips, from now on
+	if m := g.Metrics(); m != nil {
+		rtts.Store(m) // the transport's heartbeat round trips, from now on
 	}
-	g.localRank = job.LocalRank
+	g.d.localRank = job.LocalRank
 	return g, nil
 }
 

@@ -75,6 +75,7 @@ type config struct {
 	timeline    string // WithTimeline
 	metricsAddr string // WithMetricsAddr
 	restarts    int    // GDIST_RESTART_COUNT, from InitFromEnv
+	localRank   int    // WithLocalRank; -1: the rank
 
 	tcpOpts    []tcp.Option    // WithTCPOptions, for InitFromEnv
 	hybridOpts []hybrid.Option // WithSHMOptions (options_linux.go), for InitFromEnv
@@ -90,10 +91,11 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		timeout: DefaultTimeout,
-		small:   DefaultSmallThreshold,
-		segment: defaultSegment,
-		logger:  slog.New(slog.DiscardHandler),
+		timeout:   DefaultTimeout,
+		small:     DefaultSmallThreshold,
+		localRank: -1,
+		segment:   defaultSegment,
+		logger:    slog.New(slog.DiscardHandler),
 
 		stall:         DefaultStallThreshold,
 		progressEvery: defaultProgressInterval,

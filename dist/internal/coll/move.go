@@ -33,11 +33,12 @@ func (nt *Net) AllGather(ctx context.Context, c Comm, dst, src []byte) error {
 	return nt.allGatherRing(ctx, c, dst, offs)
 }
 
-// AllGatherV is AllGather with blocks of different sizes: member i
-// contributes sizes[i] bytes (its src, so len(src) == sizes[Me]) and dst,
-// of the sum of sizes, receives them in member order.
-func (nt *Net) AllGatherV(ctx context.Context, c Comm, dst, src []byte, sizes []int) error {
-	offs := nt.offsets(c.N, func(i int) int { return sizes[i] })
+// AllGatherV is AllGather with blocks of different lengths: member i
+// contributes counts[i] elements of es bytes (its src, so len(src) ==
+// es*counts[Me]) and dst, of es times the sum of counts, receives them in
+// member order.
+func (nt *Net) AllGatherV(ctx context.Context, c Comm, dst, src []byte, counts []int, es int) error {
+	offs := nt.offsets(c.N, func(i int) int { return es * counts[i] })
 	copy(dst[offs[c.Me]:offs[c.Me+1]], src)
 	if c.N == 1 {
 		return nil
@@ -76,21 +77,26 @@ func (nt *Net) allGatherRing(ctx context.Context, c Comm, dst []byte, offs []int
 }
 
 // AllToAll sends block i of src to member i and receives member i's block
-// for this member into block i of dst. Send block i is
-// src[soffs[i]:soffs[i+1]] and receive block i dst[roffs[i]:roffs[i+1]]
-// (offsets as sizes' prefix sums; equal splits pass equal sizes). The
-// block a member keeps is copied. Each of the n-1 steps s exchanges with
-// members me+s (to) and me-s (from): every member sends and receives each
-// byte once, and the first step is a ring step, so desyncs are caught as
-// in the ring.
-func (nt *Net) AllToAll(ctx context.Context, c Comm, dst, src []byte, sendSizes, recvSizes []int) error {
+// for this member into block i of dst. With nil counts the blocks are
+// equal: src and dst split into N blocks each. Otherwise send block i
+// holds sendCounts[i] elements of es bytes and receive block i
+// recvCounts[i], in member order. The block a member keeps is copied.
+// Each of the n-1 steps s exchanges with members me+s (to) and me-s
+// (from): every member sends and receives each byte once, and the first
+// step is a ring step, so desyncs are caught as in the ring.
+func (nt *Net) AllToAll(ctx context.Context, c Comm, dst, src []byte, sendCounts, recvCounts []int, es int) error {
 	n, r := c.N, c.Me
-	// Two offset tables: the receive side lives after the send side.
+	// One table of offsets: the receive side's after the send side's.
 	all := nt.offsets(2*n, func(i int) int {
-		if i < n {
-			return sendSizes[i]
+		switch {
+		case sendCounts == nil && i < n:
+			return len(src) / n
+		case sendCounts == nil:
+			return len(dst) / n
+		case i < n:
+			return es * sendCounts[i]
 		}
-		return recvSizes[i-n]
+		return es * recvCounts[i-n]
 	})
 	so, ro := all[:n+1], all[n:]
 	rbase := ro[0]
