@@ -63,7 +63,7 @@ func TestAllReduceZeroAllocs(t *testing.T) {
 			ctx, cancel := context.WithCancel(bg)
 			defer cancel()
 			step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
-				return g.AllReduce(ctx, bufs[r], Sum)
+				return g.AllReduce(ctx, F32(bufs[r]), Sum)
 			})
 			defer stop()
 			for range 10 {

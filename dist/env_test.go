@@ -45,7 +45,7 @@ func TestInitFromEnvSingleProcess(t *testing.T) {
 		assert.Equal(t, 1, g.WorldSize())
 		assert.IsType(t, &transport.Local{}, g.Transport())
 		d := []float32{1, 2}
-		require.NoError(t, g.AllReduce(bg, d, Mean))
+		require.NoError(t, g.AllReduce(bg, F32(d), Mean))
 		assert.Equal(t, []float32{1, 2}, d)
 		require.NoError(t, g.Close())
 	}

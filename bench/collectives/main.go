@@ -341,13 +341,13 @@ func measure(ctx context.Context, g *dist.ProcessGroup, op string, count int, o 
 	call := func() error {
 		switch op {
 		case "all_reduce":
-			return g.AllReduce(ctx, dst, dist.Sum)
+			return g.AllReduce(ctx, dist.F32(dst), dist.Sum)
 		case "all_gather":
-			return g.AllGather(ctx, dst, src)
+			return g.AllGather(ctx, dist.F32(dst), dist.F32(src))
 		case "reduce_scatter":
-			return g.ReduceScatter(ctx, dst, src, dist.Sum)
+			return g.ReduceScatter(ctx, dist.F32(dst), dist.F32(src), dist.Sum)
 		default:
-			return g.Broadcast(ctx, dst, 0)
+			return g.Broadcast(ctx, dist.F32(dst), 0)
 		}
 	}
 	fill()
@@ -375,11 +375,11 @@ func measure(ctx context.Context, g *dist.ProcessGroup, op string, count int, o 
 	}
 	// The slowest rank's time; the wrong elements of all ranks.
 	t := []float64{stat[0]}
-	if err := g.AllReduceF64(ctx, t, dist.Max); err != nil {
+	if err := g.AllReduce(ctx, dist.F64(t), dist.Max); err != nil {
 		return result{}, err
 	}
 	w := []float64{stat[1]}
-	if err := g.AllReduceF64(ctx, w, dist.Sum); err != nil {
+	if err := g.AllReduce(ctx, dist.F64(w), dist.Sum); err != nil {
 		return result{}, err
 	}
 	return result{seconds: t[0], wrong: int(w[0])}, nil

@@ -101,7 +101,7 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 			}
 		}
 		start := time.Now()
-		err := pg.AllReduce(opCtx, data, dist.Max)
+		err := pg.AllReduce(opCtx, dist.F32(data), dist.Max)
 		at := time.Now()
 		slowest = max(slowest, at.Sub(start))
 		if err != nil {

@@ -535,7 +535,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 			buf[i] = float32(r + i%7)
 		}
 		for range o.warmup {
-			if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+			if err := g.AllReduce(ctx, dist.F32(buf), dist.Sum); err != nil {
 				return err
 			}
 		}
@@ -549,7 +549,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 		cpu0 := benchutil.CPUTime()
 		start := time.Now()
 		for range o.iters {
-			if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+			if err := g.AllReduce(ctx, dist.F32(buf), dist.Sum); err != nil {
 				return err
 			}
 		}
@@ -562,15 +562,15 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 		// The slowest rank's time, the cross-host bytes of all ranks and
 		// their CPU time.
 		stats := []float64{el.Seconds() / float64(o.iters) * 1e6}
-		if err := g.AllReduceF64(ctx, stats, dist.Max); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(stats), dist.Max); err != nil {
 			return err
 		}
 		bytes := []float64{(after - before) / float64(o.iters)}
-		if err := g.AllReduceF64(ctx, bytes, dist.Mean); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(bytes), dist.Mean); err != nil {
 			return err
 		}
 		cpus := []float64{cpu.Seconds() / float64(o.iters) * 1e6}
-		if err := g.AllReduceF64(ctx, cpus, dist.Sum); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(cpus), dist.Sum); err != nil {
 			return err
 		}
 		// One more, untimed, on fresh input, checked: the sum over the 4
@@ -578,7 +578,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 		for i := range buf {
 			buf[i] = float32(r + i%7)
 		}
-		if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+		if err := g.AllReduce(ctx, dist.F32(buf), dist.Sum); err != nil {
 			return err
 		}
 		wrong := []float64{0}
@@ -587,7 +587,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 				wrong[0]++
 			}
 		}
-		if err := g.AllReduceF64(ctx, wrong, dist.Sum); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(wrong), dist.Sum); err != nil {
 			return err
 		}
 		if r == 0 {

@@ -187,13 +187,13 @@ func (op *collectiveOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 	switch in := inputs[0].(type) {
 	case *gorgonia.F64:
 		buf := []float64{float64(*in)}
-		if err := run(ctx, op, f64, buf, buf); err != nil {
+		if err := run(ctx, op, buf, buf); err != nil {
 			return nil, err
 		}
 		return gorgonia.NewF64(buf[0]), nil
 	case *gorgonia.F32:
 		buf := []float32{float32(*in)}
-		if err := run(ctx, op, f32, buf, buf); err != nil {
+		if err := run(ctx, op, buf, buf); err != nil {
 			return nil, err
 		}
 		return gorgonia.NewF32(buf[0]), nil
@@ -210,9 +210,9 @@ func (op *collectiveOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 		out := tensor.New(tensor.WithShape(shape...), tensor.Of(in.Dtype()))
 		switch src := in.Data().(type) {
 		case []float64:
-			err = run(ctx, op, f64, out.Data().([]float64), src)
+			err = run(ctx, op, out.Data().([]float64), src)
 		case []float32:
-			err = run(ctx, op, f32, out.Data().([]float32), src)
+			err = run(ctx, op, out.Data().([]float32), src)
 		default:
 			err = fmt.Errorf("ops: %v of %v: %w", op, in.Dtype(), dist.ErrUnsupportedDType)
 		}
@@ -228,54 +228,38 @@ func (op *collectiveOp) Do(inputs ...gorgonia.Value) (gorgonia.Value, error) {
 // float is the element types the ops run on.
 type float interface{ float32 | float64 }
 
-// collectives are the ProcessGroup methods for one element type, as method
-// expressions, so that one kernel (run) serves float32 and float64.
-type collectives[T float] struct {
-	allReduce     func(*dist.ProcessGroup, context.Context, []T, dist.ReduceOp) error
-	allGather     func(g *dist.ProcessGroup, ctx context.Context, dst, src []T) error
-	reduceScatter func(g *dist.ProcessGroup, ctx context.Context, dst, src []T, op dist.ReduceOp) error
-	broadcast     func(g *dist.ProcessGroup, ctx context.Context, data []T, root int) error
-	reduce        func(g *dist.ProcessGroup, ctx context.Context, data []T, op dist.ReduceOp, root int) error
+// buffer returns x as the collectives take it.
+func buffer[T float](x []T) dist.Buffer {
+	switch v := any(x).(type) {
+	case []float32:
+		return dist.F32(v)
+	case []float64:
+		return dist.F64(v)
+	}
+	panic("ops: unreachable")
 }
 
-var (
-	f32 = &collectives[float32]{
-		allReduce:     (*dist.ProcessGroup).AllReduce,
-		allGather:     (*dist.ProcessGroup).AllGather,
-		reduceScatter: (*dist.ProcessGroup).ReduceScatter,
-		broadcast:     (*dist.ProcessGroup).Broadcast,
-		reduce:        (*dist.ProcessGroup).Reduce,
-	}
-	f64 = &collectives[float64]{
-		allReduce:     (*dist.ProcessGroup).AllReduceF64,
-		allGather:     (*dist.ProcessGroup).AllGatherF64,
-		reduceScatter: (*dist.ProcessGroup).ReduceScatterF64,
-		broadcast:     (*dist.ProcessGroup).BroadcastF64,
-		reduce:        (*dist.ProcessGroup).ReduceF64,
-	}
-)
-
 // run computes op's collective of src into dst (which may be src for the
-// in-place collectives) with c, the group's methods for T. src is only read:
-// every in-place collective works on dst, never on the caller's input
-// register.
-func run[T float](ctx context.Context, op *collectiveOp, c *collectives[T], dst, src []T) error {
+// in-place collectives). src is only read: every in-place collective works
+// on dst, never on the caller's input register.
+func run[T float](ctx context.Context, op *collectiveOp, dst, src []T) error {
 	g := op.g
+	d, s := buffer(dst), buffer(src)
 	var err error
 	switch op.kind {
 	case kindAllReduce:
 		copy(dst, src)
-		err = c.allReduce(g, ctx, dst, op.reduce)
+		err = g.AllReduce(ctx, d, op.reduce)
 	case kindAllGather:
-		err = c.allGather(g, ctx, dst, src)
+		err = g.AllGather(ctx, d, s)
 	case kindReduceScatter:
-		err = c.reduceScatter(g, ctx, dst, src, op.reduce)
+		err = g.ReduceScatter(ctx, d, s, op.reduce)
 	case kindBroadcast:
 		copy(dst, src)
-		err = c.broadcast(g, ctx, dst, op.root)
+		err = g.Broadcast(ctx, d, op.root)
 	case kindReduce:
 		copy(dst, src)
-		err = c.reduce(g, ctx, dst, op.reduce, op.root)
+		err = g.Reduce(ctx, d, op.reduce, op.root)
 		if err == nil && g.Rank() != op.root {
 			clear(dst)
 		}

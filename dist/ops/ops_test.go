@@ -146,8 +146,10 @@ func cases() []collectiveCase {
 	same := func(rows, n int) int { return rows }
 	allReduce := func(op dist.ReduceOp) collectiveCase {
 		return collectiveCase{
-			name:    "AllReduce/" + op.String(),
-			build:   func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) { return ops.AllReduce(pg, x, op) },
+			name: "AllReduce/" + op.String(),
+			build: func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) {
+				return ops.AllReduce(pg, x, op)
+			},
 			outRows: same,
 			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
 				s := 1.0
@@ -402,7 +404,7 @@ func TestNumericGradient(t *testing.T) {
 						return 0, err
 					}
 					l := []float64{lv.Data().(float64)}
-					err := pg.AllReduceF64(context.Background(), l, dist.Sum)
+					err := pg.AllReduce(context.Background(), dist.F64(l), dist.Sum)
 					return l[0], err
 				}
 				if _, err := total(); err != nil {

@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer pg.Close()
 
-	leader := pg.IsLeader()
+	leader := pg.Rank() == 0
 	out := io.Discard
 	if leader {
 		out = stdout

@@ -54,7 +54,7 @@ Flags:
 	if err != nil {
 		return err
 	}
-	if !pg.IsLeader() {
+	if !(pg.Rank() == 0) {
 		fmt.Fprintf(stderr, "generate: stage %d of %d ran layers %d..%d\n", pg.Rank(), pg.WorldSize(), res.Layers[0], res.Layers[1])
 		return nil
 	}

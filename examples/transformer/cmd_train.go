@@ -103,7 +103,7 @@ Flags:
 		return err
 	}
 	defer pg.Close()
-	leader := pg.IsLeader()
+	leader := (pg.Rank() == 0)
 	w := io.Discard
 	if leader {
 		w = stdout

@@ -216,7 +216,7 @@ func generatePipeline(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig)
 	// Rank 0's request rules.
 	h := header{promptLen: len(promptIDs), n: cfg.N, temperature: cfg.Temperature, seed: cfg.Seed}
 	hv := h.encode()
-	if err := pg.BroadcastF64(ctx, hv, 0); err != nil {
+	if err := pg.Broadcast(ctx, dist.F64(hv), 0); err != nil {
 		return nil, err
 	}
 	h = decodeHeader(hv)
@@ -279,12 +279,14 @@ func generatePipeline(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig)
 		}
 		switch {
 		case last:
-			if err := pg.SendF64(ctx, 0, tagToken, tok); err != nil {
+			if err := pg.Send(ctx, 0, tagToken, dist.F64(tok).Bytes()); err != nil {
 				return nil, err
 			}
 		case first:
-			if err := pg.RecvF64Into(ctx, world-1, tagToken, tok); err != nil {
+			if n, err := pg.RecvInto(ctx, world-1, tagToken, dist.F64(tok).Bytes()); err != nil {
 				return nil, err
+			} else if n != 8*len(tok) {
+				return nil, fmt.Errorf("transformer: last stage sent a token message of %d bytes", n)
 			}
 			if tok[0] < 0 || tok[0] >= float64(V) || tok[0] != math.Trunc(tok[0]) {
 				return nil, fmt.Errorf("transformer: last stage sent token %v (vocabulary %d)", tok[0], V)

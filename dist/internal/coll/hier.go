@@ -272,3 +272,13 @@ func (nt *Net) broadcastHier(ctx context.Context, c Comm, data []byte, root int)
 	}
 	return nil
 }
+
+// Host returns this member's host.
+func (p *Plan) Host() int { return p.host }
+
+// Local returns the members on this member's host, ascending (the first
+// is its leader), and this member's index among them.
+func (p *Plan) Local() (members []int, me int) { return p.local.ranks, p.local.Me }
+
+// Leaders returns the leader (lowest member) of every host.
+func (p *Plan) Leaders() []int { return p.leaders }
