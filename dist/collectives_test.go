@@ -162,6 +162,9 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 	if err := checkBroadcasts(ctx, t, g, length, where); err != nil {
 		return err
 	}
+	if err := checkMoves(ctx, t, g, n, r, length); err != nil {
+		return err
+	}
 	return g.Barrier(ctx)
 }
 

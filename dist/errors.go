@@ -258,7 +258,7 @@ type MemberError struct {
 }
 
 func (e *MemberError) Error() string {
-	return fmt.Sprintf("%v (rank %d is member %d of group %s)", e.Err, e.Rank, e.Member, e.Group)
+	return fmt.Sprintf("%v (rank %d is member %d of %s)", e.Err, e.Rank, e.Member, e.Group)
 }
 
 func (e *MemberError) Unwrap() error { return e.Err }

@@ -274,7 +274,10 @@ func (g *ProcessGroup) derive(seq uint64, name string) error {
 	return g.inGroup(err)
 }
 
-// inGroup adds to err, on a subgroup, which member the culprit is.
+// inGroup adds to err, on a subgroup, which member the culprit is. The
+// culprit is the one the error blames: the other side of a desync this
+// rank took part in, else the cause's culprit, or its reporter when that
+// is this rank (a peer gave up waiting for it).
 func (g *ProcessGroup) inGroup(err error) error {
 	if g.id == 0 {
 		return err
@@ -283,8 +286,15 @@ func (g *ProcessGroup) inGroup(err error) error {
 	if !errors.As(err, &a) {
 		return err
 	}
-	if m := g.member(a.Rank); m >= 0 {
-		return &MemberError{Group: g.name, Member: m, Rank: a.Rank, Err: err}
+	culprit := a.Rank
+	if culprit == g.d.rank {
+		culprit = a.Reporter
+	}
+	if de := (*DesyncError)(nil); errors.As(err, &de) && de.Rank == g.d.rank {
+		culprit = de.Peer
+	}
+	if m := g.member(culprit); m >= 0 {
+		return &MemberError{Group: g.name, Member: m, Rank: culprit, Err: err}
 	}
 	return err
 }

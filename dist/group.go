@@ -214,12 +214,12 @@ func (d *domain) newGroup(id uint32, name string, ranks []int, me, n int) *Proce
 	g.ex.g = g
 	g.lane = "collectives"
 	if id != 0 {
-		g.lane += " (group " + name + ")"
+		g.lane += " on " + name
 	}
 	for k := range g.ops {
 		g.ops[k] = opKind(k).String()
 		if id != 0 {
-			g.ops[k] += " (group " + name + ")"
+			g.ops[k] += " on " + name
 		}
 	}
 	g.net = coll.Net{Ex: &g.ex, Segment: d.cfg.segment, Small: d.cfg.small, Hier: d.plan(ranks, me, n)}
@@ -386,7 +386,7 @@ func (g *ProcessGroup) isClosed() bool {
 }
 
 // opName names operation kind on g: the bare name on the job's group,
-// "all_reduce (group dp)" on a subgroup.
+// "all_reduce on dp" on a subgroup.
 func (g *ProcessGroup) opName(k opKind) string {
 	if int(k) < len(g.ops) {
 		return g.ops[k]
