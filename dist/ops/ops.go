@@ -188,11 +188,11 @@ func AllGatherV(g *dist.ProcessGroup, x *gorgonia.Node, counts []int) (*gorgonia
 	return apply(x, collectiveOp{kind: kindAllGatherV, g: g, counts: slices.Clone(counts)})
 }
 
-// apply validates the arguments of the collective op describes (kind, group,
-// reduction, root, counts and scale; the id is set here) and adds its node
-// to x's graph.
+// apply gives op (kind, group, reduction, root, counts and scale) a new id,
+// validates its arguments and adds its node to x's graph.
 func apply(x *gorgonia.Node, op collectiveOp) (*gorgonia.Node, error) {
 	k, g := op.kind, op.g
+	op.id = nextID.Add(1)
 	if g == nil {
 		return nil, fmt.Errorf("ops: %v: nil process group: %w", k, dist.ErrInvalidArgument)
 	}
@@ -228,7 +228,6 @@ func apply(x *gorgonia.Node, op collectiveOp) (*gorgonia.Node, error) {
 	if _, err := op.outShape(x.Shape()); err != nil {
 		return nil, err
 	}
-	op.id = nextID.Add(1)
 	y, err := gorgonia.ApplyOp(&op, x)
 	if err != nil {
 		return nil, fmt.Errorf("ops: %v: %w", k, err)

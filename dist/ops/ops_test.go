@@ -55,7 +55,8 @@ func seq(n int, f func(i int) float64) []float64 {
 	return s
 }
 
-// makeTensor returns a tensor of dt holding vals.
+// makeTensor returns a tensor of dt holding vals (over a backing slice,
+// never nil, so that tensors without elements work too).
 func makeTensor(dt tensor.Dtype, shape tensor.Shape, vals []float64) tensor.Tensor {
 	if dt == tensor.Float32 {
 		f := make([]float32, len(vals))
@@ -64,11 +65,17 @@ func makeTensor(dt tensor.Dtype, shape tensor.Shape, vals []float64) tensor.Tens
 		}
 		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
 	}
-	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(append([]float64(nil), vals...)))
+	f := make([]float64, len(vals))
+	copy(f, vals)
+	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
 }
 
-// floats copies a Float32 or Float64 value to []float64.
+// floats copies a Float32 or Float64 value to []float64. A tensor without
+// elements gives an empty slice (the tensor package panics on its Data).
 func floats(t testing.TB, v gorgonia.Value) []float64 {
+	if s := v.Shape(); len(s) > 0 && s.TotalSize() == 0 {
+		return []float64{}
+	}
 	switch d := v.Data().(type) {
 	case []float64:
 		return append([]float64(nil), d...)
@@ -398,54 +405,73 @@ func TestNumericGradient(t *testing.T) {
 				}
 				vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
 				defer vm.Close()
-				total := func() (float64, error) {
-					vm.Reset()
-					if err := vm.RunAll(); err != nil {
-						return 0, err
-					}
-					l := []float64{lv.Data().(float64)}
-					err := pg.AllReduce(context.Background(), dist.F64(l), dist.Sum)
-					return l[0], err
-				}
-				if _, err := total(); err != nil {
-					return err
-				}
-				gv, err := x.Grad()
-				if err != nil {
-					return err
-				}
-				analytic := floats(t, gv)
-				data := xv.Data().([]float64)
-				const eps = 1e-6
-				for owner := range n {
-					for i := range size {
-						orig := data[i]
-						if r == owner {
-							data[i] = orig + eps
-						}
-						lp, err := total()
-						if err != nil {
-							return err
-						}
-						if r == owner {
-							data[i] = orig - eps
-						}
-						lm, err := total()
-						if err != nil {
-							return err
-						}
-						data[i] = orig
-						if r == owner {
-							num := (lp - lm) / (2 * eps)
-							assert.True(t, closeTo(num, analytic[i], 1e-6),
-								"rank %d x[%d]: numeric %v, analytic %v", r, i, num, analytic[i])
-						}
-					}
-				}
-				return nil
+				return checkNumericGradient(t, pg, vm, x, xv.Data().([]float64), &lv)
 			})
 		})
 	}
+}
+
+// checkNumericGradient compares the gradient of the global loss Σ_r loss_r
+// with respect to this rank's x, as vm computes it, with central finite
+// differences. Every rank of pg calls it with its own vm (which binds x's
+// dual value), x's backing data and where gorgonia.Read puts its loss:
+// the ranks perturb their x in turn, element by element, every run
+// all-reducing the loss. Mismatches are reported on t; the error is that of
+// a run or a collective.
+func checkNumericGradient(t *testing.T, pg *dist.ProcessGroup, vm gorgonia.VM, x *gorgonia.Node, data []float64, lv *gorgonia.Value) error {
+	t.Helper()
+	ctx := context.Background()
+	total := func() (float64, error) {
+		vm.Reset()
+		if err := vm.RunAll(); err != nil {
+			return 0, err
+		}
+		l := []float64{(*lv).Data().(float64)}
+		err := pg.AllReduce(ctx, dist.F64(l), dist.Sum)
+		return l[0], err
+	}
+	if _, err := total(); err != nil {
+		return err
+	}
+	gv, err := x.Grad()
+	if err != nil {
+		return err
+	}
+	analytic := floats(t, gv)
+	n, r := pg.WorldSize(), pg.Rank()
+	sizes := make([]float64, n) // every rank's number of elements
+	if err := pg.AllGather(ctx, dist.F64(sizes), dist.F64([]float64{float64(len(data))})); err != nil {
+		return err
+	}
+	const eps = 1e-6
+	for owner := range n {
+		mine := r == owner
+		for i := range int(sizes[owner]) {
+			var orig float64
+			if mine {
+				orig = data[i]
+				data[i] = orig + eps
+			}
+			lp, err := total()
+			if err != nil {
+				return err
+			}
+			if mine {
+				data[i] = orig - eps
+			}
+			lm, err := total()
+			if err != nil {
+				return err
+			}
+			if mine {
+				data[i] = orig
+				num := (lp - lm) / (2 * eps)
+				assert.True(t, closeTo(num, analytic[i], 1e-6),
+					"rank %d x[%d]: numeric %v, analytic %v", r, i, num, analytic[i])
+			}
+		}
+	}
+	return nil
 }
 
 // TestEachOpIsUnique checks that two identical collectives over the same
