@@ -14,7 +14,6 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ops"
-	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // moveCase is one data-moving collective (AllToAll, AllToAllV, Gather,
@@ -255,52 +254,14 @@ func moveInputs(c moveCase, cols, salt int) (xs, ws [][]float64) {
 	return xs, ws
 }
 
-// runMove builds c on pg's rank with input x (cols columns) and loss
-// weights w (loss = Σ y⊙w), runs it and returns the output and, if c is
-// differentiable, x's gradient.
+// runMove runs c on pg's rank with input x (rows of cols elements) and,
+// if c is differentiable, loss weights w (see runGraph).
 func runMove(t testing.TB, pg *dist.ProcessGroup, c moveCase, dt tensor.Dtype, cols int, x, w []float64) (y, gx []float64, err error) {
+	if !c.differentiable() {
+		w = nil
+	}
 	r := pg.Rank()
-	diff := c.differentiable()
-	in := tensor.Shape{c.inRows[r], cols}
-	buildMu.Lock()
-	g := gorgonia.NewGraph()
-	xn := gorgonia.NewTensor(g, dt, 2, gorgonia.WithShape(in...), gorgonia.WithName("x"),
-		gorgonia.WithValue(makeTensor(dt, in, x)))
-	yn, err := c.build(pg, xn)
-	if err == nil && !slices.Equal(yn.Shape(), tensor.Shape{c.outRows[r], cols}) {
-		err = fmt.Errorf("output shape %v, want (%d, %d)", yn.Shape(), c.outRows[r], cols)
-	}
-	if err == nil && diff {
-		wn := gorgonia.NewConstant(makeTensor(dt, tensor.Shape{c.outRows[r], cols}, w), gorgonia.WithName("w"))
-		loss := gorgonia.Must(gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(yn, wn))))
-		_, err = gorgonia.Grad(loss, xn)
-	}
-	var yv gorgonia.Value
-	if err == nil {
-		gorgonia.Read(yn, &yv)
-	}
-	buildMu.Unlock()
-	if err != nil {
-		return nil, nil, err
-	}
-	var opts []gorgonia.VMOpt
-	if diff {
-		opts = append(opts, gorgonia.BindDualValues(xn))
-	}
-	vm := gorgonia.NewTapeMachine(g, opts...)
-	defer vm.Close()
-	if err := vm.RunAll(); err != nil {
-		return nil, nil, err
-	}
-	y = floats(t, yv)
-	if diff {
-		gv, err := xn.Grad()
-		if err != nil {
-			return nil, nil, err
-		}
-		gx = floats(t, gv)
-	}
-	return y, gx, nil
+	return runGraph(t, pg, dt, c.build, tensor.Shape{c.inRows[r], cols}, x, tensor.Shape{c.outRows[r], cols}, w)
 }
 
 // checkMove compares every rank's output and gradient, as runMove returned
@@ -411,29 +372,14 @@ func TestMoveNumericGradient(t *testing.T) {
 	check := func(t *testing.T, pg *dist.ProcessGroup, c moveCase, salt int) error {
 		r := pg.Rank()
 		xs, ws := moveInputs(c, cols, salt)
-		in, out := tensor.Shape{c.inRows[r], cols}, tensor.Shape{c.outRows[r], cols}
-		buildMu.Lock()
-		g := gorgonia.NewGraph()
-		xv := makeTensor(tensor.Float64, in, xs[r])
-		x := gorgonia.NewTensor(g, tensor.Float64, 2, gorgonia.WithShape(in...), gorgonia.WithName("x"), gorgonia.WithValue(xv))
-		w := gorgonia.NewConstant(makeTensor(tensor.Float64, out, ws[r]), gorgonia.WithName("w"))
-		y, err := c.build(pg, x)
-		var loss *gorgonia.Node
-		if err == nil {
-			loss = gorgonia.Must(gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(gorgonia.Must(gorgonia.Square(y)), w))))
-			_, err = gorgonia.Grad(loss, x)
-		}
-		var lv gorgonia.Value
-		if err == nil {
-			gorgonia.Read(loss, &lv)
-		}
-		buildMu.Unlock()
-		if err != nil {
-			return err
-		}
-		vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
-		defer vm.Close()
-		return checkNumericGradient(t, pg, vm, x, xv.Data().([]float64), &lv)
+		return checkGraphGradient(t, pg, tensor.Shape{c.inRows[r], cols}, xs[r], func(x *gorgonia.Node) (*gorgonia.Node, error) {
+			w := gorgonia.NewConstant(makeTensor(tensor.Float64, tensor.Shape{c.outRows[r], cols}, ws[r]), gorgonia.WithName("w"))
+			y, err := c.build(pg, x)
+			if err != nil {
+				return nil, err
+			}
+			return gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(gorgonia.Must(gorgonia.Square(y)), w)))
+		})
 	}
 	for _, n := range []int{2, 3} {
 		for _, c := range moveCases(n, cols) {
@@ -468,11 +414,7 @@ func TestMoveNumericGradient(t *testing.T) {
 }
 
 func TestMoveInvalidArguments(t *testing.T) {
-	ts := transporttest.NewLocal(t, 2)
-	pg, err := dist.New(ts[0])
-	require.NoError(t, err)
-	defer pg.Close()
-	defer ts[1].Close()
+	pg := buildingGroup(t, 2)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	g := gorgonia.NewGraph()
