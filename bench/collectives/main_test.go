@@ -99,7 +99,7 @@ func TestParseFlags(t *testing.T) {
 	assert.Equal(t, int64(2<<20), o.maxBytes)
 	assert.Equal(t, []string{"broadcast"}, o.ops)
 	assert.Equal(t, []int{4}, o.nps)
-	for _, bad := range [][]string{{"-ops", "gather"}, {"-np", "0"}, {"-b", "2K", "-e", "1K"}, {"-f", "1"}, {"-b", "x"}} {
+	for _, bad := range [][]string{{"-ops", "gather"}, {"-np", "0"}, {"-group", "both"}, {"-b", "2K", "-e", "1K"}, {"-f", "1"}, {"-b", "x"}} {
 		fs := flag.NewFlagSet("x", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		_, err := parseFlags(fs, bad)
@@ -124,9 +124,9 @@ func TestTransports(t *testing.T) {
 	assert.Less(t, strings.Index(s, "transport tcp"), strings.Index(s, "transport shm"))
 	rows := 0
 	for _, l := range strings.Split(s, "\n") {
-		if f := strings.Fields(l); len(f) == 11 && !strings.HasPrefix(l, "#") {
+		if f := strings.Fields(l); len(f) == 13 && !strings.HasPrefix(l, "#") {
 			rows++
-			assert.Equal(t, "0", f[8], "#wrong: %s", l)
+			assert.Equal(t, "0", f[9], "#wrong: %s", l)
 		}
 	}
 	assert.Equal(t, 2*2*4, rows, "2 transports x 2 collectives x 4 sizes")
