@@ -147,3 +147,16 @@ func TestRootfsRunsMNIST(t *testing.T) {
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "[0] parameters identical on all 2 ranks")
 }
+
+// TestSbatch: the sbatch script bounds the job's time and gives each task
+// its CPUs, which GOMAXPROCS follows.
+func TestSbatch(t *testing.T) {
+	b, err := os.ReadFile("slurm/mnist.sbatch")
+	require.NoError(t, err)
+	s := string(b)
+	assert.Regexp(t, `(?m)^#SBATCH --time=[0-9]+(:[0-9]{2}){1,2}$`, s)
+	assert.Regexp(t, `(?m)^#SBATCH --cpus-per-task=[1-9][0-9]*$`, s)
+	assert.Contains(t, s, "GOMAXPROCS=${GOMAXPROCS:-${SLURM_CPUS_PER_TASK:-1}}")
+	out, err := exec.Command("bash", "-n", "slurm/mnist.sbatch").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+}
