@@ -141,11 +141,14 @@ func durationValue(p *time.Duration, def time.Duration) flag.Value {
 // elastic range M:N with M != N is refused: gdist jobs have a fixed size.
 type nnodesValue struct{ n *int }
 
-func (v nnodesValue) String() string {
-	if v.n == nil {
-		return "1"
+func (v nnodesValue) String() string { return intString(v.n, 1) }
+
+// intString formats *p, or def if p is nil (flag's zero Value).
+func intString(p *int, def int) string {
+	if p == nil {
+		return strconv.Itoa(def)
 	}
-	return strconv.Itoa(*v.n)
+	return strconv.Itoa(*p)
 }
 
 func (v nnodesValue) Set(s string) error {
@@ -173,12 +176,7 @@ func (v nnodesValue) Set(s string) error {
 // 2 (stderr) or 3 (both). torchrun's per-rank form (0:1,1:2) is refused.
 type streamsValue struct{ n *int }
 
-func (v streamsValue) String() string {
-	if v.n == nil {
-		return "0"
-	}
-	return strconv.Itoa(*v.n)
-}
+func (v streamsValue) String() string { return intString(v.n, 0) }
 
 func (v streamsValue) Set(s string) error {
 	if strings.Contains(s, ":") {

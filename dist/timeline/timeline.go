@@ -220,33 +220,33 @@ func (r *Recorder) Write(w io.Writer) error {
 // start, so that an unwritable path fails before the work it would record
 // rather than after. The error names path.
 func Prepare(path string) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("timeline: cannot write %s: %w", path, err)
+	f, err := createTemp(path)
+	if err == nil {
+		err = f.Close()
+		if rerr := os.Remove(f.Name()); err == nil {
+			err = rerr
+		}
 	}
-	f, err := os.CreateTemp(dir, ".timeline-*.json")
 	if err != nil {
-		return fmt.Errorf("timeline: cannot write %s: %w", path, err)
-	}
-	name := f.Name()
-	if err := f.Close(); err != nil {
-		os.Remove(name)
-		return fmt.Errorf("timeline: cannot write %s: %w", path, err)
-	}
-	if err := os.Remove(name); err != nil {
 		return fmt.Errorf("timeline: cannot write %s: %w", path, err)
 	}
 	return nil
 }
 
+// createTemp creates path's directory if need be and a temporary file in
+// it, to be renamed to path.
+func createTemp(path string) (*os.File, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return os.CreateTemp(dir, ".timeline-*.json")
+}
+
 // WriteFile writes the trace to path atomically (a temporary file renamed
 // into place), creating path's directory if need be.
 func (r *Recorder) WriteFile(path string) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("timeline: writing %s: %w", path, err)
-	}
-	f, err := os.CreateTemp(dir, ".timeline-*.json")
+	f, err := createTemp(path)
 	if err != nil {
 		return fmt.Errorf("timeline: writing %s: %w", path, err)
 	}
