@@ -184,7 +184,7 @@ func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
 		cf  cmdFlags
 	)
 	fs := newFlagSet(&cfg, &cf)
-	fs.SetOutput(stderr)
+	fs.SetOutput(gdistrunPrefix{stderr})
 	if name := fs.unknownFlag(args); name != "" {
 		hint := ""
 		if s := fs.suggest(name); s != "" {
@@ -215,6 +215,17 @@ func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// gdistrunPrefix puts "gdistrun: " before what package flag writes (one
+// message a Write), so that its errors read as gdistrun's own.
+type gdistrunPrefix struct{ w io.Writer }
+
+func (p gdistrunPrefix) Write(b []byte) (int, error) {
+	if _, err := p.w.Write(append([]byte("gdistrun: "), b...)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 // foldTorchrunFlags applies --rdzv-endpoint and --standalone to cfg,

@@ -58,7 +58,7 @@ func TestParseArgsNnodesRange(t *testing.T) {
 	assert.Equal(t, 1, parseOK(t).nnodes, "the default")
 
 	msg := parseFails(t, "--nnodes", "1:4")
-	assert.Contains(t, msg, `invalid value "1:4" for flag -nnodes: the elastic range 1:4 is not supported: gdist jobs have a fixed size`)
+	assert.Contains(t, msg, `gdistrun: invalid value "1:4" for flag -nnodes: the elastic range 1:4 is not supported: gdist jobs have a fixed size`)
 	assert.Contains(t, msg, "e.g. 4 or 4:4")
 	assert.Contains(t, parseFails(t, "--nnodes", "two"), `want a number of nodes N (or N:N), got "two"`)
 	assert.Contains(t, parseFails(t, "--nnodes", "2:x"), `want a number of nodes N (or N:N), got "2:x"`)
