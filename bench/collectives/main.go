@@ -233,7 +233,7 @@ func routes(g *dist.ProcessGroup) string {
 }
 
 // runRank is one rank's side of the benchmark.
-func runRank(ctx context.Context, o options, out io.Writer) error {
+func runRank(ctx context.Context, o options, out io.Writer) (err error) {
 	var gopts []dist.Option
 	if o.small >= 0 {
 		gopts = append(gopts, dist.WithSmallThreshold(o.small))
@@ -248,7 +248,7 @@ func runRank(ctx context.Context, o options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer g.Close()
+	defer cli.Close(&err, g)
 	n := g.WorldSize()
 	sub, err := g.NewGroup(ctx, all(n))
 	if err != nil {
