@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // Errors. Match them with errors.Is.

@@ -16,7 +16,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/disttest"
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

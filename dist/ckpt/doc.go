@@ -1,4 +1,4 @@
-// Package ckpt is distributed checkpointing on top of models/checkpoint:
+// Package ckpt is distributed checkpointing on top of train/checkpoint:
 // saving a job's training state every N steps or T seconds without stalling
 // training for longer than a copy of the state, resuming every rank from
 // the same step, and checking that the ranks hold the same state before

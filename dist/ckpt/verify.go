@@ -12,7 +12,7 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // Digest summarises the parts of a State that Verify compares: the step

@@ -13,7 +13,7 @@
 //
 //	vm.RunAll(); solver.Step(gorgonia.NodesToValueGrads(params)); vm.Reset()
 //
-// with models/optim's Adam (bit for bit Gorgonia's AdamSolver, with a state
+// with train/optim's Adam (bit for bit Gorgonia's AdamSolver, with a state
 // that can be saved) wrapped by DDP.Solver, which averages the gradients
 // over the ranks before stepping.
 //

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // FormatName identifies transformer checkpoints in the checkpoint config.
@@ -41,7 +41,7 @@ func (ck *Checkpoint) header() (ckptHeader, error) {
 	return ckptHeader{Format: FormatName, Model: ck.Config, Vocab: ck.Vocab, Step: ck.Step}, nil
 }
 
-// Write encodes ck to w in the models/checkpoint format.
+// Write encodes ck to w in the train/checkpoint format.
 func Write(w io.Writer, ck *Checkpoint) error {
 	h, err := ck.header()
 	if err != nil {

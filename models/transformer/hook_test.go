@@ -19,8 +19,8 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // recorder is a test hook in the manner of dist/ddp's: hook(p) is an

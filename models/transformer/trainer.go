@@ -8,7 +8,7 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // buildMu serialises graph construction inside this package's constructors:

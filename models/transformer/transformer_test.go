@@ -15,8 +15,8 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // graphMu serialises graph construction in tests (Gorgonia's graph building

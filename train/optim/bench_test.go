@@ -8,7 +8,7 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // mnistShapes are the parameters of the MNIST MLP 784-256-128-10.

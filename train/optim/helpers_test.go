@@ -10,7 +10,7 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/optim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gdist/gdist/models/data"
+	"github.com/gdist/gdist/train/data"
 )
 
 // oldSampler is internal/mnist's Sampler as it was before this package

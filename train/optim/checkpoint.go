@@ -7,14 +7,14 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // intPrefix marks the Flat integers (other than "iter") among a
 // checkpoint.Optimizer's scalars.
 const intPrefix = "int."
 
-// Checkpoint returns st as a checkpoint.Optimizer, the form models/checkpoint
+// Checkpoint returns st as a checkpoint.Optimizer, the form train/checkpoint
 // stores: Kind and Iter as they are, Flat's floats as Scalars under their own
 // names and its other integers as Scalars named "int.<name>", its strings
 // (but "kind") as Strings, and its tensors as Slots named as in Flat

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/gdist/gdist/models/data"
+	"github.com/gdist/gdist/train/data"
 )
 
 func ExampleDistributedSampler() {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 func TestAsyncSavesSnapshots(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorgonia.org/gorgonia"
 
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/optim"
 )
 
 const steps = 100

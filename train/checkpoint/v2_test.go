@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // sampleState is a State using every field: optimizer slots of both float

@@ -9,7 +9,7 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/optim"
 )
 
 func TestOptionsValidated(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 func Example() {

@@ -8,7 +8,7 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // quadratic builds loss = sum(w²) over a parameter w and returns a machine

@@ -8,7 +8,7 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // A run saves every step through an Async writer; the newest checkpoint is

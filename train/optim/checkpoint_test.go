@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gdist/gdist/models/checkpoint"
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/checkpoint"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // TestCheckpointRoundTrip: a solver's state written into a checkpoint file
