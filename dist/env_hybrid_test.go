@@ -199,7 +199,7 @@ func TestInitFromEnvSHMOptions(t *testing.T) {
 	for r := range 2 {
 		require.ErrorIs(t, errs[r], hybrid.ErrSHMSetup, "rank %d", r)
 	}
-	require.ErrorIs(t, errs[0], shm.ErrConfig)
+	require.ErrorIs(t, errs[0], shm.ErrInvalidArgument)
 }
 
 // Multi-process hybrid jobs: the test binary re-executes itself with

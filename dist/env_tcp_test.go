@@ -72,7 +72,7 @@ func TestTCPEnvOptions(t *testing.T) {
 		// The transport accepts (or refuses) them: a world of one on loopback.
 		tr, err := tcp.Rendezvous(bg, 0, 1, "127.0.0.1:0", append(opts, tcp.WithInsecure())...)
 		if c.tcpE {
-			require.ErrorIs(t, err, tcp.ErrConfig, "%v", c.env)
+			require.ErrorIs(t, err, tcp.ErrInvalidArgument, "%v", c.env)
 			continue
 		}
 		require.NoError(t, err, "%v", c.env)
@@ -98,7 +98,7 @@ func TestInitFromEnvTCPOptions(t *testing.T) {
 	}
 	setup()
 	_, err := InitFromEnv(bg, WithTCPOptions(tcp.WithMaxFrame(0)))
-	require.ErrorIs(t, err, tcp.ErrConfig, "the caller's TCP options reach the transport")
+	require.ErrorIs(t, err, tcp.ErrInvalidArgument, "the caller's TCP options reach the transport")
 	_, err = InitFromEnv(bg, WithTCPOptions(nil))
 	require.ErrorIs(t, err, ErrInvalidArgument)
 
@@ -121,7 +121,7 @@ func TestInitFromEnvTCPOptions(t *testing.T) {
 	t.Setenv(EnvToken, "0123456789abcdef") // 64 bits
 	_, err = InitFromEnv(bg)
 	require.ErrorIs(t, err, ErrEnv)
-	require.ErrorIs(t, err, tcp.ErrConfig)
+	require.ErrorIs(t, err, tcp.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), EnvToken)
 	assert.Contains(t, err.Error(), "too short")
 }

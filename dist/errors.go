@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // TagReservedBase is the first tag reserved for the group's own messages
@@ -37,10 +38,13 @@ var (
 	ErrReservedTag = errors.New("dist: tag in reserved range")
 	// ErrUnsupportedDType is returned for a DType that is not F16, BF16, F32 or F64.
 	ErrUnsupportedDType = errors.New("dist: unsupported dtype")
-	// ErrInvalidArgument is returned for a bad argument: an unknown ReduceOp,
-	// a byte buffer whose length is not a multiple of the element size, a
-	// count above MaxCount, an invalid option.
-	ErrInvalidArgument = errors.New("dist: invalid argument")
+	// ErrInvalidArgument is matched by the errors of a bad argument: an
+	// unknown ReduceOp, a byte buffer whose length is not a multiple of the
+	// element size, a count above MaxCount, an invalid option. It is the
+	// value every gdist package exports under this name
+	// (errs.ErrInvalidArgument), so transport.ErrInvalidArgument,
+	// tcp.ErrInvalidArgument and the others match it too.
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrAborted is wrapped by the errors of calls that fail because the
 	// group failed earlier (like an NCCL communicator, it cannot be
 	// resumed) or because a peer's abort notice explained the failure. The

@@ -97,7 +97,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 		return nil, ErrBigEndian
 	}
 	if t == nil {
-		return nil, fmt.Errorf("%w: nil transport", ErrInvalidArgument)
+		return nil, fmt.Errorf("dist: %w: nil transport", ErrInvalidArgument)
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -105,7 +105,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 	}
 	world, rank := t.WorldSize(), t.Rank()
 	if world < 1 || world > MaxWorldSize {
-		return nil, fmt.Errorf("%w: world size %d not in [1, %d]", ErrInvalidArgument, world, MaxWorldSize)
+		return nil, fmt.Errorf("dist: %w: world size %d not in [1, %d]", ErrInvalidArgument, world, MaxWorldSize)
 	}
 	if err := transport.CheckRank(rank, world); err != nil {
 		return nil, err

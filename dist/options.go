@@ -119,7 +119,7 @@ func newConfig(opts []Option) (config, error) {
 
 // invalidOption is the error of an option that refuses its value.
 func invalidOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+	return fmt.Errorf("dist: %w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
 
 // WithTimeout sets the timeout of a collective whose context has no
@@ -178,7 +178,7 @@ func WithLogger(l *slog.Logger) Option {
 // derives from the environment (GDIST_TOKEN, GDIST_LISTEN_ADDR,
 // GDIST_HEARTBEAT_TIMEOUT, ...), so they win. Given several times, the
 // lists add up. The transport validates them: InitFromEnv fails with its
-// error (matching tcp.ErrConfig) for a bad one. A nil option is refused.
+// error (matching tcp.ErrInvalidArgument) for a bad one. A nil option is refused.
 func WithTCPOptions(opts ...tcp.Option) Option {
 	return func(c *config) error {
 		for i, o := range opts {

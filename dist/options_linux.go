@@ -12,7 +12,7 @@ import (
 // after the options InitFromEnv derives from the environment (token,
 // GDIST_HEARTBEAT_TIMEOUT, GDIST_MAX_FRAME, ...), so they win. Given
 // several times, the lists add up. The transport validates them:
-// InitFromEnv fails with its error (matching shm.ErrConfig) for a bad one,
+// InitFromEnv fails with its error (matching shm.ErrInvalidArgument) for a bad one,
 // unless GDIST_TRANSPORT=auto falls back to TCP on that host (with a
 // warning). A nil option is refused. (Linux only.)
 func WithSHMOptions(opts ...shm.Option) Option {

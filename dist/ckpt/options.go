@@ -34,7 +34,7 @@ func defaultOptions() options {
 func WithEvery(n int64) Option {
 	return func(o *options) error {
 		if n < 1 {
-			return fmt.Errorf("%w: save every %d steps (want >= 1)", ErrInvalid, n)
+			return fmt.Errorf("ckpt: %w: save every %d steps (want >= 1)", ErrInvalidArgument, n)
 		}
 		o.every = n
 		return nil
@@ -48,7 +48,7 @@ func WithEvery(n int64) Option {
 func WithInterval(d time.Duration) Option {
 	return func(o *options) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: save interval %v (want > 0)", ErrInvalid, d)
+			return fmt.Errorf("ckpt: %w: save interval %v (want > 0)", ErrInvalidArgument, d)
 		}
 		o.interval = d
 		return nil
@@ -60,7 +60,7 @@ func WithInterval(d time.Duration) Option {
 func WithKeep(k int) Option {
 	return func(o *options) error {
 		if k < 1 {
-			return fmt.Errorf("%w: keep %d checkpoints (want >= 1)", ErrInvalid, k)
+			return fmt.Errorf("ckpt: %w: keep %d checkpoints (want >= 1)", ErrInvalidArgument, k)
 		}
 		o.keep = k
 		return nil
@@ -74,7 +74,7 @@ func WithKeep(k int) Option {
 func WithStage(k int) Option {
 	return func(o *options) error {
 		if k < 0 {
-			return fmt.Errorf("%w: stage %d (want >= 0)", ErrInvalid, k)
+			return fmt.Errorf("ckpt: %w: stage %d (want >= 0)", ErrInvalidArgument, k)
 		}
 		o.stage = k
 		return nil
@@ -100,7 +100,7 @@ func WithRankRNG() Option {
 func WithTag(tag uint32) Option {
 	return func(o *options) error {
 		if tag >= dist.TagReservedBase {
-			return fmt.Errorf("%w: tag %#x is reserved for collectives", ErrInvalid, tag)
+			return fmt.Errorf("ckpt: %w: tag %#x is reserved for collectives", ErrInvalidArgument, tag)
 		}
 		o.tag = tag
 		return nil
@@ -112,7 +112,7 @@ func WithTag(tag uint32) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalid)
+			return fmt.Errorf("ckpt: %w: nil logger", ErrInvalidArgument)
 		}
 		o.logger = l
 		return nil

@@ -29,7 +29,7 @@ type localConfig struct {
 func WithLocalQueueLimit(n int) LocalOption {
 	return func(c *localConfig) error {
 		if n < 0 {
-			return fmt.Errorf("%w: queue limit %d", ErrInvalidArgument, n)
+			return fmt.Errorf("transport: %w: queue limit %d", ErrInvalidArgument, n)
 		}
 		c.queueLimit = n
 		return nil
@@ -46,7 +46,7 @@ func WithHosts(hosts []int) LocalOption {
 	hosts = append([]int(nil), hosts...)
 	return func(c *localConfig) error {
 		if err := CheckHosts(hosts); err != nil {
-			return fmt.Errorf("%w: WithHosts: %w", ErrInvalidArgument, err)
+			return fmt.Errorf("transport: %w: WithHosts: %w", ErrInvalidArgument, err)
 		}
 		c.hosts = hosts
 		return nil

@@ -36,7 +36,7 @@ func (ck *Checkpoint) header() (ckptHeader, error) {
 		return ckptHeader{}, err
 	}
 	if ck.Vocab != nil && ck.Vocab.Size() != ck.Config.Vocab {
-		return ckptHeader{}, fmt.Errorf("%w: vocabulary of %d runes for config vocab %d", ErrConfig, ck.Vocab.Size(), ck.Config.Vocab)
+		return ckptHeader{}, fmt.Errorf("transformer: %w: vocabulary of %d runes for config vocab %d", ErrInvalidArgument, ck.Vocab.Size(), ck.Config.Vocab)
 	}
 	return ckptHeader{Format: FormatName, Model: ck.Config, Vocab: ck.Vocab, Step: ck.Step}, nil
 }
@@ -115,7 +115,7 @@ func decodeHeader(f *checkpoint.File) (ckptHeader, error) {
 		return h, err
 	}
 	if h.Vocab != nil && h.Vocab.Size() != h.Model.Vocab {
-		return h, fmt.Errorf("%w: vocabulary of %d runes for config vocab %d", ErrConfig, h.Vocab.Size(), h.Model.Vocab)
+		return h, fmt.Errorf("transformer: %w: vocabulary of %d runes for config vocab %d", ErrInvalidArgument, h.Vocab.Size(), h.Model.Vocab)
 	}
 	return h, nil
 }

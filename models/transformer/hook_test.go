@@ -356,7 +356,7 @@ func TestLoadConfig(t *testing.T) {
 	mismatch := filepath.Join(dir, "mismatch.ckpt")
 	require.NoError(t, checkpoint.Save(mismatch, map[string]any{"format": transformer.FormatName, "model": cfg, "vocab": "ab"}, nil))
 	_, _, _, err = transformer.LoadConfig(mismatch)
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 
 	_, _, _, err = transformer.LoadConfig(filepath.Join(dir, "missing.ckpt"))
 	assert.ErrorIs(t, err, os.ErrNotExist)

@@ -160,7 +160,7 @@ func TestConfig(t *testing.T) {
 	for i, f := range bad {
 		c := cfg
 		f(&c)
-		assert.ErrorIs(t, c.Validate(), transformer.ErrConfig, "case %d", i)
+		assert.ErrorIs(t, c.Validate(), transformer.ErrInvalidArgument, "case %d", i)
 	}
 	assert.Error(t, json.Unmarshal([]byte(`{"dtype":"float16"}`), &back))
 }
@@ -186,7 +186,7 @@ func TestVocab(t *testing.T) {
 	assert.Equal(t, 9, id)
 
 	_, err = transformer.VocabFromRunes([]rune("aba"))
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 }
 
 func TestNames(t *testing.T) {
@@ -276,7 +276,7 @@ func TestStageErrors(t *testing.T) {
 	bad := cfg
 	bad.Heads = 3
 	_, err = transformer.NewStage(g, bad, 0, 1, 1)
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 
 	st, err := transformer.NewStage(g, cfg, 1, 2, 2)
 	require.NoError(t, err)
@@ -700,7 +700,7 @@ func TestCheckpoint(t *testing.T) {
 
 	// Vocabulary and config must agree.
 	err = transformer.Save(path, &transformer.Checkpoint{Config: cfg, Vocab: transformer.NewVocab("xy"), Tensors: tr.Weights()})
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 }
 
 func TestTiedHead(t *testing.T) {

@@ -144,7 +144,7 @@ func (a *Async) Save(ctx context.Context, step int64, s *State) error {
 		return ErrClosed
 	}
 	if step < 0 || s == nil {
-		return fmt.Errorf("%w: step %d, state %p", ErrInvalid, step, s)
+		return fmt.Errorf("checkpoint: %w: step %d, state %p", ErrInvalidArgument, step, s)
 	}
 	prev := a.settle(ctx)
 	if a.inflight != nil { // ctx ended while waiting

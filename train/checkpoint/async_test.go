@@ -119,8 +119,8 @@ func TestAsyncReportsWriteErrors(t *testing.T) {
 	// Bad arguments and a state that cannot be copied queue nothing.
 	b := checkpoint.NewAsync(d)
 	defer b.Close()
-	assert.ErrorIs(t, b.Save(ctx, -1, newStateAt(1)), checkpoint.ErrInvalid)
-	assert.ErrorIs(t, b.Save(ctx, 1, nil), checkpoint.ErrInvalid)
+	assert.ErrorIs(t, b.Save(ctx, -1, newStateAt(1)), checkpoint.ErrInvalidArgument)
+	assert.ErrorIs(t, b.Save(ctx, 1, nil), checkpoint.ErrInvalidArgument)
 	bad := newStateAt(1)
 	bad.Params[0].Tensor = tensor.New(tensor.WithShape(1), tensor.WithBacking([]bool{true}))
 	assert.ErrorIs(t, b.Save(ctx, 1, bad), checkpoint.ErrUnsupportedDtype)

@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Version is the format version this package writes. Readers accept it and
@@ -65,9 +67,11 @@ var (
 	ErrMissingTensor = errors.New("checkpoint: missing tensor")
 	// ErrUnsupportedDtype means a tensor's element type cannot be stored.
 	ErrUnsupportedDtype = errors.New("checkpoint: unsupported dtype")
-	// ErrInvalid means an argument was invalid (empty, duplicate or
-	// over-long name, nil tensor, bad option).
-	ErrInvalid = errors.New("checkpoint: invalid argument")
+	// ErrInvalidArgument is matched by the errors of an invalid argument
+	// (empty, duplicate or over-long name, nil tensor, bad option). It is
+	// the value every gdist package exports under this name
+	// (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrNoCheckpoint means a Dir holds no checkpoint that verifies. When
 	// some files were rejected, the error also wraps their reasons, so
 	// errors.Is(err, ErrCorrupt) tells "all corrupt" from "none yet".
@@ -146,7 +150,7 @@ type source struct {
 
 func prepare(t tensor.Tensor) (source, uint8, []int, error) {
 	if t == nil {
-		return source{}, 0, nil, fmt.Errorf("%w: nil tensor", ErrInvalid)
+		return source{}, 0, nil, fmt.Errorf("checkpoint: %w: nil tensor", ErrInvalidArgument)
 	}
 	code, err := codeOf(t.Dtype())
 	if err != nil {
@@ -186,7 +190,7 @@ func prepare(t tensor.Tensor) (source, uint8, []int, error) {
 		return source{}, 0, nil, fmt.Errorf("%w: data of type %T", ErrUnsupportedDtype, v)
 	}
 	if l := dataLen(data); l < n {
-		return source{}, 0, nil, fmt.Errorf("%w: tensor of shape %v holds %d elements", ErrInvalid, shape, l)
+		return source{}, 0, nil, fmt.Errorf("checkpoint: %w: tensor of shape %v holds %d elements", ErrInvalidArgument, shape, l)
 	}
 	return source{data: data, n: n}, code, shape, nil
 }
@@ -274,13 +278,13 @@ func checkNames(ts []Named, what string) error {
 	for i, nt := range ts {
 		switch {
 		case nt.Name == "":
-			return fmt.Errorf("%w: empty %s name (index %d)", ErrInvalid, what, i)
+			return fmt.Errorf("checkpoint: %w: empty %s name (index %d)", ErrInvalidArgument, what, i)
 		case len(nt.Name) > MaxNameBytes:
-			return fmt.Errorf("%w: %s name of %d bytes", ErrInvalid, what, len(nt.Name))
+			return fmt.Errorf("checkpoint: %w: %s name of %d bytes", ErrInvalidArgument, what, len(nt.Name))
 		case !utf8.ValidString(nt.Name):
-			return fmt.Errorf("%w: %s name %q is not UTF-8", ErrInvalid, what, nt.Name)
+			return fmt.Errorf("checkpoint: %w: %s name %q is not UTF-8", ErrInvalidArgument, what, nt.Name)
 		case seen[nt.Name]:
-			return fmt.Errorf("%w: duplicate %s name %q", ErrInvalid, what, nt.Name)
+			return fmt.Errorf("checkpoint: %w: duplicate %s name %q", ErrInvalidArgument, what, nt.Name)
 		}
 		seen[nt.Name] = true
 	}
@@ -293,7 +297,7 @@ func checkNames(ts []Named, what string) error {
 // refers to.
 func WriteState(w io.Writer, s *State) error {
 	if s == nil {
-		return fmt.Errorf("%w: nil state", ErrInvalid)
+		return fmt.Errorf("checkpoint: %w: nil state", ErrInvalidArgument)
 	}
 	cfgJSON, err := json.Marshal(s.Config)
 	if err != nil {
@@ -332,7 +336,7 @@ func WriteState(w io.Writer, s *State) error {
 			return fmt.Errorf("tensor %q: %w", it.nt.Name, err)
 		}
 		if len(shape) > MaxRank {
-			return fmt.Errorf("%w: tensor %q has rank %d", ErrInvalid, it.nt.Name, len(shape))
+			return fmt.Errorf("checkpoint: %w: tensor %q has rank %d", ErrInvalidArgument, it.nt.Name, len(shape))
 		}
 		h := crc32.New(castagnoli)
 		if err := encodeTo(h, src, scratch); err != nil {
@@ -350,7 +354,7 @@ func WriteState(w io.Writer, s *State) error {
 		hlen += uint64(1 + 2 + len(e.name) + 2 + 8*len(e.shape) + 8 + 8 + 4)
 	}
 	if hlen > MaxHeaderBytes {
-		return fmt.Errorf("%w: header of %d bytes exceeds %d", ErrInvalid, hlen, MaxHeaderBytes)
+		return fmt.Errorf("checkpoint: %w: header of %d bytes exceeds %d", ErrInvalidArgument, hlen, MaxHeaderBytes)
 	}
 	le := binary.LittleEndian
 	head := make([]byte, 0, preamble+hlen+4+align)

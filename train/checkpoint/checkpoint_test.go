@@ -118,10 +118,10 @@ func TestWriteInvalid(t *testing.T) {
 		ts   []checkpoint.Named
 		want error
 	}{
-		"empty name": {[]checkpoint.Named{{Name: "", Tensor: one}}, checkpoint.ErrInvalid},
-		"duplicate":  {[]checkpoint.Named{{Name: "a", Tensor: one}, {Name: "a", Tensor: one}}, checkpoint.ErrInvalid},
-		"nil tensor": {[]checkpoint.Named{{Name: "a"}}, checkpoint.ErrInvalid},
-		"long name":  {[]checkpoint.Named{{Name: strings.Repeat("x", 70000), Tensor: one}}, checkpoint.ErrInvalid},
+		"empty name": {[]checkpoint.Named{{Name: "", Tensor: one}}, checkpoint.ErrInvalidArgument},
+		"duplicate":  {[]checkpoint.Named{{Name: "a", Tensor: one}, {Name: "a", Tensor: one}}, checkpoint.ErrInvalidArgument},
+		"nil tensor": {[]checkpoint.Named{{Name: "a"}}, checkpoint.ErrInvalidArgument},
+		"long name":  {[]checkpoint.Named{{Name: strings.Repeat("x", 70000), Tensor: one}}, checkpoint.ErrInvalidArgument},
 		"dtype": {[]checkpoint.Named{{Name: "a", Tensor: tensor.New(tensor.WithShape(1),
 			tensor.WithBacking([]bool{true}))}}, checkpoint.ErrUnsupportedDtype},
 	}
@@ -218,7 +218,7 @@ func TestSaveLoadAtomic(t *testing.T) {
 
 	// A failed save leaves the old file and no temporary files behind.
 	bad := []checkpoint.Named{{Name: "a", Tensor: ts[0].Tensor}, {Name: "a", Tensor: ts[0].Tensor}}
-	require.ErrorIs(t, checkpoint.Save(path, testConfig{Layers: 3}, bad), checkpoint.ErrInvalid)
+	require.ErrorIs(t, checkpoint.Save(path, testConfig{Layers: 3}, bad), checkpoint.ErrInvalidArgument)
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)

@@ -43,7 +43,7 @@ type dirOptions struct {
 func WithKeep(k int) DirOption {
 	return func(o *dirOptions) error {
 		if k < 1 {
-			return fmt.Errorf("%w: keep %d checkpoints (want >= 1)", ErrInvalid, k)
+			return fmt.Errorf("checkpoint: %w: keep %d checkpoints (want >= 1)", ErrInvalidArgument, k)
 		}
 		o.keep = k
 		return nil
@@ -55,7 +55,7 @@ func WithKeep(k int) DirOption {
 func WithLogger(l *slog.Logger) DirOption {
 	return func(o *dirOptions) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalid)
+			return fmt.Errorf("checkpoint: %w: nil logger", ErrInvalidArgument)
 		}
 		o.logger = l
 		return nil
@@ -68,7 +68,7 @@ func OpenDir(path string, opts ...DirOption) (*Dir, error) {
 	o := dirOptions{keep: DefaultKeep}
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
+			return nil, fmt.Errorf("checkpoint: %w: nil option", ErrInvalidArgument)
 		}
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -148,10 +148,10 @@ func (d *Dir) Steps() ([]int64, error) {
 // refers to a file that verified. step must not be negative.
 func (d *Dir) SaveStep(step int64, s *State) (string, error) {
 	if step < 0 {
-		return "", fmt.Errorf("%w: negative step %d", ErrInvalid, step)
+		return "", fmt.Errorf("checkpoint: %w: negative step %d", ErrInvalidArgument, step)
 	}
 	if s == nil {
-		return "", fmt.Errorf("%w: nil state", ErrInvalid)
+		return "", fmt.Errorf("checkpoint: %w: nil state", ErrInvalidArgument)
 	}
 	st := *s
 	st.Step = step

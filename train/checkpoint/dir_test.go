@@ -89,13 +89,13 @@ func TestDirSaveKeepLoad(t *testing.T) {
 	assert.Len(t, ents, 3+6)
 
 	_, err = d.SaveStep(-1, newStateAt(1))
-	assert.ErrorIs(t, err, checkpoint.ErrInvalid)
+	assert.ErrorIs(t, err, checkpoint.ErrInvalidArgument)
 	_, err = d.SaveStep(1, nil)
-	assert.ErrorIs(t, err, checkpoint.ErrInvalid)
+	assert.ErrorIs(t, err, checkpoint.ErrInvalidArgument)
 	_, err = checkpoint.OpenDir(t.TempDir(), checkpoint.WithKeep(0))
-	assert.ErrorIs(t, err, checkpoint.ErrInvalid)
+	assert.ErrorIs(t, err, checkpoint.ErrInvalidArgument)
 	_, err = checkpoint.OpenDir(t.TempDir(), checkpoint.WithLogger(nil))
-	assert.ErrorIs(t, err, checkpoint.ErrInvalid)
+	assert.ErrorIs(t, err, checkpoint.ErrInvalidArgument)
 }
 
 // damage is one way a checkpoint file goes bad.
@@ -212,11 +212,11 @@ func TestDirFailedSaveKeepsPrevious(t *testing.T) {
 	bad := newStateAt(20)
 	bad.Params = append(bad.Params, bad.Params[0]) // duplicate name
 	_, err = d.SaveStep(20, bad)
-	require.ErrorIs(t, err, checkpoint.ErrInvalid)
+	require.ErrorIs(t, err, checkpoint.ErrInvalidArgument)
 	bad = newStateAt(10)
 	bad.Params[0].Tensor = nil
 	_, err = d.SaveStep(10, bad) // same step as the good one
-	require.ErrorIs(t, err, checkpoint.ErrInvalid)
+	require.ErrorIs(t, err, checkpoint.ErrInvalidArgument)
 
 	ents, _ := os.ReadDir(dir)
 	require.Len(t, ents, 1)

@@ -61,7 +61,7 @@
 // Errors are matchable with [errors.Is]: [ErrBadMagic], [ErrUnsupportedVersion],
 // [ErrCorrupt] (truncated or malformed file; [ErrChecksum], a checksum
 // mismatch, also matches ErrCorrupt), [ErrMissingTensor],
-// [ErrUnsupportedDtype], [ErrInvalid] (bad arguments), [ErrNoCheckpoint]
+// [ErrUnsupportedDtype], [ErrInvalidArgument] (bad arguments), [ErrNoCheckpoint]
 // (a Dir without a good checkpoint) and [ErrClosed]; [*SkipError] and
 // [*WriteError] carry the step and unwrap to the cause.
 //

@@ -73,14 +73,14 @@ func encodeState(s *State) ([]byte, error) {
 	var err error
 	bytes32 := func(v []byte, what string) {
 		if err == nil && uint64(len(v)) > MaxHeaderBytes {
-			err = fmt.Errorf("%w: %s of %d bytes", ErrInvalid, what, len(v))
+			err = fmt.Errorf("checkpoint: %w: %s of %d bytes", ErrInvalidArgument, what, len(v))
 		}
 		b = le.AppendUint32(b, uint32(len(v)))
 		b = append(b, v...)
 	}
 	name16 := func(v, what string) {
 		if err == nil && len(v) > MaxNameBytes {
-			err = fmt.Errorf("%w: %s of %d bytes", ErrInvalid, what, len(v))
+			err = fmt.Errorf("checkpoint: %w: %s of %d bytes", ErrInvalidArgument, what, len(v))
 		}
 		b = le.AppendUint16(b, uint16(len(v)))
 		b = append(b, v...)

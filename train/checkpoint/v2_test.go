@@ -156,10 +156,10 @@ func TestWriteStateInvalid(t *testing.T) {
 	}
 	for name, s := range cases {
 		t.Run(name, func(t *testing.T) {
-			assert.ErrorIs(t, checkpoint.WriteState(&bytes.Buffer{}, s), checkpoint.ErrInvalid)
+			assert.ErrorIs(t, checkpoint.WriteState(&bytes.Buffer{}, s), checkpoint.ErrInvalidArgument)
 		})
 	}
-	assert.ErrorIs(t, checkpoint.WriteState(&bytes.Buffer{}, nil), checkpoint.ErrInvalid)
+	assert.ErrorIs(t, checkpoint.WriteState(&bytes.Buffer{}, nil), checkpoint.ErrInvalidArgument)
 }
 
 // TestV1FileLoads reads testdata/v1.gdc, written by the version 1 writer

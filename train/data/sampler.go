@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Errors returned by this package. Match them with errors.Is.
 var (
-	// ErrInvalid means an argument or option was invalid.
-	ErrInvalid = errors.New("data: invalid argument")
+	// ErrInvalidArgument is matched by the errors of an invalid argument or
+	// option. It is the value every gdist package exports under this name
+	// (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrBadState means bytes given to UnmarshalBinary are not a sampler
 	// state (wrong length, magic or version, or a position out of range).
 	ErrBadState = errors.New("data: malformed sampler state")
@@ -86,15 +90,15 @@ func WithDropLast(dropLast bool) Option {
 
 // New returns the sampler of rank (0 <= rank < world) for a data set of n
 // items (n >= 0), at epoch 0, index 0. Every rank must pass the same n,
-// world and options. Bad arguments give an error matching ErrInvalid.
+// world and options. Bad arguments give an error matching ErrInvalidArgument.
 func New(n, rank, world int, opts ...Option) (*DistributedSampler, error) {
 	if n < 0 || world < 1 || rank < 0 || rank >= world {
-		return nil, fmt.Errorf("%w: sampler with n=%d, rank=%d, world=%d", ErrInvalid, n, rank, world)
+		return nil, fmt.Errorf("data: %w: sampler with n=%d, rank=%d, world=%d", ErrInvalidArgument, n, rank, world)
 	}
 	o := options{shuffle: true}
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
+			return nil, fmt.Errorf("data: %w: nil option", ErrInvalidArgument)
 		}
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -156,7 +160,7 @@ func (s *DistributedSampler) SetEpoch(e int) {
 // means the epoch is done.
 func (s *DistributedSampler) Seek(e, next int) error {
 	if next < 0 || next > s.Len() {
-		return fmt.Errorf("%w: position %d in an epoch of %d", ErrInvalid, next, s.Len())
+		return fmt.Errorf("data: %w: position %d in an epoch of %d", ErrInvalidArgument, next, s.Len())
 	}
 	s.epoch, s.next = e, next
 	return nil

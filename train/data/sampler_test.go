@@ -182,13 +182,13 @@ func TestEpochsAndSeeds(t *testing.T) {
 func TestInvalid(t *testing.T) {
 	for _, a := range [][3]int{{-1, 0, 1}, {10, 0, 0}, {10, 2, 2}, {10, -1, 2}} {
 		_, err := data.New(a[0], a[1], a[2])
-		assert.ErrorIs(t, err, data.ErrInvalid, "%v", a)
+		assert.ErrorIs(t, err, data.ErrInvalidArgument, "%v", a)
 	}
 	_, err := data.New(10, 0, 1, nil)
-	assert.ErrorIs(t, err, data.ErrInvalid)
+	assert.ErrorIs(t, err, data.ErrInvalidArgument)
 	s, _ := data.New(10, 0, 2)
-	assert.ErrorIs(t, s.Seek(0, 6), data.ErrInvalid)
-	assert.ErrorIs(t, s.Seek(0, -1), data.ErrInvalid)
+	assert.ErrorIs(t, s.Seek(0, 6), data.ErrInvalidArgument)
+	assert.ErrorIs(t, s.Seek(0, -1), data.ErrInvalidArgument)
 	require.NoError(t, s.Seek(4, 5))
 	assert.Empty(t, s.Next(3))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/errs"
 	"github.com/gdist/gdist/internal/options"
 )
 
@@ -40,7 +41,7 @@ func (m Mode) String() string {
 }
 
 // ParseMode parses "auto", "tcp" or "shm" (GDIST_TRANSPORT's values). Any
-// other string gives an error matching ErrConfig.
+// other string gives an error matching ErrInvalidArgument.
 func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "auto":
@@ -50,7 +51,7 @@ func ParseMode(s string) (Mode, error) {
 	case "shm":
 		return SHM, nil
 	}
-	return 0, fmt.Errorf("%w: transport mode %q (want auto, tcp or shm)", ErrConfig, s)
+	return 0, fmt.Errorf("hybrid: %w: transport mode %q (want auto, tcp or shm)", ErrInvalidArgument, s)
 }
 
 // Defaults for the options.
@@ -67,8 +68,10 @@ const (
 // returned as they are (wrapped), so tcp.ErrAuth, shm.ErrNoLink,
 // *transport.PeerError and the rest match through them.
 var (
-	// ErrConfig is returned by Rendezvous for invalid arguments or options.
-	ErrConfig = errors.New("hybrid: invalid configuration")
+	// ErrInvalidArgument is matched by the errors Rendezvous returns for
+	// invalid arguments or options. It is the value every gdist package
+	// exports under this name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrMismatch means the ranks disagree on the mode: every rank of the
 	// job must use the same one.
 	ErrMismatch = errors.New("hybrid: ranks disagree on the transport mode")
@@ -99,7 +102,7 @@ func (e *SHMError) Unwrap() error { return e.Err }
 func (e *SHMError) Is(target error) bool { return target == ErrSHMSetup }
 
 // Option configures Rendezvous. Options are applied in order and validated
-// by Rendezvous, which returns an error matching ErrConfig for an invalid
+// by Rendezvous, which returns an error matching ErrInvalidArgument for an invalid
 // one.
 type Option func(*config) error
 
@@ -120,7 +123,7 @@ func defaultConfig() config {
 
 func apply(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	if err := options.Apply(&cfg, opts, "hybrid", ErrConfig); err != nil {
+	if err := options.Apply(&cfg, opts, "hybrid", ErrInvalidArgument); err != nil {
 		return cfg, err
 	}
 	if cfg.logger == nil {
@@ -133,7 +136,7 @@ func apply(opts []Option) (config, error) {
 func WithMode(m Mode) Option {
 	return func(c *config) error {
 		if m > SHM {
-			return fmt.Errorf("%w: mode %v", ErrConfig, m)
+			return fmt.Errorf("hybrid: %w: mode %v", ErrInvalidArgument, m)
 		}
 		c.mode = m
 		return nil
@@ -151,7 +154,7 @@ func WithMode(m Mode) Option {
 func WithHostID(s string) Option {
 	return func(c *config) error {
 		if s == "" || len(s) > MaxHostID {
-			return fmt.Errorf("%w: host id of %d bytes (want 1 to %d)", ErrConfig, len(s), MaxHostID)
+			return fmt.Errorf("hybrid: %w: host id of %d bytes (want 1 to %d)", ErrInvalidArgument, len(s), MaxHostID)
 		}
 		c.hostID = s
 		return nil
@@ -167,7 +170,7 @@ func WithHostID(s string) Option {
 func WithToken(token []byte) Option {
 	return func(c *config) error {
 		if err := tcp.CheckToken(token); err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return fmt.Errorf("hybrid: %w: %w", ErrInvalidArgument, err)
 		}
 		c.token = append([]byte(nil), token...)
 		return nil
@@ -186,7 +189,7 @@ func WithInsecure() Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrConfig)
+			return fmt.Errorf("hybrid: %w: nil logger", ErrInvalidArgument)
 		}
 		c.logger = l
 		return nil
@@ -200,7 +203,7 @@ func WithLogger(l *slog.Logger) Option {
 func WithSetupTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: setup timeout %v", ErrConfig, d)
+			return fmt.Errorf("hybrid: %w: setup timeout %v", ErrInvalidArgument, d)
 		}
 		c.setupTimeout = d
 		return nil
@@ -210,12 +213,12 @@ func WithSetupTimeout(d time.Duration) Option {
 // WithTCP passes opts to the TCP transport, after the options Rendezvous
 // derives (token, logger), so they win. Given several times, the lists add
 // up. The TCP transport validates them: Rendezvous fails with its error
-// (matching tcp.ErrConfig) for a bad one.
+// (matching tcp.ErrInvalidArgument) for a bad one.
 func WithTCP(opts ...tcp.Option) Option {
 	return func(c *config) error {
 		for i, o := range opts {
 			if o == nil {
-				return fmt.Errorf("%w: TCP option %d is nil", ErrConfig, i)
+				return fmt.Errorf("hybrid: %w: TCP option %d is nil", ErrInvalidArgument, i)
 			}
 		}
 		c.tcpOpts = append(c.tcpOpts, opts...)

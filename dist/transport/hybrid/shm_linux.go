@@ -16,12 +16,12 @@ const shmSupported = true
 // Rendezvous derives (token, logger), so they win. Given several times,
 // the lists add up. The shared-memory transport validates them, when a
 // host has several ranks: Rendezvous fails with its error (matching
-// shm.ErrConfig) for a bad one, in every mode but TCP. (Linux only.)
+// shm.ErrInvalidArgument) for a bad one, in every mode but TCP. (Linux only.)
 func WithSHM(opts ...shm.Option) Option {
 	return func(c *config) error {
 		for i, o := range opts {
 			if o == nil {
-				return fmt.Errorf("%w: shm option %d is nil", ErrConfig, i)
+				return fmt.Errorf("hybrid: %w: shm option %d is nil", ErrInvalidArgument, i)
 			}
 			c.shmOpts = append(c.shmOpts, o)
 		}
