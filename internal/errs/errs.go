@@ -24,3 +24,18 @@ import "errors"
 // does not apply to the constructor it was given to. Each package exports it
 // as its own ErrInvalidArgument.
 var ErrInvalidArgument = errors.New("gdist: invalid argument")
+
+// Narrow returns a sentinel error whose message is msg and that also matches
+// (errors.Is) parent: a narrower cause of a broader failure, such as a
+// transport's heartbeat timeout, which is one way for a peer to stop
+// responding. Code that knows only the broader sentinel classifies it
+// without importing the package that defines the narrower one.
+func Narrow(msg string, parent error) error { return &narrow{msg: msg, parent: parent} }
+
+type narrow struct {
+	msg    string
+	parent error
+}
+
+func (e *narrow) Error() string { return e.msg }
+func (e *narrow) Unwrap() error { return e.parent }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
 	"github.com/gdist/gdist/internal/errs"
 	"github.com/gdist/gdist/internal/options"
@@ -39,8 +40,9 @@ var (
 	// or wrote something invalid into the shared memory.
 	ErrProtocol = errors.New("shm: protocol error")
 	// ErrHeartbeatTimeout means a peer's heartbeat counter stopped moving
-	// for the heartbeat timeout.
-	ErrHeartbeatTimeout = errors.New("shm: heartbeat timeout")
+	// for the heartbeat timeout. It matches transport.ErrPeerUnresponsive
+	// (and so transport.ErrPeerLost) itself.
+	ErrHeartbeatTimeout = errs.Narrow("shm: heartbeat timeout", transport.ErrPeerUnresponsive)
 	// ErrNoLink is returned for a peer this transport has no link to (New
 	// was given no connection for it).
 	ErrNoLink = errors.New("shm: no shared-memory link to this rank")

@@ -339,6 +339,16 @@ func TestHeartbeatTimeout(t *testing.T) {
 	require.ErrorIs(t, r.t.Send(ctx, 1, 1, transport.Header{}, nil), transport.ErrPeerLost)
 }
 
+// TestHeartbeatTimeoutSentinel: ErrHeartbeatTimeout itself matches
+// transport.ErrPeerUnresponsive and ErrPeerLost, so dist classifies a
+// frozen peer without importing this package.
+func TestHeartbeatTimeoutSentinel(t *testing.T) {
+	err := fmt.Errorf("recv: %w", ErrHeartbeatTimeout)
+	assert.ErrorIs(t, err, transport.ErrPeerUnresponsive)
+	assert.ErrorIs(t, err, transport.ErrPeerLost)
+	assert.Equal(t, "tcp: heartbeat timeout", ErrHeartbeatTimeout.Error())
+}
+
 // TestHeartbeatKeepsIdleAndSlowLinksAlive: idle links, and a receiver that
 // leaves a full queue alone for many heartbeat timeouts, are not mistaken
 // for lost peers.

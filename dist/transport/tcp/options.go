@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 	"github.com/gdist/gdist/internal/errs"
 	"github.com/gdist/gdist/internal/options"
@@ -50,9 +51,10 @@ var (
 	// ErrProtocol means a peer sent something the protocol does not allow.
 	ErrProtocol = errors.New("tcp: protocol error")
 	// ErrHeartbeatTimeout means nothing was received from a peer for the
-	// heartbeat timeout. The *transport.PeerError that reports it also
-	// matches transport.ErrPeerUnresponsive (and so transport.ErrPeerLost).
-	ErrHeartbeatTimeout = errors.New("tcp: heartbeat timeout")
+	// heartbeat timeout. It matches transport.ErrPeerUnresponsive (and so
+	// transport.ErrPeerLost) itself, so code that classifies failures
+	// needs no import of this package.
+	ErrHeartbeatTimeout = errs.Narrow("tcp: heartbeat timeout", transport.ErrPeerUnresponsive)
 	// ErrInitTimeout is matched by the *InitTimeoutError of a setup that
 	// did not complete within the init timeout (WithInitTimeout).
 	ErrInitTimeout = errors.New("tcp: setup timed out")
