@@ -6,9 +6,10 @@
 // # Usage
 //
 // Launch N processes with cmd/gdistrun (or torchrun, mpirun, srun) and let
-// each one join the job from its environment:
+// each one join the job from its environment with package gdist (the module
+// root), which picks the transport:
 //
-//	g, err := dist.InitFromEnv(ctx)
+//	g, err := gdist.InitFromEnv(ctx)
 //	if err != nil {
 //		log.Fatal(err)
 //	}
@@ -34,14 +35,17 @@
 //	took := w.Finished().Sub(start) // when it finished, recorded by the group
 //
 // Options (WithTimeout, WithSmallThreshold, WithLogger, WithStallThreshold,
-// WithDebug, WithHierarchical, ...) are checked when New or InitFromEnv
-// applies them; an invalid one makes the constructor fail with an error
-// matching ErrInvalidArgument that names it. New also reads GDIST_DEBUG,
-// GDIST_STALL_THRESHOLD and GDIST_HIERARCHICAL (options win over them);
-// InitFromEnv reads, besides the launcher's variables, GDIST_TRANSPORT
-// (auto, tcp or shm) and GDIST_HOST_ID (a host identity replacing the
-// default, to simulate hosts), among others listed there. A malformed
-// value fails them with ErrEnv.
+// WithDebug, WithHierarchical, ...) are checked when New applies them; an
+// invalid one makes it fail with an error matching ErrInvalidArgument that
+// names it. New also reads GDIST_DEBUG, GDIST_STALL_THRESHOLD and
+// GDIST_HIERARCHICAL (options win over them); gdist.InitFromEnv reads,
+// besides the launcher's variables, GDIST_TRANSPORT (auto, tcp or shm) and
+// GDIST_HOST_ID (a host identity replacing the default, to simulate hosts),
+// among others listed there. A malformed value fails them with ErrEnv.
+//
+// Package dist imports no concrete transport: New takes any
+// transport.Transport, and gdist.InitFromEnv chooses among tcp, shm and
+// hybrid.
 //
 // # Semantics
 //
@@ -181,7 +185,7 @@
 // BF16 round at every combination).
 //
 // When the transport tells which ranks share a host (transport.Topology, as
-// the hybrid transport of InitFromEnv does) and the job spans several
+// the hybrid transport of gdist.InitFromEnv does) and the job spans several
 // hosts, one of them at least with several ranks, AllReduce and Broadcast
 // are hierarchical (WithHierarchical, GDIST_HIERARCHICAL; on by default):
 // each host reduces to its lowest rank, those leaders all-reduce among

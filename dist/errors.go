@@ -55,8 +55,10 @@ var (
 	// protocol (wrong payload size, malformed abort message). It appears as
 	// the Err of a *PeerError.
 	ErrProtocol = errors.New("dist: protocol violation")
-	// ErrEnv is wrapped by InitFromEnv's errors about missing or malformed
-	// environment variables; the message names the variable.
+	// ErrEnv is wrapped by the errors about missing or malformed
+	// environment variables, New's (GDIST_DEBUG, GDIST_STALL_THRESHOLD,
+	// GDIST_HIERARCHICAL) and gdist.InitFromEnv's; the message names the
+	// variable.
 	ErrEnv = errors.New("dist: bad environment")
 	// ErrBigEndian is returned by New on big-endian hosts: the collectives
 	// reinterpret float slices as little-endian wire bytes.

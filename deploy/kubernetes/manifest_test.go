@@ -1,6 +1,6 @@
 // Package kubernetes_test checks deploy/kubernetes/mnist-job.yaml: the
 // environment the Indexed Job gives each pod must map, through the same code
-// dist.InitFromEnv runs, to ranks 0..N-1 of one job whose rendezvous is the
+// gdist.InitFromEnv runs, to ranks 0..N-1 of one job whose rendezvous is the
 // index-0 pod's DNS name under the headless Service. No cluster runs here;
 // this is what can be checked without one.
 package kubernetes_test

@@ -59,7 +59,7 @@
 //
 // # Usage
 //
-// On every rank (pg from dist.InitFromEnv, or dist.New over a transport):
+// On every rank (pg from gdist.InitFromEnv, or dist.New over a transport):
 //
 //	g := gorgonia.NewGraph()
 //	params := ... // the model's learnable nodes, with values

@@ -10,7 +10,7 @@
 //
 // Every rank builds its stage and calls the same methods in the same order:
 //
-//	g, _ := dist.InitFromEnv(ctx)               // rank r runs stage r
+//	g, _ := gdist.InitFromEnv(ctx)              // rank r runs stage r
 //	from, to := layersOf(g.Rank(), g.WorldSize()) // this rank's layers
 //	build := func(gr *gorgonia.ExprGraph) (pipeline.Stage, error) {
 //		return transformer.NewStage(gr, cfg, from, to, microBatch)

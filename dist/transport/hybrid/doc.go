@@ -1,6 +1,6 @@
 // Package hybrid implements transport.Transport over shared memory between
 // the ranks of one host and TCP between hosts, behind one Transport: the
-// transport dist.InitFromEnv uses.
+// transport gdist.InitFromEnv uses.
 //
 // Experimental: the setup messages and the options may still change.
 //
@@ -66,6 +66,6 @@
 //	fmt.Println(tr.Via(0), tr.Hosts()) // "shm [0 0 1 1]", say
 //	pg, err := dist.New(tr)
 //
-// dist.InitFromEnv does this from the environment, with GDIST_TRANSPORT
+// gdist.InitFromEnv does this from the environment, with GDIST_TRANSPORT
 // (auto, tcp or shm) choosing the mode.
 package hybrid

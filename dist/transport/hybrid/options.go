@@ -148,7 +148,7 @@ func WithMode(m Mode) Option {
 // equal identities are on one host and, in modes Auto and SHM, talk
 // through shared memory; it is meant for tests and benchmarks that
 // simulate several hosts on one machine (GDIST_HOST_ID in
-// dist.InitFromEnv). Ranks given one identity must really share a host
+// gdist.InitFromEnv). Ranks given one identity must really share a host
 // and a network namespace. s must be non-empty and at most MaxHostID
 // bytes.
 func WithHostID(s string) Option {

@@ -1,4 +1,4 @@
-package dist
+package gdist
 
 import (
 	"net"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/internal/launchenv"
@@ -22,7 +23,7 @@ func clearEnv(t *testing.T) {
 	}
 	for _, v := range []string{EnvMasterAddr, EnvMasterPort, EnvToken, EnvInsecure, EnvListenAddr,
 		EnvHeartbeatTimeout, EnvHeartbeatInterval, EnvInitTimeout, EnvMaxFrame, EnvSocketBuffer,
-		EnvTransport, EnvHostID} {
+		EnvTransport, EnvHostID, EnvTimeline, EnvMetricsAddr, EnvRestartCount} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}
@@ -45,7 +46,7 @@ func TestInitFromEnvSingleProcess(t *testing.T) {
 		assert.Equal(t, 1, g.WorldSize())
 		assert.IsType(t, &transport.Local{}, g.Transport())
 		d := []float32{1, 2}
-		require.NoError(t, g.AllReduce(bg, d, Mean))
+		require.NoError(t, g.AllReduce(bg, d, dist.Mean))
 		assert.Equal(t, []float32{1, 2}, d)
 		require.NoError(t, g.Close())
 	}
@@ -95,16 +96,16 @@ func TestInitFromEnvErrors(t *testing.T) {
 			t.Setenv(k, v)
 		}
 		_, err := InitFromEnv(bg)
-		require.ErrorIs(t, err, ErrEnv, "%v", c.env)
+		require.ErrorIs(t, err, dist.ErrEnv, "%v", c.env)
 		assert.Contains(t, err.Error(), c.name, "%v", c.env)
 	}
 	clearEnv(t)
-	_, err := InitFromEnv(bg, WithTimeout(-1))
+	_, err := InitFromEnv(bg, WithGroupOptions(dist.WithTimeout(-1)))
 	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
 // TestInitFromEnvErrorNamesVariable: a malformed launcher variable gives an
-// error matching ErrEnv that names it (the launcher rules themselves are
+// error matching dist.ErrEnv that names it (the launcher rules themselves are
 // tested in internal/launchenv).
 func TestInitFromEnvErrorNamesVariable(t *testing.T) {
 	clearEnv(t)
@@ -112,7 +113,7 @@ func TestInitFromEnvErrorNamesVariable(t *testing.T) {
 	t.Setenv("SLURM_NTASKS", "2")
 	t.Setenv("SLURM_STEP_NODELIST", "node[1-")
 	_, err := InitFromEnv(bg)
-	require.ErrorIs(t, err, ErrEnv)
+	require.ErrorIs(t, err, dist.ErrEnv)
 	var le *launchenv.Error
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, "SLURM_STEP_NODELIST", le.Var)
@@ -122,6 +123,6 @@ func TestInitFromEnvErrorNamesVariable(t *testing.T) {
 	t.Setenv("OMPI_COMM_WORLD_SIZE", "4")
 	t.Setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
 	_, err = InitFromEnv(bg)
-	require.ErrorIs(t, err, ErrEnv)
+	require.ErrorIs(t, err, dist.ErrEnv)
 	assert.Contains(t, err.Error(), "MASTER_ADDR")
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package dist
+package gdist
 
 import (
 	"time"
@@ -12,7 +12,7 @@ import (
 // shmEnvOptions returns the options of the shared-memory links the
 // environment asks for: the heartbeat (GDIST_HEARTBEAT_TIMEOUT,
 // GDIST_HEARTBEAT_INTERVAL) and the maximum frame (GDIST_MAX_FRAME), as
-// for TCP. A malformed value is an error matching ErrEnv that names the
+// for TCP. A malformed value is an error matching dist.ErrEnv that names the
 // variable.
 func shmEnvOptions(lookup func(string) (string, bool)) ([]hybrid.Option, error) {
 	var opts []shm.Option

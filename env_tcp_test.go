@@ -1,4 +1,4 @@
-package dist
+package gdist
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/tcp"
@@ -63,7 +64,7 @@ func TestTCPEnvOptions(t *testing.T) {
 	} {
 		opts, err := tcpEnvOptions(lookupOf(c.env...))
 		if c.bad != "" {
-			require.ErrorIs(t, err, ErrEnv, "%v", c.env)
+			require.ErrorIs(t, err, dist.ErrEnv, "%v", c.env)
 			assert.Contains(t, err.Error(), c.bad, "%v", c.env)
 			continue
 		}
@@ -105,7 +106,7 @@ func TestInitFromEnvTCPOptions(t *testing.T) {
 	setup()
 	t.Setenv(EnvHeartbeatTimeout, "bad")
 	_, err = InitFromEnv(bg)
-	require.ErrorIs(t, err, ErrEnv)
+	require.ErrorIs(t, err, dist.ErrEnv)
 	assert.Contains(t, err.Error(), EnvHeartbeatTimeout)
 
 	setup()
@@ -120,7 +121,7 @@ func TestInitFromEnvTCPOptions(t *testing.T) {
 	t.Setenv(EnvInsecure, "")
 	t.Setenv(EnvToken, "0123456789abcdef") // 64 bits
 	_, err = InitFromEnv(bg)
-	require.ErrorIs(t, err, ErrEnv)
+	require.ErrorIs(t, err, dist.ErrEnv)
 	require.ErrorIs(t, err, tcp.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), EnvToken)
 	assert.Contains(t, err.Error(), "too short")
@@ -216,7 +217,7 @@ func TestHeartbeatRTTMetrics(t *testing.T) {
 		wg.Go(func() {
 			var p atomic.Pointer[metrics.Metrics]
 			p.Store(ms[r])
-			cfg := defaultConfig()
+			var cfg config
 			ts[r], errs[r] = dialFromEnv(bg, launchenv.Job{Rank: r, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: port}, &cfg, &p)
 		})
 	}

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package dist
+package gdist
 
 import "github.com/gdist/gdist/dist/transport/hybrid"
 
