@@ -14,15 +14,13 @@ var _ Solver = (*Adam)(nil)
 // NewAdam returns an Adam solver. Defaults, as Gorgonia's: learning rate
 // 0.001, eps 1e-8, beta1 0.9, beta2 0.999, batch 1, no regularisation, no
 // clipping.
-func NewAdam(opts ...AdamOption) (*Adam, error) {
+func NewAdam(opts ...Option) (*Adam, error) {
 	s := &Adam{base{kind: KindAdam, h: Hyper{LearnRate: 0.001, Eps: 1e-8, Beta1: 0.9, Beta2: 0.999, Batch: 1}}}
-	os := make([]option, len(opts))
-	for i, o := range opts {
-		os[i] = o.adam()
-	}
-	if err := configure(&s.h, os); err != nil {
+	h, err := configure("NewAdam", KindAdam, s.h, opts)
+	if err != nil {
 		return nil, err
 	}
+	s.h = h
 	return s, nil
 }
 

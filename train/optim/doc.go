@@ -24,10 +24,12 @@
 //
 // Three differences, all on paths where Gorgonia would not produce a useful
 // result: a *tensor.Dense of shape () takes the tensor path (Gorgonia's
-// Momentum and Adam panic on one); options are validated by the constructor (a learning rate must be
-// finite and >= 0, a clip > 0, betas in [0, 1), ...), and Step checks every
-// parameter (type, dtype, shape, count against the state) before it updates
-// any, so that a failed Step changes nothing.
+// Momentum and Adam panic on one); options are validated by the
+// constructor (a learning rate must be finite and >= 0, a clip > 0, betas
+// in [0, 1), ...; an option of another solver, such as WithBeta1 for SGD,
+// is refused too: an *OptionError matching ErrInvalidArgument), and Step
+// checks every parameter (type, dtype, shape, count against the state)
+// before it updates any, so that a failed Step changes nothing.
 //
 // # State
 //

@@ -30,16 +30,43 @@ func TestOptionsValidated(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.new()
-			require.ErrorIs(t, err, optim.ErrOption)
+			require.ErrorIs(t, err, optim.ErrInvalidArgument)
 			var oe *optim.OptionError
 			require.ErrorAs(t, err, &oe)
 			assert.NotEmpty(t, oe.Option)
 		})
 	}
+	_, err := optim.NewSGD(optim.WithLearnRate(0.1), nil)
+	require.ErrorIs(t, err, optim.ErrInvalidArgument)
+	assert.EqualError(t, err, "optim: NewSGD: option 1 is nil: gdist: invalid argument")
 	s, err := optim.NewAdam(optim.WithLearnRate(0.5), optim.WithBeta1(0.5), optim.WithClip(2), optim.WithL2Reg(0))
 	require.NoError(t, err)
 	h := s.Hyper()
 	assert.Equal(t, optim.Hyper{LearnRate: 0.5, Beta1: 0.5, Beta2: 0.999, Eps: 1e-8, Batch: 1, Clip: 2, UseL2Reg: true}, h)
+}
+
+// TestOptionsNotApplicable: an option for another solver is refused by the
+// constructor, naming the option and the solver, however valid its value.
+func TestOptionsNotApplicable(t *testing.T) {
+	for _, c := range []struct {
+		option string
+		err    error
+	}{
+		{"WithBeta1", func() error { _, err := optim.NewSGD(optim.WithBeta1(0.9)); return err }()},
+		{"WithBeta2", func() error { _, err := optim.NewMomentum(optim.WithBeta2(0.99)); return err }()},
+		{"WithEps", func() error { _, err := optim.NewSGD(optim.WithLearnRate(0.1), optim.WithEps(1e-6)); return err }()},
+		{"WithMomentum", func() error { _, err := optim.NewAdam(optim.WithMomentum(0.9)); return err }()},
+		{"WithMomentum", func() error { _, err := optim.NewSGD(optim.WithMomentum(0.9)); return err }()},
+	} {
+		require.ErrorIs(t, c.err, optim.ErrInvalidArgument, c.option)
+		var oe *optim.OptionError
+		require.ErrorAs(t, c.err, &oe, c.option)
+		assert.Equal(t, c.option, oe.Option)
+		assert.Contains(t, c.err.Error(), c.option)
+		assert.Contains(t, c.err.Error(), "only")
+	}
+	_, err := optim.NewMomentum(optim.WithMomentum(0.5), optim.WithLearnRate(0.1), optim.WithClip(1))
+	require.NoError(t, err, "the shared options and its own")
 }
 
 // stepped returns an Adam solver that took 3 steps on a fresh model.

@@ -16,15 +16,13 @@ var _ Solver = (*Momentum)(nil)
 
 // NewMomentum returns a Momentum solver. Defaults, as Gorgonia's: learning
 // rate 0.001, momentum 0.9, batch 1, no regularisation, no clipping.
-func NewMomentum(opts ...MomentumOption) (*Momentum, error) {
+func NewMomentum(opts ...Option) (*Momentum, error) {
 	s := &Momentum{base{kind: KindMomentum, h: Hyper{LearnRate: 0.001, Momentum: 0.9, Batch: 1}}}
-	os := make([]option, len(opts))
-	for i, o := range opts {
-		os[i] = o.momentum()
-	}
-	if err := configure(&s.h, os); err != nil {
+	h, err := configure("NewMomentum", KindMomentum, s.h, opts)
+	if err != nil {
 		return nil, err
 	}
+	s.h = h
 	return s, nil
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"gorgonia.org/gorgonia"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Kind names a solver's algorithm. It is stored in State and in checkpoints.
@@ -59,8 +61,11 @@ type Solver interface {
 
 // Errors. Every error of this package matches one of them with errors.Is.
 var (
-	// ErrOption means a constructor option has an invalid value.
-	ErrOption = errors.New("optim: invalid option")
+	// ErrInvalidArgument is matched by the error of a constructor option
+	// with an invalid value, of one that does not apply to the solver, and
+	// of a nil one. It is the value every gdist package exports under this
+	// name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrKind means a state belongs to another kind of solver.
 	ErrKind = errors.New("optim: solver kind mismatch")
 	// ErrParamCount means a state or a model has another number of
@@ -86,19 +91,20 @@ var (
 	ErrNoGrad = errors.New("optim: no gradient")
 )
 
-// OptionError reports an invalid option value. It unwraps to ErrOption.
+// OptionError reports an option with an invalid value, or one given to a
+// solver it does not apply to. It unwraps to ErrInvalidArgument.
 type OptionError struct {
 	Option string  // e.g. "WithBeta1"
 	Value  float64 // the value given
-	Reason string  // what the value must be
+	Reason string  // what the value must be, or which solver the option is for
 }
 
 func (e *OptionError) Error() string {
 	return fmt.Sprintf("optim: invalid option %s(%v): %s", e.Option, e.Value, e.Reason)
 }
 
-// Unwrap returns ErrOption.
-func (e *OptionError) Unwrap() error { return ErrOption }
+// Unwrap returns ErrInvalidArgument.
+func (e *OptionError) Unwrap() error { return ErrInvalidArgument }
 
 // ParamError reports a problem with one parameter (Index >= 0) or with the
 // solver as a whole (Index < 0). Err is one of the package's sentinels

@@ -12,15 +12,13 @@ var _ Solver = (*SGD)(nil)
 
 // NewSGD returns an SGD solver. Defaults, as Gorgonia's: learning rate 0.001,
 // batch 1, no regularisation, no clipping.
-func NewSGD(opts ...SGDOption) (*SGD, error) {
+func NewSGD(opts ...Option) (*SGD, error) {
 	s := &SGD{base{kind: KindSGD, h: Hyper{LearnRate: 0.001, Batch: 1}}}
-	os := make([]option, len(opts))
-	for i, o := range opts {
-		os[i] = o.sgd()
-	}
-	if err := configure(&s.h, os); err != nil {
+	h, err := configure("NewSGD", KindSGD, s.h, opts)
+	if err != nil {
 		return nil, err
 	}
+	s.h = h
 	return s, nil
 }
 
