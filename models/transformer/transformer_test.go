@@ -814,3 +814,31 @@ func TestMeanCrossEntropy(t *testing.T) {
 	_, err = transformer.MeanCrossEntropy([]float64{0, 0, 0}, 2, []int{1})
 	assert.ErrorIs(t, err, transformer.ErrShape)
 }
+
+// TestTrainerOptionsRefused: every invalid trainer option makes NewTrainer
+// and NewTrainerFor fail with an error matching ErrInvalidArgument that
+// names it.
+func TestTrainerOptionsRefused(t *testing.T) {
+	cfg := transformer.Config{Vocab: 8, Ctx: 4, Dim: 8, Heads: 2, Layers: 1, MLPHidden: 16, Seed: 1}
+	for _, c := range []struct {
+		opt  transformer.TrainerOption
+		name string
+	}{
+		{transformer.WithLearnRate(-1), "WithLearnRate"},
+		{transformer.WithLearnRate(math.NaN()), "WithLearnRate"},
+		{transformer.WithClip(-0.5), "WithClip"},
+		{transformer.WithClip(math.Inf(1)), "WithClip"},
+		{transformer.WithSolver(nil), "WithSolver(nil)"},
+		{transformer.WithWeights(nil), "WithWeights"},
+		{transformer.WithHook(nil), "WithHook(nil)"},
+		{nil, "option 1 is nil"},
+	} {
+		_, err := transformer.NewTrainer(cfg, 2, transformer.WithLearnRate(1e-2), c.opt)
+		require.ErrorIs(t, err, transformer.ErrInvalidArgument, c.name)
+		assert.Contains(t, err.Error(), c.name)
+		st, err := transformer.NewStage(gorgonia.NewGraph(), cfg, 0, cfg.HeadLayer(), 2)
+		require.NoError(t, err)
+		_, err = transformer.NewTrainerFor(st, transformer.WithClip(0), c.opt)
+		require.ErrorIs(t, err, transformer.ErrInvalidArgument, c.name)
+	}
+}
