@@ -15,6 +15,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/errs"
+	"github.com/gdist/gdist/internal/options"
 	"github.com/gdist/gdist/train/checkpoint"
 )
 
@@ -62,7 +63,7 @@ func StageDir(dir string, k int) string { return filepath.Join(dir, "stage"+strc
 // any goroutine.
 type Manager struct {
 	pg     *dist.ProcessGroup
-	o      options
+	o      config
 	path   string          // the directory this rank reads
 	dir    *checkpoint.Dir // writers only
 	writer bool
@@ -82,14 +83,9 @@ func New(pg *dist.ProcessGroup, dir string, opts ...Option) (*Manager, error) {
 	if pg == nil || dir == "" {
 		return nil, fmt.Errorf("ckpt: %w: group %p, dir %q", ErrInvalidArgument, pg, dir)
 	}
-	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("ckpt: %w: nil option", ErrInvalidArgument)
-		}
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o := defaultConfig()
+	if err := options.Apply(&o, opts, "ckpt", ErrInvalidArgument); err != nil {
+		return nil, err
 	}
 	if o.rankRNG && o.stage >= 0 {
 		return nil, fmt.Errorf("ckpt: %w: WithRankRNG with WithStage (each stage saves its own RNG)", ErrInvalidArgument)

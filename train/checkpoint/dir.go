@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gdist/gdist/internal/options"
 )
 
 // DefaultKeep is how many checkpoints a Dir keeps unless WithKeep says
@@ -66,13 +68,8 @@ func WithLogger(l *slog.Logger) DirOption {
 // and removes the temporary files an interrupted save left in it.
 func OpenDir(path string, opts ...DirOption) (*Dir, error) {
 	o := dirOptions{keep: DefaultKeep}
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("checkpoint: %w: nil option", ErrInvalidArgument)
-		}
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	if err := options.Apply(&o, opts, "checkpoint", ErrInvalidArgument); err != nil {
+		return nil, err
 	}
 	d := &Dir{path: path, keep: o.keep, logger: o.logger}
 	if err := os.MkdirAll(path, 0o755); err != nil {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/gdist/gdist/internal/errs"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Errors returned by this package. Match them with errors.Is.
@@ -64,28 +65,28 @@ type DistributedSampler struct {
 }
 
 // Option configures New. Options are validated by New.
-type Option func(*options) error
+type Option func(*config) error
 
-type options struct {
+type config struct {
 	seed              int64
 	shuffle, dropLast bool
 }
 
 // WithShuffle sets whether each epoch is a fresh permutation (default true).
 func WithShuffle(shuffle bool) Option {
-	return func(o *options) error { o.shuffle = shuffle; return nil }
+	return func(o *config) error { o.shuffle = shuffle; return nil }
 }
 
 // WithSeed sets the shuffle's seed (default 0). Every rank must use the same.
 func WithSeed(seed int64) Option {
-	return func(o *options) error { o.seed = seed; return nil }
+	return func(o *config) error { o.seed = seed; return nil }
 }
 
 // WithDropLast makes every rank get floor(n/world) indices, dropping the
 // n mod world left over (default false: every rank gets ceil(n/world),
 // padding by repetition).
 func WithDropLast(dropLast bool) Option {
-	return func(o *options) error { o.dropLast = dropLast; return nil }
+	return func(o *config) error { o.dropLast = dropLast; return nil }
 }
 
 // New returns the sampler of rank (0 <= rank < world) for a data set of n
@@ -95,14 +96,9 @@ func New(n, rank, world int, opts ...Option) (*DistributedSampler, error) {
 	if n < 0 || world < 1 || rank < 0 || rank >= world {
 		return nil, fmt.Errorf("data: %w: sampler with n=%d, rank=%d, world=%d", ErrInvalidArgument, n, rank, world)
 	}
-	o := options{shuffle: true}
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("data: %w: nil option", ErrInvalidArgument)
-		}
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o := config{shuffle: true}
+	if err := options.Apply(&o, opts, "data", ErrInvalidArgument); err != nil {
+		return nil, err
 	}
 	return &DistributedSampler{n: n, rank: rank, world: world, seed: o.seed, shuffle: o.shuffle, dropLast: o.dropLast}, nil
 }
