@@ -159,26 +159,25 @@ func envHeartbeat(lookup func(string) (string, bool)) (interval, timeout time.Du
 
 // envDuration parses the positive duration in variable name, if set.
 func envDuration(lookup func(string) (string, bool), name string) (time.Duration, bool, error) {
-	v, ok := lookup(name)
-	if !ok || v == "" {
-		return 0, false, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, false, fmt.Errorf("%w: %s=%q is not a positive duration (e.g. 10s)", dist.ErrEnv, name, v)
-	}
-	return d, true, nil
+	return envPositive(lookup, name, time.ParseDuration, "a positive duration (e.g. 10s)")
 }
 
 // envSize parses the positive byte count in variable name, if set.
 func envSize(lookup func(string) (string, bool), name string) (int, bool, error) {
-	v, ok := lookup(name)
-	if !ok || v == "" {
+	return envPositive(lookup, name, options.ParseBytes, "a positive size in bytes (e.g. 67108864 or 64M)")
+}
+
+// envPositive parses variable name with parse, if it is set: ok is false
+// when it is not, and a value parse refuses, or one <= 0, is an error
+// matching dist.ErrEnv that names the variable and says it is not want.
+func envPositive[T ~int | ~int64](lookup func(string) (string, bool), name string, parse func(string) (T, error), want string) (x T, ok bool, err error) {
+	v, set := lookup(name)
+	if !set || v == "" {
 		return 0, false, nil
 	}
-	n, err := options.ParseBytes(v)
-	if err != nil || n <= 0 {
-		return 0, false, fmt.Errorf("%w: %s=%q is not a positive size in bytes (e.g. 67108864 or 64M)", dist.ErrEnv, name, v)
+	x, err = parse(v)
+	if err != nil || x <= 0 {
+		return 0, false, fmt.Errorf("%w: %s=%q is not %s", dist.ErrEnv, name, v, want)
 	}
-	return n, true, nil
+	return x, true, nil
 }

@@ -4,19 +4,17 @@ package gdist
 
 import (
 	"net"
+	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/shm"
-	"github.com/gdist/gdist/internal/launchenv"
 )
 
 func TestHybridEnvOptions(t *testing.T) {
@@ -36,14 +34,7 @@ func TestHybridEnvOptions(t *testing.T) {
 		{[]string{EnvHostID, strings.Repeat("h", hybrid.MaxHostID+1)}, 0, EnvHostID},
 		{[]string{EnvTransport, "tcp", EnvHostID, "b"}, 2, ""},
 	} {
-		opts, err := hybridEnvOptions(lookupOf(c.env...))
-		if c.bad != "" {
-			require.ErrorIs(t, err, dist.ErrEnv, "%v", c.env)
-			assert.Contains(t, err.Error(), c.bad, "%v", c.env)
-			continue
-		}
-		require.NoError(t, err, "%v", c.env)
-		assert.Len(t, opts, c.n, "%v", c.env)
+		envOptions(t, hybridEnvOptions, c.env, c.n, c.bad)
 	}
 }
 
@@ -65,14 +56,10 @@ func TestSHMEnvOptions(t *testing.T) {
 		{[]string{EnvMaxFrame, "x"}, 0, EnvMaxFrame},
 		{[]string{EnvInitTimeout, "1m", EnvSocketBuffer, "1M"}, 0, ""}, // TCP only
 	} {
-		opts, err := shmEnvOptions(lookupOf(c.env...))
-		if c.bad != "" {
-			require.ErrorIs(t, err, dist.ErrEnv, "%v", c.env)
-			assert.Contains(t, err.Error(), c.bad, "%v", c.env)
+		opts, ok := envOptions(t, shmEnvOptions, c.env, c.n, c.bad)
+		if !ok {
 			continue
 		}
-		require.NoError(t, err, "%v", c.env)
-		require.Len(t, opts, c.n, "%v", c.env)
 		// A 2-rank job on one host takes them (the shm transport validates).
 		ts := hybridPair(t, opts...)
 		assert.Equal(t, hybrid.ViaSHM, ts[0].Via(1), "%v", c.env)
@@ -82,10 +69,7 @@ func TestSHMEnvOptions(t *testing.T) {
 // hybridPair starts a 2-rank hybrid job on loopback in this process.
 func hybridPair(t *testing.T, opts ...hybrid.Option) []*hybrid.Transport {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	master := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	master := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
 	ts := make([]*hybrid.Transport, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -117,24 +101,8 @@ func TestDialFromEnvTransport(t *testing.T) {
 		{"shm", hybrid.ViaSHM},
 		{"tcp", hybrid.ViaTCP},
 	} {
-		clearEnv(t)
-		t.Setenv(EnvInsecure, "1")
-		t.Setenv(EnvTransport, c.mode)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		port := ln.Addr().(*net.TCPAddr).Port
-		require.NoError(t, ln.Close())
-		ts := make([]*hybrid.Transport, 2)
-		errs := make([]error, 2)
-		var wg sync.WaitGroup
-		for r := range 2 {
-			wg.Go(func() {
-				var p atomic.Pointer[metrics.Metrics]
-				var cfg config
-				ts[r], errs[r] = dialFromEnv(bg, launchenv.Job{Rank: r, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: port}, &cfg, &p)
-			})
-		}
-		wg.Wait()
+		clearEnv(t, EnvInsecure, "1", EnvTransport, c.mode)
+		ts, errs := dialPair(t, config{})
 		for r := range 2 {
 			require.NoError(t, errs[r], "%q rank %d", c.mode, r)
 		}
@@ -146,13 +114,7 @@ func TestDialFromEnvTransport(t *testing.T) {
 		}
 	}
 
-	clearEnv(t)
-	t.Setenv(EnvRank, "0")
-	t.Setenv(EnvWorldSize, "1")
-	t.Setenv(EnvMasterAddr, "127.0.0.1")
-	t.Setenv(EnvMasterPort, "1")
-	t.Setenv(EnvInsecure, "1")
-	t.Setenv(EnvTransport, "infiniband")
+	clearEnv(t, EnvRank, "0", EnvWorldSize, "1", EnvMasterAddr, "127.0.0.1", EnvMasterPort, "1", EnvInsecure, "1", EnvTransport, "infiniband")
 	_, err := InitFromEnv(bg)
 	require.ErrorIs(t, err, dist.ErrEnv)
 	assert.Contains(t, err.Error(), EnvTransport)
@@ -165,31 +127,15 @@ func TestInitFromEnvSHMOptions(t *testing.T) {
 	_, err := InitFromEnv(bg, WithSHMOptions(nil))
 	require.ErrorIs(t, err, ErrInvalidArgument)
 
-	clearEnv(t)
-	t.Setenv(EnvInsecure, "1")
-	t.Setenv(EnvTransport, "shm")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	clearEnv(t, EnvInsecure, "1", EnvTransport, "shm")
+	cfg, err := newConfig([]Option{WithSHMOptions(shm.WithRingSize(5))})
 	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			var p atomic.Pointer[metrics.Metrics]
-			cfg, err := newConfig([]Option{WithSHMOptions(shm.WithRingSize(5))})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			tr, err := dialFromEnv(bg, launchenv.Job{Rank: r, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: port}, &cfg, &p)
-			if err == nil {
-				tr.Close()
-			}
-			errs[r] = err
-		})
+	ts, errs := dialPair(t, cfg)
+	for _, tr := range ts {
+		if tr != nil {
+			tr.Close()
+		}
 	}
-	wg.Wait()
 	for r := range 2 {
 		require.ErrorIs(t, errs[r], hybrid.ErrSHMSetup, "rank %d", r)
 	}

@@ -3,7 +3,6 @@ package gdist
 import (
 	"context"
 	"io"
-	"net"
 	"net/http/httptest"
 	"regexp"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/launch"
 	"github.com/gdist/gdist/internal/launchenv"
+	"github.com/gdist/gdist/internal/portpick"
 )
 
 // lookupOf is an environment lookup (os.LookupEnv's shape) over the
@@ -32,6 +32,63 @@ func lookupOf(kv ...string) func(string) (string, bool) {
 		m[kv[i]] = kv[i+1]
 	}
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// freePort returns a loopback port nothing listens on.
+func freePort(t *testing.T) int {
+	t.Helper()
+	port, err := portpick.Free("127.0.0.1")
+	require.NoError(t, err)
+	return port
+}
+
+// tcpWorldOne clears the environment, then describes a world of one that
+// still meets over TCP (MASTER_ADDR on loopback, a free port, no token),
+// plus the key/value pairs kv.
+func tcpWorldOne(t *testing.T, kv ...string) {
+	t.Helper()
+	clearEnv(t, append([]string{EnvRank, "0", EnvWorldSize, "1", EnvMasterAddr, "127.0.0.1",
+		EnvMasterPort, strconv.Itoa(freePort(t)), EnvInsecure, "1"}, kv...)...)
+}
+
+// dialPair runs dialFromEnv with cfg for ranks 0 and 1 of a job on a free
+// loopback port, concurrently, and returns each rank's transport and
+// error; rank r's heartbeat round trips go to ms[r] when ms is given. The
+// caller closes the transports.
+func dialPair(t *testing.T, cfg config, ms ...*metrics.Metrics) ([]*hybrid.Transport, []error) {
+	t.Helper()
+	port := freePort(t)
+	ts := make([]*hybrid.Transport, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			var p atomic.Pointer[metrics.Metrics]
+			if len(ms) > r {
+				p.Store(ms[r])
+			}
+			c := cfg
+			ts[r], errs[r] = dialFromEnv(bg, launchenv.Job{Rank: r, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: port}, &c, &p)
+		})
+	}
+	wg.Wait()
+	return ts, errs
+}
+
+// envOptions calls parse on the environment env and checks its answer: an
+// error matching dist.ErrEnv that names the variable bad, if bad is set
+// (ok is false then), else n options, which it returns.
+func envOptions[O any](t *testing.T, parse func(func(string) (string, bool)) ([]O, error), env []string, n int, bad string) (opts []O, ok bool) {
+	t.Helper()
+	opts, err := parse(lookupOf(env...))
+	if bad != "" {
+		require.ErrorIs(t, err, dist.ErrEnv, "%v", env)
+		assert.Contains(t, err.Error(), bad, "%v", env)
+		return nil, false
+	}
+	require.NoError(t, err, "%v", env)
+	require.Len(t, opts, n, "%v", env)
+	return opts, true
 }
 
 func TestTCPEnvOptions(t *testing.T) {
@@ -62,14 +119,10 @@ func TestTCPEnvOptions(t *testing.T) {
 		{[]string{EnvSocketBuffer, "-5"}, 0, EnvSocketBuffer, false},
 		{[]string{EnvHeartbeatTimeout, "3s", EnvInitTimeout, "1m", EnvMaxFrame, "1M", EnvSocketBuffer, "1M"}, 4, "", false},
 	} {
-		opts, err := tcpEnvOptions(lookupOf(c.env...))
-		if c.bad != "" {
-			require.ErrorIs(t, err, dist.ErrEnv, "%v", c.env)
-			assert.Contains(t, err.Error(), c.bad, "%v", c.env)
+		opts, ok := envOptions(t, tcpEnvOptions, c.env, c.n, c.bad)
+		if !ok {
 			continue
 		}
-		require.NoError(t, err, "%v", c.env)
-		assert.Len(t, opts, c.n, "%v", c.env)
 		// The transport accepts (or refuses) them: a world of one on loopback.
 		tr, err := tcp.Rendezvous(bg, 0, 1, "127.0.0.1:0", append(opts, tcp.WithInsecure())...)
 		if c.tcpE {
@@ -85,40 +138,24 @@ func TestTCPEnvOptions(t *testing.T) {
 // environment's options too, and a short token is refused naming
 // GDIST_TOKEN.
 func TestInitFromEnvTCPOptions(t *testing.T) {
-	setup := func() {
-		clearEnv(t)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		port := ln.Addr().(*net.TCPAddr).Port
-		require.NoError(t, ln.Close())
-		t.Setenv(EnvRank, "0")
-		t.Setenv(EnvWorldSize, "1")
-		t.Setenv(EnvMasterAddr, "127.0.0.1")
-		t.Setenv(EnvMasterPort, strconv.Itoa(port))
-		t.Setenv(EnvInsecure, "1")
-	}
-	setup()
+	tcpWorldOne(t)
 	_, err := InitFromEnv(bg, WithTCPOptions(tcp.WithMaxFrame(0)))
 	require.ErrorIs(t, err, tcp.ErrInvalidArgument, "the caller's TCP options reach the transport")
 	_, err = InitFromEnv(bg, WithTCPOptions(nil))
 	require.ErrorIs(t, err, ErrInvalidArgument)
 
-	setup()
-	t.Setenv(EnvHeartbeatTimeout, "bad")
+	tcpWorldOne(t, EnvHeartbeatTimeout, "bad")
 	_, err = InitFromEnv(bg)
 	require.ErrorIs(t, err, dist.ErrEnv)
 	assert.Contains(t, err.Error(), EnvHeartbeatTimeout)
 
-	setup()
-	t.Setenv(EnvHeartbeatTimeout, "3s")
-	t.Setenv(EnvMaxFrame, "1M")
+	tcpWorldOne(t, EnvHeartbeatTimeout, "3s", EnvMaxFrame, "1M")
 	g, err := InitFromEnv(bg, WithTCPOptions(tcp.WithInitTimeout(time.Minute)))
 	require.NoError(t, err)
 	require.NoError(t, g.Barrier(bg))
 	require.NoError(t, g.Close())
 
-	setup()
-	t.Setenv(EnvInsecure, "")
+	tcpWorldOne(t, EnvInsecure, "")
 	t.Setenv(EnvToken, "0123456789abcdef") // 64 bits
 	_, err = InitFromEnv(bg)
 	require.ErrorIs(t, err, dist.ErrEnv)
@@ -202,26 +239,10 @@ func TestProcessRendezvousRefused(t *testing.T) {
 // TestHeartbeatRTTMetrics: the transport InitFromEnv builds reports its
 // heartbeat round trips to the group's metrics.
 func TestHeartbeatRTTMetrics(t *testing.T) {
-	clearEnv(t)
-	t.Setenv(EnvInsecure, "1")
+	clearEnv(t, EnvInsecure, "1")
 	t.Setenv(EnvHeartbeatTimeout, "400ms") // a heartbeat every 50 ms
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
 	ms := []*metrics.Metrics{metrics.New(0, 2, nil), metrics.New(1, 2, nil)}
-	ts := make([]*hybrid.Transport, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			var p atomic.Pointer[metrics.Metrics]
-			p.Store(ms[r])
-			var cfg config
-			ts[r], errs[r] = dialFromEnv(bg, launchenv.Job{Rank: r, WorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: port}, &cfg, &p)
-		})
-	}
-	wg.Wait()
+	ts, errs := dialPair(t, config{}, ms...)
 	for r := range 2 {
 		require.NoError(t, errs[r], "rank %d", r)
 		defer ts[r].Close()

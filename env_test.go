@@ -1,9 +1,7 @@
 package gdist
 
 import (
-	"net"
 	"os"
-	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -15,8 +13,9 @@ import (
 	"github.com/gdist/gdist/internal/launchenv"
 )
 
-// clearEnv unsets every variable InitFromEnv reads, for the test's duration.
-func clearEnv(t *testing.T) {
+// clearEnv unsets every variable InitFromEnv reads, for the test's
+// duration, then sets the key/value pairs kv.
+func clearEnv(t *testing.T, kv ...string) {
 	for _, v := range launchenv.RankVars() {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
@@ -26,6 +25,9 @@ func clearEnv(t *testing.T) {
 		EnvTransport, EnvHostID, EnvTimeline, EnvMetricsAddr, EnvRestartCount} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		t.Setenv(kv[i], kv[i+1])
 	}
 }
 
@@ -55,16 +57,7 @@ func TestInitFromEnvSingleProcess(t *testing.T) {
 // TestInitFromEnvTCPWorldOne: with MASTER_ADDR a world of one still goes
 // through the TCP rendezvous.
 func TestInitFromEnvTCPWorldOne(t *testing.T) {
-	clearEnv(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	t.Setenv(EnvRank, "0")
-	t.Setenv(EnvWorldSize, "1")
-	t.Setenv(EnvMasterAddr, "127.0.0.1")
-	t.Setenv(EnvMasterPort, strconv.Itoa(port))
-	t.Setenv(EnvInsecure, "1")
+	tcpWorldOne(t)
 	g, err := InitFromEnv(bg)
 	require.NoError(t, err)
 	assert.IsType(t, &hybrid.Transport{}, g.Transport())
@@ -108,20 +101,14 @@ func TestInitFromEnvErrors(t *testing.T) {
 // error matching dist.ErrEnv that names it (the launcher rules themselves are
 // tested in internal/launchenv).
 func TestInitFromEnvErrorNamesVariable(t *testing.T) {
-	clearEnv(t)
-	t.Setenv("SLURM_PROCID", "1")
-	t.Setenv("SLURM_NTASKS", "2")
-	t.Setenv("SLURM_STEP_NODELIST", "node[1-")
+	clearEnv(t, "SLURM_PROCID", "1", "SLURM_NTASKS", "2", "SLURM_STEP_NODELIST", "node[1-")
 	_, err := InitFromEnv(bg)
 	require.ErrorIs(t, err, dist.ErrEnv)
 	var le *launchenv.Error
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, "SLURM_STEP_NODELIST", le.Var)
 
-	clearEnv(t)
-	t.Setenv("OMPI_COMM_WORLD_RANK", "1")
-	t.Setenv("OMPI_COMM_WORLD_SIZE", "4")
-	t.Setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+	clearEnv(t, "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "4", "OMPI_COMM_WORLD_LOCAL_SIZE", "2")
 	_, err = InitFromEnv(bg)
 	require.ErrorIs(t, err, dist.ErrEnv)
 	assert.Contains(t, err.Error(), "MASTER_ADDR")

@@ -60,10 +60,8 @@ func invalidOption(format string, args ...any) error {
 // InitFromEnv connects.
 func WithGroupOptions(opts ...dist.Option) Option {
 	return func(c *config) error {
-		for i, o := range opts {
-			if o == nil {
-				return invalidOption("WithGroupOptions: option %d is nil", i)
-			}
+		if err := options.NoNil("gdist: WithGroupOptions", opts, ErrInvalidArgument); err != nil {
+			return err
 		}
 		c.groupOpts = append(c.groupOpts, opts...)
 		return nil
@@ -79,10 +77,8 @@ func WithGroupOptions(opts ...dist.Option) Option {
 // makes no TCP transport and ignores them.
 func WithTCPOptions(opts ...tcp.Option) Option {
 	return func(c *config) error {
-		for i, o := range opts {
-			if o == nil {
-				return invalidOption("WithTCPOptions: option %d is nil", i)
-			}
+		if err := options.NoNil("gdist: WithTCPOptions", opts, ErrInvalidArgument); err != nil {
+			return err
 		}
 		c.tcpOpts = append(c.tcpOpts, opts...)
 		return nil

@@ -5,6 +5,7 @@ package gdist
 import (
 	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/shm"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // WithSHMOptions passes opts to the shared-memory links InitFromEnv sets
@@ -17,10 +18,8 @@ import (
 // (Linux only.)
 func WithSHMOptions(opts ...shm.Option) Option {
 	return func(c *config) error {
-		for i, o := range opts {
-			if o == nil {
-				return invalidOption("WithSHMOptions: option %d is nil", i)
-			}
+		if err := options.NoNil("gdist: WithSHMOptions", opts, ErrInvalidArgument); err != nil {
+			return err
 		}
 		c.hybridOpts = append(c.hybridOpts, hybrid.WithSHM(opts...))
 		return nil

@@ -49,12 +49,7 @@ func TestOptionsRefused(t *testing.T) {
 // TestOptionsRefusedBeforeConnecting: a bad group option fails InitFromEnv
 // before the rendezvous, which here would wait for a rank that never comes.
 func TestOptionsRefusedBeforeConnecting(t *testing.T) {
-	clearEnv(t)
-	t.Setenv(EnvRank, "1")
-	t.Setenv(EnvWorldSize, "2")
-	t.Setenv(EnvMasterAddr, "127.0.0.1")
-	t.Setenv(EnvMasterPort, "1")
-	t.Setenv(EnvInsecure, "1")
+	clearEnv(t, EnvRank, "1", EnvWorldSize, "2", EnvMasterAddr, "127.0.0.1", EnvMasterPort, "1", EnvInsecure, "1")
 	start := time.Now()
 	_, err := InitFromEnv(bg, WithGroupOptions(dist.WithTimeout(0)))
 	require.ErrorIs(t, err, ErrInvalidArgument)
@@ -65,12 +60,7 @@ func TestOptionsRefusedBeforeConnecting(t *testing.T) {
 // launcher's LOCAL_RANK reach the group; the caller's group options win
 // over the environment's; a malformed count is refused naming it.
 func TestGroupEnvOptions(t *testing.T) {
-	clearEnv(t)
-	t.Setenv(EnvRestartCount, "3")
-	t.Setenv(EnvMetricsAddr, "127.0.0.1:0")
-	t.Setenv(EnvRank, "0")
-	t.Setenv(EnvWorldSize, "1")
-	t.Setenv(EnvLocalRank, "0")
+	clearEnv(t, EnvRestartCount, "3", EnvMetricsAddr, "127.0.0.1:0", EnvRank, "0", EnvWorldSize, "1", EnvLocalRank, "0")
 	g, err := InitFromEnv(bg, WithLogger(slog.New(slog.DiscardHandler)))
 	require.NoError(t, err)
 	require.NotNil(t, g.Metrics())

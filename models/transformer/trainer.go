@@ -36,28 +36,28 @@ func invalidOption(format string, args ...any) error {
 	return fmt.Errorf("transformer: %w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
 
+// nonNegativeOption is an option that sets *field(o) to v, which must be
+// finite and >= 0.
+func nonNegativeOption(name string, v float64, field func(*trainerOptions) *float64) TrainerOption {
+	return func(o *trainerOptions) error {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return invalidOption("%s(%v): must be finite and >= 0", name, v)
+		}
+		*field(o) = v
+		return nil
+	}
+}
+
 // WithLearnRate sets the Adam learning rate (default 3e-3); lr must be
 // finite and >= 0. Ignored with WithSolver.
 func WithLearnRate(lr float64) TrainerOption {
-	return func(o *trainerOptions) error {
-		if math.IsNaN(lr) || math.IsInf(lr, 0) || lr < 0 {
-			return invalidOption("WithLearnRate(%v): must be finite and >= 0", lr)
-		}
-		o.lr = lr
-		return nil
-	}
+	return nonNegativeOption("WithLearnRate", lr, func(o *trainerOptions) *float64 { return &o.lr })
 }
 
 // WithClip sets Adam's element-wise gradient clipping bound (default 1; 0
 // disables clipping); c must be finite and >= 0. Ignored with WithSolver.
 func WithClip(c float64) TrainerOption {
-	return func(o *trainerOptions) error {
-		if math.IsNaN(c) || math.IsInf(c, 0) || c < 0 {
-			return invalidOption("WithClip(%v): must be finite and >= 0", c)
-		}
-		o.clip = c
-		return nil
-	}
+	return nonNegativeOption("WithClip", c, func(o *trainerOptions) *float64 { return &o.clip })
 }
 
 // WithSolver replaces the default Adam solver. s must not be nil.

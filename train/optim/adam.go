@@ -16,11 +16,9 @@ var _ Solver = (*Adam)(nil)
 // clipping.
 func NewAdam(opts ...Option) (*Adam, error) {
 	s := &Adam{base{kind: KindAdam, h: Hyper{LearnRate: 0.001, Eps: 1e-8, Beta1: 0.9, Beta2: 0.999, Batch: 1}}}
-	h, err := configure("NewAdam", KindAdam, s.h, opts)
-	if err != nil {
+	if err := s.configure("NewAdam", opts); err != nil {
 		return nil, err
 	}
-	s.h = h
 	return s, nil
 }
 

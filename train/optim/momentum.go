@@ -18,11 +18,9 @@ var _ Solver = (*Momentum)(nil)
 // rate 0.001, momentum 0.9, batch 1, no regularisation, no clipping.
 func NewMomentum(opts ...Option) (*Momentum, error) {
 	s := &Momentum{base{kind: KindMomentum, h: Hyper{LearnRate: 0.001, Momentum: 0.9, Batch: 1}}}
-	h, err := configure("NewMomentum", KindMomentum, s.h, opts)
-	if err != nil {
+	if err := s.configure("NewMomentum", opts); err != nil {
 		return nil, err
 	}
-	s.h = h
 	return s, nil
 }
 

@@ -40,14 +40,15 @@ func hyperOption(name string, v float64, only Kind, check func(float64) string, 
 	}
 }
 
-// configure applies opts, in order, to the defaults h of a solver of kind
-// k, which constructor ctor makes.
-func configure(ctor string, k Kind, h Hyper, opts []Option) (Hyper, error) {
-	c := config{kind: k, h: h}
+// configure applies opts, in order, to b's hyper-parameters (its kind's
+// defaults); ctor names the constructor in the error of a nil option.
+func (b *base) configure(ctor string, opts []Option) error {
+	c := config{kind: b.kind, h: b.h}
 	if err := options.Apply(&c, opts, "optim: "+ctor, ErrInvalidArgument); err != nil {
-		return Hyper{}, err
+		return err
 	}
-	return c.h, nil
+	b.h = c.h
+	return nil
 }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

@@ -14,11 +14,9 @@ var _ Solver = (*SGD)(nil)
 // batch 1, no regularisation, no clipping.
 func NewSGD(opts ...Option) (*SGD, error) {
 	s := &SGD{base{kind: KindSGD, h: Hyper{LearnRate: 0.001, Batch: 1}}}
-	h, err := configure("NewSGD", KindSGD, s.h, opts)
-	if err != nil {
+	if err := s.configure("NewSGD", opts); err != nil {
 		return nil, err
 	}
-	s.h = h
 	return s, nil
 }
 

@@ -216,10 +216,8 @@ func WithSetupTimeout(d time.Duration) Option {
 // (matching tcp.ErrInvalidArgument) for a bad one.
 func WithTCP(opts ...tcp.Option) Option {
 	return func(c *config) error {
-		for i, o := range opts {
-			if o == nil {
-				return fmt.Errorf("hybrid: %w: TCP option %d is nil", ErrInvalidArgument, i)
-			}
+		if err := options.NoNil("hybrid: WithTCP", opts, ErrInvalidArgument); err != nil {
+			return err
 		}
 		c.tcpOpts = append(c.tcpOpts, opts...)
 		return nil
