@@ -211,7 +211,7 @@ func join(ctx context.Context, tr string, gopts []dist.Option) (*dist.ProcessGro
 	return gdist.InitFromEnv(ctx, gdist.WithGroupOptions(gopts...))
 }
 
-// routes says how this rank reaches its peers (InitFromEnv's transport
+// routes says how this rank reaches its peers (gdist.InitFromEnv's transport
 // tells).
 func routes(g *dist.ProcessGroup) string {
 	if v, ok := g.Transport().(interface{ Summary() string }); ok {

@@ -500,7 +500,7 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 		j.Transport = "tcp"
 	}
 	if world > 1 && j.LinkMBps == 0 {
-		// The product path: InitFromEnv with GDIST_TRANSPORT set to tcp,
+		// The product path: gdist.InitFromEnv with GDIST_TRANSPORT set to tcp,
 		// shm or auto.
 		if err := os.Setenv(gdist.EnvTransport, j.Transport); err != nil {
 			return err

@@ -153,8 +153,8 @@ func ms(d time.Duration) string {
 }
 
 // routes says how rank 0 reaches its peers, when the transport tells
-// (InitFromEnv's hybrid transport does: shared memory within a host, TCP
-// across hosts).
+// (gdist.InitFromEnv's hybrid transport does: shared memory within a host,
+// TCP across hosts).
 func routes(pg *dist.ProcessGroup) string {
 	if v, ok := pg.Transport().(interface{ Summary() string }); ok && pg.WorldSize() > 1 {
 		return " (" + v.Summary() + ")"
