@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/launchenv"
 	"github.com/gdist/gdist/internal/options"
 )
 
@@ -29,7 +31,7 @@ const (
 // on and to tell it about restarts.
 const (
 	EnvTimeline     = "GDIST_TIMELINE"      // path of the per-rank Chrome trace file (see dist.WithTimeline)
-	EnvMetricsAddr  = "GDIST_METRICS_ADDR"  // host:port of the Prometheus endpoint (see dist.WithMetricsAddr)
+	EnvMetricsAddr  = "GDIST_METRICS_ADDR"  // host:port of the Prometheus endpoint; each rank serves on port + LOCAL_RANK (port 0: a free one), see metrics.RankAddr
 	EnvRestartCount = "GDIST_RESTART_COUNT" // set by gdistrun -max-restarts; exported as gdist_restarts (dist.WithRestartCount)
 )
 
@@ -69,8 +71,10 @@ func groupEnvOptions(lookup func(string) (string, bool)) ([]dist.Option, error) 
 	if v, ok := lookup(EnvTimeline); ok && v != "" {
 		opts = append(opts, dist.WithTimeline(v))
 	}
-	if v, ok := lookup(EnvMetricsAddr); ok && v != "" {
-		opts = append(opts, dist.WithMetricsAddr(v))
+	if addr, err := envMetricsAddr(lookup); err != nil {
+		return nil, err
+	} else if addr != "" {
+		opts = append(opts, dist.WithMetricsAddr(addr))
 	}
 	if v, ok := lookup(EnvRestartCount); ok && v != "" {
 		n, err := strconv.Atoi(v)
@@ -80,6 +84,23 @@ func groupEnvOptions(lookup func(string) (string, bool)) ([]dist.Option, error) 
 		opts = append(opts, dist.WithRestartCount(n))
 	}
 	return opts, nil
+}
+
+// envMetricsAddr returns GDIST_METRICS_ADDR with its port moved by the
+// launcher's local rank (metrics.RankAddr), so that the ranks of one host
+// do not collide, or "" if it is not set. A malformed address is an error
+// matching dist.ErrEnv that names the variable.
+func envMetricsAddr(lookup func(string) (string, bool)) (string, error) {
+	v, ok := lookup(EnvMetricsAddr)
+	if !ok || v == "" {
+		return "", nil
+	}
+	job, _ := launchenv.FromEnv(lookup) // its errors are InitFromEnv's to report
+	addr, err := metrics.RankAddr(v, job.LocalRank)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %w", dist.ErrEnv, EnvMetricsAddr, err)
+	}
+	return addr, nil
 }
 
 // tcpEnvOptions returns the TCP transport options the environment asks

@@ -2,6 +2,7 @@ package gdist
 
 import (
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -112,4 +113,24 @@ func TestInitFromEnvErrorNamesVariable(t *testing.T) {
 	_, err = InitFromEnv(bg)
 	require.ErrorIs(t, err, dist.ErrEnv)
 	assert.Contains(t, err.Error(), "MASTER_ADDR")
+}
+
+// TestEnvMetricsAddrPerRank: GDIST_METRICS_ADDR's port is moved by the
+// local rank, so that the ranks of one host do not collide.
+func TestEnvMetricsAddrPerRank(t *testing.T) {
+	for local, want := range []string{"127.0.0.1:9464", "127.0.0.1:9465"} {
+		addr, err := envMetricsAddr(lookupOf(EnvMetricsAddr, "127.0.0.1:9464",
+			EnvRank, strconv.Itoa(local), EnvWorldSize, "2", EnvLocalRank, strconv.Itoa(local)))
+		require.NoError(t, err)
+		assert.Equal(t, want, addr, "local rank %d", local)
+	}
+	addr, err := envMetricsAddr(lookupOf())
+	require.NoError(t, err)
+	assert.Empty(t, addr, "unset")
+	clearEnv(t, EnvMetricsAddr, "9464")
+	_, err = groupEnvOptions(os.LookupEnv)
+	require.ErrorIs(t, err, dist.ErrEnv)
+	assert.Contains(t, err.Error(), EnvMetricsAddr)
+	_, err = InitFromEnv(bg)
+	require.ErrorIs(t, err, dist.ErrEnv)
 }

@@ -8,8 +8,8 @@
 // pass uses mlp.Model.ForwardHooked with DDP.Hook, so every parameter's hook
 // sits right before the op that uses it and each gradient bucket's
 // all-reduce starts during backprop. Each epoch every rank reads a disjoint
-// shard of a fresh permutation of the 60,000 training images (mnist.Sampler
-// with a seed shared by all ranks) and runs the usual Gorgonia loop
+// shard of a fresh permutation of the 60,000 training images (train/data's
+// DistributedSampler, with a seed shared by all ranks) and runs the usual Gorgonia loop
 //
 //	vm.RunAll(); solver.Step(gorgonia.NodesToValueGrads(params)); vm.Reset()
 //
