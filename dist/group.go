@@ -143,7 +143,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 		return nil, ErrBigEndian
 	}
 	if t == nil {
-		return nil, fmt.Errorf("%w: nil transport", ErrInvalidArgument)
+		return nil, fmt.Errorf("dist: %w: nil transport", ErrInvalidArgument)
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -151,7 +151,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 	}
 	world, rank := t.WorldSize(), t.Rank()
 	if world < 1 || world > MaxWorldSize {
-		return nil, fmt.Errorf("%w: world size %d not in [1, %d]", ErrInvalidArgument, world, MaxWorldSize)
+		return nil, fmt.Errorf("dist: %w: world size %d not in [1, %d]", ErrInvalidArgument, world, MaxWorldSize)
 	}
 	if err := transport.CheckRank(rank, world); err != nil {
 		return nil, err
@@ -243,10 +243,10 @@ func (g *ProcessGroup) Rank() int { return g.rank }
 // WorldSize returns the number of ranks in the group.
 func (g *ProcessGroup) WorldSize() int { return g.size }
 
-// LocalRank returns this process's rank among the ranks on its host, as the
-// launcher set it (LOCAL_RANK and its Open MPI and Slurm equivalents) for a
-// job started by gdist.InitFromEnv (WithLocalRank), and its rank in the
-// job otherwise.
+// LocalRank returns this process's rank among the ranks on its host, as
+// WithLocalRank set it (gdist.InitFromEnv passes the launcher's LOCAL_RANK
+// or its Open MPI and Slurm equivalents), and its rank in the job
+// otherwise.
 func (g *ProcessGroup) LocalRank() int { return g.d.localRank }
 
 // Name returns the group's name: "world" for the whole job, the dimension

@@ -27,10 +27,10 @@ func topology(t transport.Transport, cfg *config, world int) ([]int, error) {
 	}
 	hosts := tp.Hosts()
 	if len(hosts) != world {
-		return nil, fmt.Errorf("%w: transport topology: %d host entries for %d ranks", ErrInvalidArgument, len(hosts), world)
+		return nil, fmt.Errorf("dist: %w: transport topology: %d host entries for %d ranks", ErrInvalidArgument, len(hosts), world)
 	}
 	if err := transport.CheckHosts(hosts); err != nil {
-		return nil, fmt.Errorf("%w: transport topology: %w", ErrInvalidArgument, err)
+		return nil, fmt.Errorf("dist: %w: transport topology: %w", ErrInvalidArgument, err)
 	}
 	return hosts, nil
 }

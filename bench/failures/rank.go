@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 )
 
@@ -58,7 +59,7 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 		}()
 	}
 	ictx, cancel := context.WithTimeout(ctx, initTimeout)
-	pg, err := dist.InitFromEnv(ictx)
+	pg, err := gdist.InitFromEnv(ictx)
 	cancel()
 	if err != nil {
 		return err

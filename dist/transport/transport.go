@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Errors shared by every transport. The dist package re-exports them.
@@ -28,9 +30,10 @@ var (
 	// ErrMessageTooLong is returned by RecvInto when the message is longer
 	// than the destination buffer. The message is consumed.
 	ErrMessageTooLong = errors.New("transport: message longer than the buffer")
-	// ErrInvalidArgument is returned by constructors for invalid arguments
-	// or options.
-	ErrInvalidArgument = errors.New("transport: invalid argument")
+	// ErrInvalidArgument is matched by the errors of constructors given
+	// invalid arguments or options. It is the value every gdist package
+	// exports under this name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 )
 
 // PeerError reports that an operation failed because of a peer: it left,
