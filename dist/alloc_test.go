@@ -74,28 +74,35 @@ func TestAllReduceZeroAllocs(t *testing.T) {
 	}
 }
 
-// TestP2PZeroAllocs: a steady-state Send/RecvInto pair under
-// context.Background() allocates nothing on the in-process transport (the
-// group's failure context serves as the transport's).
+// TestP2PZeroAllocs: a steady-state Send/RecvInto pair allocates nothing
+// on the in-process transport, under context.Background() (the group's
+// failure context serves as the transport's) and under a cancellable
+// context (its join with the failure context is made once and reused).
 func TestP2PZeroAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	c := newCluster(t, 2)
-	src, dst := make([]byte, 4096), make([]byte, 4096)
-	step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
-		if r == 0 {
-			return g.Send(bg, 1, 7, src)
-		}
-		n, err := g.RecvInto(bg, 0, 7, dst)
-		if err == nil && n != len(src) {
-			err = fmt.Errorf("received %d bytes, want %d", n, len(src))
-		}
-		return err
-	})
-	defer stop()
-	for range 10 {
-		step()
+	cctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	for name, ctx := range map[string]context.Context{"background": bg, "cancellable": cctx} {
+		t.Run(name, func(t *testing.T) {
+			c := newCluster(t, 2)
+			src, dst := make([]byte, 4096), make([]byte, 4096)
+			step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
+				if r == 0 {
+					return g.Send(ctx, 1, 7, src)
+				}
+				n, err := g.RecvInto(ctx, 0, 7, dst)
+				if err == nil && n != len(src) {
+					err = fmt.Errorf("received %d bytes, want %d", n, len(src))
+				}
+				return err
+			})
+			defer stop()
+			for range 10 {
+				step()
+			}
+			require.Zero(t, testing.AllocsPerRun(100, step))
+		})
 	}
-	require.Zero(t, testing.AllocsPerRun(100, step))
 }

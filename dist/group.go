@@ -119,6 +119,7 @@ type domain struct {
 	// point-to-point calls are woken by it.
 	failCtx    context.Context
 	failCancel context.CancelFunc
+	joins      p2pJoins       // point-to-point calls' contexts joined with failCtx (p2pctx.go)
 	wg         sync.WaitGroup // abort watchers, abort senders, progress
 	sending    sync.WaitGroup // abort senders (Close lets them finish first)
 	// watchDone[p] is closed when the abort watcher of peer p returns: an
@@ -352,6 +353,7 @@ func (g *ProcessGroup) Close() error {
 		x.timer.Stop()
 	}
 	d.failCancel()
+	d.joins.close()
 	return errors.Join(err, d.stopObservability())
 }
 

@@ -40,22 +40,19 @@ func (g *ProcessGroup) checkP2P(op string, peer int, tag uint32) error {
 }
 
 // p2pCtx returns a context that ends with ctx or when the job fails, and
-// the function that releases it. A ctx that can never end (such as
+// the handle that releases it. A ctx that can never end (such as
 // context.Background()) costs nothing: the job's own context serves.
-// Another costs the few small allocations of joining the two.
-func (g *ProcessGroup) p2pCtx(ctx context.Context) (context.Context, func()) {
+// Joining another with the job's failure costs a few small allocations
+// (context.WithCancel and context.AfterFunc), so the joins are kept in a
+// small table keyed by the caller's context (p2pJoins) and reused by later
+// calls under the same one: a loop of sends and receives under one
+// cancellable context allocates nothing after its first call.
+func (g *ProcessGroup) p2pCtx(ctx context.Context) (context.Context, p2pHold) {
 	if ctx.Done() == nil {
-		return g.d.failCtx, noop
+		return g.d.failCtx, p2pHold{}
 	}
-	c, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(g.d.failCtx, cancel)
-	return c, func() {
-		stop()
-		cancel()
-	}
+	return g.d.joins.hold(ctx, g.d.failCtx)
 }
-
-func noop() {}
 
 // p2pErr turns a point-to-point error into the one the caller sees: after
 // Close one matching ErrClosed, after the job failed the job's error.
@@ -84,8 +81,8 @@ func (g *ProcessGroup) Send(ctx context.Context, to int, tag uint32, p []byte) e
 	if err := g.checkP2P("send", to, tag); err != nil {
 		return err
 	}
-	c, done := g.p2pCtx(ctx)
-	defer done()
+	c, hold := g.p2pCtx(ctx)
+	defer hold.release()
 	r := g.global(to)
 	err := g.d.t.Send(c, r, tag, transport.Header{}, p)
 	if err == nil {
@@ -100,8 +97,8 @@ func (g *ProcessGroup) Recv(ctx context.Context, from int, tag uint32) ([]byte, 
 	if err := g.checkP2P("recv", from, tag); err != nil {
 		return nil, err
 	}
-	c, done := g.p2pCtx(ctx)
-	defer done()
+	c, hold := g.p2pCtx(ctx)
+	defer hold.release()
 	r := g.global(from)
 	m, err := g.d.t.Recv(c, r, tag)
 	if err != nil {
@@ -121,8 +118,8 @@ func (g *ProcessGroup) RecvInto(ctx context.Context, from int, tag uint32, dst [
 	if err := g.checkP2P("recv", from, tag); err != nil {
 		return 0, err
 	}
-	c, done := g.p2pCtx(ctx)
-	defer done()
+	c, hold := g.p2pCtx(ctx)
+	defer hold.release()
 	r := g.global(from)
 	_, n, err := g.d.t.RecvInto(c, r, tag, dst)
 	if err == nil {

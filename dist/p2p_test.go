@@ -1,7 +1,9 @@
 package dist
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -121,5 +123,110 @@ func TestPointToPointAfterAbort(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("blocked receive not woken by the abort")
 		}
+	})
+}
+
+// keptJoins returns how many joined contexts g's job keeps.
+func keptJoins(g *ProcessGroup) int {
+	j := &g.d.joins
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	n := 0
+	for _, s := range j.slots {
+		if s.parent != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// TestP2PJoinedContexts: point-to-point calls under a cancellable context
+// reuse its join with the job's failure context, which still ends with
+// either: the caller's cancellation ends a pending receive without failing
+// the job, a failure of the job ends one, more contexts than the kept
+// joins work at once, and joins whose context ended are let go.
+func TestP2PJoinedContexts(t *testing.T) {
+	t.Run("cancelled", func(t *testing.T) {
+		c := newCluster(t, 2)
+		ctx, cancel := context.WithCancel(bg)
+		for range 3 {
+			require.NoError(t, c.gs[0].Send(ctx, 1, 1, []byte{1}))
+			_, err := c.gs[1].RecvInto(ctx, 0, 1, make([]byte, 1))
+			require.NoError(t, err)
+		}
+		assert.Equal(t, 1, keptJoins(c.gs[1]), "one join, reused")
+		got := make(chan error, 1)
+		go func() {
+			_, err := c.gs[1].RecvInto(ctx, 0, 2, make([]byte, 1))
+			got <- err
+		}()
+		time.Sleep(20 * time.Millisecond)
+		cancel()
+		select {
+		case err := <-got:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(5 * time.Second):
+			t.Fatal("receive not woken by its context")
+		}
+		require.Eventually(t, func() bool { return keptJoins(c.gs[1]) == 0 }, 5*time.Second, time.Millisecond,
+			"the join of an ended context is let go")
+		// The job goes on.
+		require.NoError(t, c.gs[0].Send(bg, 1, 3, []byte{7}))
+		b, err := c.gs[1].Recv(bg, 0, 3)
+		require.NoError(t, err)
+		assert.Equal(t, []byte{7}, b)
+	})
+	t.Run("job failure", func(t *testing.T) {
+		c := newCluster(t, 2)
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		require.NoError(t, c.gs[0].Send(ctx, 1, 1, []byte{1}))
+		_, err := c.gs[1].Recv(ctx, 0, 1)
+		require.NoError(t, err)
+		got := make(chan error, 1)
+		go func() {
+			_, err := c.gs[1].RecvInto(ctx, 0, 2, make([]byte, 1)) // never sent
+			got <- err
+		}()
+		time.Sleep(20 * time.Millisecond)
+		c.gs[0].Abort("train", errors.New("diverged"))
+		select {
+		case err := <-got:
+			var pe *PeerError
+			require.ErrorAs(t, err, &pe)
+			assert.Equal(t, 0, pe.Rank)
+		case <-time.After(5 * time.Second):
+			t.Fatal("receive under a kept join not woken by the job's failure")
+		}
+	})
+	t.Run("many contexts", func(t *testing.T) {
+		c := newCluster(t, 2)
+		const n = joinSlots + 4
+		errs := make(chan error, n)
+		var cancels []context.CancelFunc
+		for i := range n {
+			ctx, cancel := context.WithCancel(bg)
+			cancels = append(cancels, cancel)
+			go func() {
+				b := make([]byte, 1)
+				_, err := c.gs[1].RecvInto(ctx, 0, uint32(10+i), b)
+				if err == nil && b[0] != byte(i) {
+					err = fmt.Errorf("tag %d: got %d", 10+i, b[0])
+				}
+				errs <- err
+			}()
+		}
+		time.Sleep(20 * time.Millisecond)
+		assert.Equal(t, joinSlots, keptJoins(c.gs[1]), "every slot in use; the others joined for one call")
+		for i := range n {
+			require.NoError(t, c.gs[0].Send(bg, 1, uint32(10+i), []byte{byte(i)}))
+		}
+		for range n {
+			require.NoError(t, <-errs)
+		}
+		for _, cancel := range cancels {
+			cancel()
+		}
+		require.Eventually(t, func() bool { return keptJoins(c.gs[1]) == 0 }, 5*time.Second, time.Millisecond)
 	})
 }
