@@ -13,9 +13,9 @@ import (
 	"github.com/gdist/gdist/internal/vec"
 )
 
-// pools recycles the buffers activations and gradients travel in between a
-// stage's graphs and its sender goroutine. A buffer taken with get or clone
-// belongs to the taker until it is handed back with put.
+// pools recycles the buffers a recomputing stage keeps each micro-batch's
+// input in between its forward and backward passes. A buffer taken with
+// get or clone belongs to the taker until it is handed back with put.
 type pools struct {
 	mu  sync.Mutex
 	f32 map[int][][]float32
@@ -93,21 +93,19 @@ func copyData(dst, src any) error {
 	return fmt.Errorf("%w: copy of %T into %T", ErrStage, src, dst)
 }
 
-// addInto adds src to dst element-wise and zeroes src. It runs once per
-// micro-batch and parameter on every stage but the last, hence the
-// vectorised add (exact, about 9x faster than a scalar loop).
+// addInto adds src to dst element-wise. It runs once per micro-batch and
+// parameter on every stage, hence the vectorised add (exact, about 9x
+// faster than a scalar loop).
 func addInto(dst, src any) error {
 	switch d := dst.(type) {
 	case []float32:
 		if s, ok := src.([]float32); ok && len(s) == len(d) {
 			vec.AddF32(d, s)
-			clear(s)
 			return nil
 		}
 	case []float64:
 		if s, ok := src.([]float64); ok && len(s) == len(d) {
 			vec.AddF64(d, s)
-			clear(s)
 			return nil
 		}
 	}
@@ -177,12 +175,13 @@ func recvInto1(ctx context.Context, g *dist.ProcessGroup, from int, tag uint32, 
 	return nil
 }
 
-// sendReq is one message for the sender goroutine; buf is pooled and goes
-// back to the pool once sent.
+// sendReq is one message for the sender goroutine: data is a slot's
+// value, which the slot keeps until a token on done says the send is over.
 type sendReq struct {
-	to  int
-	tag uint32
-	buf any
+	to   int
+	tag  uint32
+	data any
+	done chan<- struct{}
 }
 
 // sender sends a call's outgoing messages on a goroutine of its own, so that
@@ -190,7 +189,6 @@ type sendReq struct {
 // wire. It is owned by one call: start it, queue, then finish it.
 type sender struct {
 	g    *dist.ProcessGroup
-	pool *pools
 	ch   chan sendReq
 	done chan struct{}
 	err  error // written by the goroutine, read after done
@@ -199,30 +197,32 @@ type sender struct {
 
 // startSender starts the goroutine; it exits once finish closes the queue.
 // On the first send error it calls fail (which cancels ctx) and drops the
-// remaining messages.
-func startSender(ctx context.Context, g *dist.ProcessGroup, pool *pools, queue int, fail func(error)) *sender {
-	s := &sender{g: g, pool: pool, ch: make(chan sendReq, queue), done: make(chan struct{}), fail: fail}
+// remaining messages; every message, sent or dropped, is signalled on its
+// done channel.
+func startSender(ctx context.Context, g *dist.ProcessGroup, queue int, fail func(error)) *sender {
+	s := &sender{g: g, ch: make(chan sendReq, queue), done: make(chan struct{}), fail: fail}
 	go func() {
 		defer close(s.done)
 		for r := range s.ch {
 			if s.err == nil {
-				if err := sendData(ctx, s.g, r.to, r.tag, r.buf); err != nil {
+				if err := sendData(ctx, s.g, r.to, r.tag, r.data); err != nil {
 					s.err = err
 					s.fail(err)
 				}
 			}
-			s.pool.put(r.buf)
+			r.done <- struct{}{}
 		}
 	}()
 	return s
 }
 
-// send queues buf (which the sender now owns) for rank `to`, and yields so
-// that the sender puts it on the wire before the caller computes again:
-// with GOMAXPROCS=1 the sender would otherwise wait for the next
-// preemption, up to the whole next micro-batch, and delay the next stage.
-func (s *sender) send(to int, tag uint32, buf any) {
-	s.ch <- sendReq{to: to, tag: tag, buf: buf}
+// send queues data (which the caller keeps intact until done is
+// signalled) for rank `to`, and yields so that the sender puts it on the
+// wire before the caller computes again: with GOMAXPROCS=1 the sender
+// would otherwise wait for the next preemption, up to the whole next
+// micro-batch, and delay the next stage.
+func (s *sender) send(to int, tag uint32, data any, done chan<- struct{}) {
+	s.ch <- sendReq{to: to, tag: tag, data: data, done: done}
 	runtime.Gosched()
 }
 

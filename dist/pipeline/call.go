@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
@@ -54,7 +55,8 @@ func callName(kind byte) string {
 // checking it costs no wait of its own.
 const callHeaderLen = 1 + 8 + 4
 
-// announce sends this call's header to the neighbours it sends data to.
+// announce sends this call's header to the neighbours it sends data to
+// (once to a rank that is both).
 func (c *call) announce() error {
 	p := c.p
 	var hdr [callHeaderLen]byte
@@ -62,12 +64,12 @@ func (c *call) announce() error {
 	binary.LittleEndian.PutUint64(hdr[1:], p.step)
 	binary.LittleEndian.PutUint32(hdr[9:], uint32(p.stage))
 	tag := p.cfg.tagBase + tagCall
-	if !p.IsLast() {
+	if p.next >= 0 {
 		if err := p.g.Send(c.ctx, p.next, tag, hdr[:]); err != nil {
 			return err
 		}
 	}
-	if c.kind == callTrain && !p.IsFirst() {
+	if c.kind == callTrain && p.prev >= 0 && p.prev != p.next {
 		if err := p.g.Send(c.ctx, p.prev, tag, hdr[:]); err != nil {
 			return err
 		}
@@ -101,6 +103,9 @@ func (c *call) expect(from int) error {
 			ErrCallMismatch, p.stage, p.g.Rank(), p.step, callName(c.kind), stage, from, step, callName(kind))
 	}
 	c.heard[i] = true
+	if p.prev == p.next { // one neighbour both ways: one header
+		c.heard[1-i] = true
+	}
 	return nil
 }
 
@@ -130,7 +135,7 @@ func (p *Pipeline) begin(ctx context.Context, op string, d Data) (*call, error) 
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	// A failure of the group wakes the call's sends and receives (they are
 	// the group's point-to-point calls); a failed send stops the call.
-	c.snd = startSender(c.ctx, p.g, p.pool, 2*p.cfg.micro+2, func(err error) {
+	c.snd = startSender(c.ctx, p.g, 2*p.cfg.micro*p.lay.v+2, func(err error) {
 		c.cancel(p.fail(err))
 	})
 	p.stats.Start, p.stats.Busy, p.stats.Events = time.Now(), 0, p.stats.Events[:0]
@@ -166,44 +171,48 @@ func (c *call) end(err error) error {
 	return err
 }
 
-// abandon stops every tape paused in its exchange op, waits for it, and
-// returns all slots and saved inputs.
+// abandon returns every slot and saved input after a failure, once the
+// sends of their values are done (the sender has flushed by then).
 func (p *Pipeline) abandon() {
-	for _, s := range p.train {
-		if s.running {
-			if s.paused {
-				s.paused = false
-				s.x.resume <- false
-			}
-			<-s.done
-			s.running = false
+	for _, ch := range p.chunks {
+		for _, s := range ch.train {
+			s.waitSent()
+			s.mb = -1
 		}
-		s.mb = -1
-	}
-	p.free = slices.Clone(p.train)
-	for i, b := range p.saved {
-		p.pool.put(b)
-		p.saved[i] = nil
+		if ch.infer != nil {
+			ch.infer.waitSent()
+		}
+		ch.free = slices.Clone(ch.train)
+		for i, b := range ch.saved {
+			p.pool.put(b)
+			ch.saved[i] = nil
+		}
 	}
 }
 
-// tag returns the tag of micro-batch mb's message of the given kind in the
+// tag returns the tag of micro-batch mb's message of the given kind across
+// virtual stage boundary b (between virtual stages b and b+1) in the
 // current call.
-func (p *Pipeline) tag(kind, mb int) uint32 {
-	n := (p.step*uint64(p.cfg.micro)+uint64(mb))*numKinds + uint64(kind)
+func (p *Pipeline) tag(kind, mb, b int) uint32 {
+	n := ((p.step*uint64(p.cfg.micro)+uint64(mb))*numKinds+uint64(kind))*uint64(p.lay.stages()) + uint64(b)
 	return p.cfg.tagBase + tagData + uint32(n%uint64(TagSpan-tagData))
 }
 
-// timed runs f and records it as an event.
-func (p *Pipeline) timed(kind EventKind, mb int, f func() error) error {
+// timed runs f and records it as an event of virtual stage ch.
+func (p *Pipeline) timed(kind EventKind, ch *chunk, mb int, f func() error) error {
 	start := time.Now()
 	err := f()
 	end := time.Now()
 	p.stats.Busy += end.Sub(start)
-	p.stats.Events = append(p.stats.Events, Event{Kind: kind, MicroBatch: mb, Start: start, End: end})
+	p.stats.Events = append(p.stats.Events, Event{Kind: kind, MicroBatch: mb, Stage: ch.vs, Start: start, End: end})
 	if tl := p.g.Timeline(); tl != nil {
-		tl.Add(timeline.Event{Lane: "pipeline compute", Name: fmt.Sprintf("%s mb %d", kind.longName(), mb), Cat: "pipeline",
-			Start: start, End: end, Args: [4]timeline.Arg{{Key: "micro_batch", Int: int64(mb)}, {Key: "step", Int: int64(p.step)}}})
+		name := fmt.Sprintf("%s mb %d", kind.longName(), mb)
+		if p.lay.v > 1 {
+			name += fmt.Sprintf(" stage %d", ch.vs)
+		}
+		tl.Add(timeline.Event{Lane: "pipeline compute", Name: name, Cat: "pipeline",
+			Start: start, End: end, Args: [4]timeline.Arg{{Key: "micro_batch", Int: int64(mb)}, {Key: "step", Int: int64(p.step)},
+				{Key: "stage", Int: int64(ch.vs)}}})
 	}
 	return err
 }
@@ -221,6 +230,8 @@ func (k EventKind) longName() string {
 		return "recompute"
 	case ForwardOnly:
 		return "infer"
+	case WeightGrad:
+		return "weights"
 	}
 	return k.String()
 }
@@ -249,10 +260,10 @@ func (p *Pipeline) timelineBubbles() {
 }
 
 // fillInput gets micro-batch mb's input into s: from Data.Input on the
-// first stage, from the previous stage otherwise.
-func (c *call) fillInput(s *slot, mb, kind int) error {
+// first virtual stage, from the previous one otherwise.
+func (c *call) fillInput(ch *chunk, s *slot, mb, kind int) error {
 	p := c.p
-	if p.IsFirst() {
+	if ch.first {
 		if c.d.Input == nil {
 			return fmt.Errorf("pipeline: %w: the first stage needs Data.Input", ErrInvalidArgument)
 		}
@@ -264,7 +275,7 @@ func (c *call) fillInput(s *slot, mb, kind int) error {
 	if err := c.expect(p.prev); err != nil {
 		return err
 	}
-	return recvInto(c.ctx, p.g, p.prev, p.tag(kind, mb), s.inVal.Data())
+	return recvInto(c.ctx, p.g, p.prev, p.tag(kind, mb, ch.vs-1), s.inVal.Data())
 }
 
 // output hands the last stage's output of micro-batch mb to Data.Output.
@@ -272,18 +283,24 @@ func (c *call) output(s *slot, mb int) error {
 	if c.d.Output == nil {
 		return nil
 	}
-	if err := c.d.Output(mb, s.outVal.(*tensor.Dense)); err != nil {
+	v, ok := s.prog.value(s.out).(*tensor.Dense)
+	if !ok {
+		return fmt.Errorf("%w: output value %T is not a dense tensor", ErrStage, s.prog.value(s.out))
+	}
+	if err := c.d.Output(mb, v); err != nil {
 		return fmt.Errorf("pipeline: output of micro-batch %d: %w", mb, err)
 	}
 	return nil
 }
 
-// runSync runs s's tape to the end on this goroutine.
-func runSync(s *slot) error {
-	err := s.vm.RunAll()
-	s.vm.Reset()
+// sendValue queues node n's value in s's current run for rank `to`,
+// without copying it: s does not run again until the send is done.
+func (c *call) sendValue(s *slot, n *gorgonia.Node, to int, tag uint32) error {
+	d, err := s.valueData(n)
 	if err != nil {
-		return fmt.Errorf("pipeline: running the stage: %w", err)
+		return err
 	}
+	s.sending++
+	c.snd.send(to, tag, d, s.sent)
 	return nil
 }

@@ -261,6 +261,47 @@ func trainStages(ctx context.Context, pg *dist.ProcessGroup, tm testModel, m, n,
 	return res, pl.Stats(), err
 }
 
+// trainInterleaved is trainStages for NewInterleaved with v chunks per
+// rank: it returns the last step's result (gradients left empty) and the
+// gradients of each chunk.
+func trainInterleaved(ctx context.Context, pg *dist.ProcessGroup, tm testModel, v, m, n, steps int, lr float64, opts ...Option) (refResult, [][][]float64, error) {
+	var res refResult
+	V := pg.WorldSize() * v
+	pl, err := NewInterleaved(ctx, pg, v, func(g *gorgonia.ExprGraph, vs int) (Stage, error) {
+		return tm.stageBuilder(V, vs, n)(g)
+	}, append([]Option{WithMicroBatches(m), WithLoss(tm.Loss)}, opts...)...)
+	if err != nil {
+		return res, nil, err
+	}
+	defer pl.Close()
+	solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(lr))
+	for step := range steps {
+		res.out = res.out[:0]
+		loss, err := pl.TrainStep(ctx, tm.Data(step, n, func(mb int, o *tensor.Dense) error {
+			res.out = append(res.out, o.Data().([]float64)...)
+			return nil
+		}))
+		if err != nil {
+			return res, nil, err
+		}
+		res.loss = loss
+		if step < steps-1 {
+			if err := solver.Step(gorgonia.NodesToValueGrads(pl.Learnables())); err != nil {
+				return res, nil, err
+			}
+		}
+	}
+	var grads [][][]float64
+	for _, st := range pl.Stages() {
+		g, err := gradsOf(st.Learnables())
+		if err != nil {
+			return res, nil, err
+		}
+		grads = append(grads, g)
+	}
+	return res, grads, nil
+}
+
 // compareTraining checks a pipeline run against the reference: gradients
 // and loss within tol; it returns the largest gradient difference.
 func compareTraining(grads [][]float64, last, ref refResult, tol float64) (float64, error) {

@@ -12,42 +12,70 @@ import (
 )
 
 // Schedule orders the forward and backward passes of a training step's
-// micro-batches on each stage.
+// micro-batches on each stage. Every schedule accumulates the parameter
+// gradients in micro-batch order, so all of them give bitwise the same
+// gradients.
 type Schedule uint8
 
 const (
 	// GPipe runs the forward passes of all micro-batches, then all the
 	// backward passes (Huang et al., 2019). A stage keeps the activations
 	// of every micro-batch (m copies of its graph) unless WithRecompute.
+	// Its bubble, the idle fraction of a step, is (p-1)/(m+p-1) for p
+	// stages and m micro-batches.
 	GPipe Schedule = iota
 	// OneFOneB (PipeDream-flush) runs p-s-1 warm-up forwards on stage s of
 	// p, then alternates one forward and one backward, then drains the
 	// backwards. It has GPipe's bubble but keeps at most p-s micro-batches
 	// in flight, so it builds min(m, p-s) graphs instead of m.
 	OneFOneB
+	// ZeroBubble is ZB-H1 (Qi et al., 2023): each backward pass is split
+	// into an input-gradient pass, which the previous stage waits for, and
+	// a weight-gradient pass, which nobody waits for and which fills the
+	// time a stage would otherwise wait at the end of a step. With
+	// forward, input-gradient and weight-gradient passes of equal cost T
+	// its bubble is (p-1)T against 1F1B's (p-1)3T, in a step of 3mT (m >=
+	// p). Stage s holds up to p-s micro-batches from forward to
+	// input-gradient pass, as 1F1B does, and the s whose weight passes it
+	// postponed: up to p graphs.
+	ZeroBubble
+	// Interleaved is interleaved 1F1B (Narayanan et al., 2021), the
+	// schedule of NewInterleaved: each rank holds v chunks of the model
+	// (virtual stages), micro-batches enter in groups of p, and the bubble
+	// shrinks to (p-1)/(vm+p-1) at the price of v times as many messages.
+	// The number of micro-batches must be a multiple of p.
+	Interleaved
 )
 
-// String returns "gpipe" or "1f1b".
+// String returns "gpipe", "1f1b", "zb-h1" or "interleaved".
 func (s Schedule) String() string {
 	switch s {
 	case GPipe:
 		return "gpipe"
 	case OneFOneB:
 		return "1f1b"
+	case ZeroBubble:
+		return "zb-h1"
+	case Interleaved:
+		return "interleaved"
 	}
 	return fmt.Sprintf("Schedule(%d)", uint8(s))
 }
 
-// ParseSchedule returns the Schedule named "gpipe" or "1f1b".
+// ParseSchedule returns the Schedule named "gpipe", "1f1b", "zb-h1" or
+// "interleaved".
 func ParseSchedule(s string) (Schedule, error) {
-	switch s {
-	case "gpipe":
-		return GPipe, nil
-	case "1f1b":
-		return OneFOneB, nil
+	for _, x := range []Schedule{GPipe, OneFOneB, ZeroBubble, Interleaved} {
+		if s == x.String() {
+			return x, nil
+		}
 	}
-	return 0, fmt.Errorf("pipeline: %w: schedule %q (want gpipe or 1f1b)", ErrInvalidArgument, s)
+	return 0, fmt.Errorf("pipeline: %w: schedule %q (want gpipe, 1f1b, zb-h1 or interleaved)", ErrInvalidArgument, s)
 }
+
+// split reports whether the schedule splits backward passes into input-
+// and weight-gradient passes.
+func (s Schedule) split() bool { return s == ZeroBubble }
 
 // DefaultTagBase is the first point-to-point tag a pipeline uses by
 // default; it uses TagSpan tags from there.
@@ -64,16 +92,17 @@ const TagSpan uint32 = 1 << 24
 type Option func(*config) error
 
 type config struct {
-	micro     int
-	schedule  Schedule
-	recompute bool
-	loss      LossFunc
-	target    tensor.Shape
-	ranks     []int
-	tagBase   uint32
-	buildLock sync.Locker
-	noInfer   bool
-	noTrain   bool
+	micro       int
+	schedule    Schedule
+	scheduleSet bool
+	recompute   bool
+	loss        LossFunc
+	target      tensor.Shape
+	ranks       []int
+	tagBase     uint32
+	buildLock   sync.Locker
+	noInfer     bool
+	noTrain     bool
 }
 
 // buildMu is the default lock around graph construction: Gorgonia's graph
@@ -105,14 +134,15 @@ func WithMicroBatches(m int) Option {
 	}
 }
 
-// WithSchedule sets the training schedule (default GPipe). Every stage must
-// use the same one.
+// WithSchedule sets the training schedule (default GPipe; Interleaved for
+// NewInterleaved, which takes no other). Every stage must use the same one.
 func WithSchedule(s Schedule) Option {
 	return func(c *config) error {
-		if s != GPipe && s != OneFOneB {
-			return fmt.Errorf("pipeline: %w: WithSchedule(%v): want GPipe or OneFOneB", ErrInvalidArgument, s)
+		if s > Interleaved {
+			return fmt.Errorf("pipeline: %w: WithSchedule(%v): want GPipe, OneFOneB, ZeroBubble or Interleaved", ErrInvalidArgument, s)
 		}
 		c.schedule = s
+		c.scheduleSet = true
 		return nil
 	}
 }

@@ -59,6 +59,8 @@ var variants = []variant{
 	{"gpipe-recompute", []Option{WithRecompute(true)}},
 	{"1f1b", []Option{WithSchedule(OneFOneB)}},
 	{"1f1b-recompute", []Option{WithSchedule(OneFOneB), WithRecompute(true)}},
+	{"zb-h1", []Option{WithSchedule(ZeroBubble)}},
+	{"zb-h1-recompute", []Option{WithSchedule(ZeroBubble), WithRecompute(true)}},
 }
 
 // checkTraining trains tm in every variant for each (p, m) and compares
@@ -95,6 +97,56 @@ func checkTraining(t *testing.T, tm testModel, batch int, ps, ms []int) {
 
 func TestTrainMatchesSingleProcess(t *testing.T) {
 	checkTraining(t, mlpModel(testSizes, tensor.Float64), 8, []int{1, 2, 3, 4}, []int{1, 2, 4, 8})
+}
+
+// TestInterleavedMatchesSingleProcess: p ranks of v chunks each
+// (NewInterleaved) train to the gradients of one process, and to bitwise
+// the gradients of p*v stages of one chunk each.
+func TestInterleavedMatchesSingleProcess(t *testing.T) {
+	tm := mlpModel(testSizes, tensor.Float64) // 4 layers
+	const batch, steps, lr = 8, 2, 0.1
+	ref, err := reference(tm, batch, steps, lr)
+	require.NoError(t, err)
+	for _, c := range []struct{ p, v int }{{1, 2}, {2, 2}, {1, 4}} {
+		for _, m := range []int{2, 4, 8} {
+			if m%c.p != 0 {
+				continue
+			}
+			for _, rc := range []bool{false, true} {
+				t.Run(fmt.Sprintf("p%d/v%d/m%d/recompute=%v", c.p, c.v, m, rc), func(t *testing.T) {
+					byStage := make([][][]float64, c.p*c.v) // gradients of each virtual stage
+					var last refResult
+					errs := runRanks(t, c.p, func(pg *dist.ProcessGroup) error {
+						r, grads, err := trainInterleaved(context.Background(), pg, tm, c.v, m, batch/m, steps, lr, WithRecompute(rc))
+						for k, g := range grads {
+							byStage[k*c.p+pg.Rank()] = g
+						}
+						if pg.Rank() == c.p-1 {
+							last = r
+						}
+						return err
+					})
+					for r, err := range errs {
+						require.NoError(t, err, "rank %d", r)
+					}
+					var grads [][]float64
+					for _, g := range byStage {
+						grads = append(grads, g...)
+					}
+					worst, err := compareTraining(grads, last, ref, 1e-12)
+					require.NoError(t, err)
+					t.Logf("max |grad - single process| = %.3g", worst)
+					assert.LessOrEqual(t, maxAbsDiff(t, last.out, ref.out), 1e-12)
+					flat := runTraining(t, tm, c.p*c.v, m, batch, steps, lr)
+					var want [][]float64
+					for _, r := range flat {
+						want = append(want, r.grads...)
+					}
+					assert.Equal(t, want, grads, "interleaved gradients must equal p*v stages' bitwise")
+				})
+			}
+		}
+	}
 }
 
 // checkInfer runs Infer on p stages with m micro-batches of n samples and
@@ -547,29 +599,34 @@ func TestOptionsValidation(t *testing.T) {
 }
 
 func TestSchedules(t *testing.T) {
-	p := &Pipeline{cfg: config{micro: 4, schedule: OneFOneB}, nstages: 3}
-	str := func() string {
-		s := ""
-		for _, op := range p.schedule() {
-			k := "F"
-			if op.backward {
-				k = "B"
+	str := func(s Schedule, l layout, d int) string {
+		ps, err := plan(s, l, d)
+		require.NoError(t, err)
+		out := ""
+		for _, x := range ps {
+			out += fmt.Sprintf("%v%d ", x.kind, x.mb)
+			if l.v > 1 {
+				out = out[:len(out)-1] + fmt.Sprintf("/%d ", x.chunk)
 			}
-			s += fmt.Sprintf("%s%d ", k, op.mb)
 		}
-		return s
+		return out
 	}
-	p.stage = 0
-	assert.Equal(t, "F0 F1 F2 B0 F3 B1 B2 B3 ", str())
-	p.stage = 1
-	assert.Equal(t, "F0 F1 B0 F2 B1 F3 B2 B3 ", str())
-	p.stage = 2
-	assert.Equal(t, "F0 F1 F2 F3 ", str())
-	p.cfg.schedule, p.stage = GPipe, 0
-	assert.Equal(t, "F0 F1 F2 F3 B0 B1 B2 B3 ", str())
-	p.cfg.micro = 1
-	p.cfg.schedule = OneFOneB
-	assert.Equal(t, "F0 B0 ", str())
+	l := layout{p: 3, v: 1, m: 4}
+	assert.Equal(t, "F0 F1 F2 B0 F3 B1 B2 B3 ", str(OneFOneB, l, 0))
+	assert.Equal(t, "F0 F1 B0 F2 B1 F3 B2 B3 ", str(OneFOneB, l, 1))
+	assert.Equal(t, "FB0 FB1 FB2 FB3 ", str(OneFOneB, l, 2))
+	assert.Equal(t, "F0 F1 F2 F3 B0 B1 B2 B3 ", str(GPipe, l, 0))
+	assert.Equal(t, "F0 B0 ", str(OneFOneB, layout{p: 3, v: 1, m: 1}, 0))
+	// ZB-H1: stage d postpones d weight passes to the end.
+	assert.Equal(t, "F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3 ", str(ZeroBubble, l, 0))
+	assert.Equal(t, "F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3 ", str(ZeroBubble, l, 1))
+	assert.Equal(t, "FB0 FB1 FB2 W0 FB3 W1 W2 W3 ", str(ZeroBubble, l, 2))
+	// Interleaved, 2 ranks of 2 chunks (virtual stages 0, 2 on rank 0; 1,
+	// 3 on rank 1), 4 micro-batches: the last virtual stage's forward is
+	// its backward too.
+	l = layout{p: 2, v: 2, m: 4}
+	assert.Equal(t, "F0/0 F1/0 F0/1 F1/1 F2/0 B0/1 F3/0 B1/1 F2/1 B0/0 F3/1 B1/0 B2/1 B3/1 B2/0 B3/0 ", str(Interleaved, l, 0))
+	assert.Equal(t, "F0/0 F1/0 FB0/1 FB1/1 F2/0 B0/0 F3/0 B1/0 FB2/1 FB3/1 B2/0 B3/0 ", str(Interleaved, l, 1))
 }
 
 func TestStatsAndBubble(t *testing.T) {
@@ -603,10 +660,12 @@ func TestSlotsShareParameters(t *testing.T) {
 			return err
 		}
 		defer pl.Close()
-		for _, s := range append(slices.Clone(pl.train), pl.infer) {
-			for j, n := range s.params {
-				if n.Value() != pl.params[j].Value() {
-					return fmt.Errorf("parameter %s of a graph is not the primary's tensor", n.Name())
+		for _, ch := range pl.chunks {
+			for _, s := range append(slices.Clone(ch.train), ch.infer) {
+				for j, n := range s.params {
+					if n.Value() != ch.params[j].Value() {
+						return fmt.Errorf("parameter %s of a graph is not the primary's tensor", n.Name())
+					}
 				}
 			}
 		}

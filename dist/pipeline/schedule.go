@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -43,9 +42,10 @@ func (p *Pipeline) Infer(ctx context.Context, d Data) error {
 
 func (c *call) infer() error {
 	p := c.p
-	s := p.infer
-	if s == nil {
-		return fmt.Errorf("pipeline: %w: pipeline built without inference graphs", ErrInvalidArgument)
+	for _, ch := range p.chunks {
+		if ch.infer == nil {
+			return fmt.Errorf("pipeline: %w: pipeline built without inference graphs", ErrInvalidArgument)
+		}
 	}
 	if err := p.syncParams(); err != nil {
 		return err
@@ -53,19 +53,24 @@ func (c *call) infer() error {
 	if err := c.announce(); err != nil {
 		return err
 	}
-	for mb := range p.cfg.micro {
-		if err := c.fillInput(s, mb, kindInfer); err != nil {
+	for _, x := range p.order {
+		ch := p.chunks[x.chunk]
+		s := ch.infer
+		s.waitSent()
+		if err := c.fillInput(ch, s, x.mb, kindInfer); err != nil {
 			return err
 		}
-		if err := p.timed(ForwardOnly, mb, func() error { return runSync(s) }); err != nil {
+		if err := p.timed(ForwardOnly, ch, x.mb, s.start); err != nil {
 			return err
 		}
-		if p.IsLast() {
-			if err := c.output(s, mb); err != nil {
+		if ch.last {
+			if err := c.output(s, x.mb); err != nil {
 				return err
 			}
-		} else {
-			c.snd.send(p.next, p.tag(kindInfer, mb), p.pool.clone(s.outVal.(*tensor.Dense).Data()))
+			continue
+		}
+		if err := c.sendValue(s, s.out, p.next, p.tag(kindInfer, x.mb, ch.vs)); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -93,54 +98,15 @@ func (p *Pipeline) TrainStep(ctx context.Context, d Data) (float64, error) {
 	return loss, nil
 }
 
-// schedOp is a step of a stage's training schedule.
-type schedOp struct {
-	backward bool
-	mb       int
-}
-
-// schedule returns this stage's order of forward and backward passes. The
-// last stage runs each micro-batch's forward and backward together, so its
-// schedule is forwards only.
-func (p *Pipeline) schedule() []schedOp {
-	m := p.cfg.micro
-	ops := make([]schedOp, 0, 2*m)
-	if p.IsLast() {
-		for mb := range m {
-			ops = append(ops, schedOp{mb: mb})
-		}
-		return ops
-	}
-	switch p.cfg.schedule {
-	case OneFOneB:
-		w := min(p.nstages-p.stage-1, m)
-		for mb := range w {
-			ops = append(ops, schedOp{mb: mb})
-		}
-		for mb := w; mb < m; mb++ {
-			ops = append(ops, schedOp{mb: mb}, schedOp{backward: true, mb: mb - w})
-		}
-		for mb := m - w; mb < m; mb++ {
-			ops = append(ops, schedOp{backward: true, mb: mb})
-		}
-	default:
-		for mb := range m {
-			ops = append(ops, schedOp{mb: mb})
-		}
-		for mb := range m {
-			ops = append(ops, schedOp{backward: true, mb: mb})
-		}
-	}
-	return ops
-}
-
 func (c *call) train() (float64, error) {
 	p := c.p
-	if p.IsLast() && p.cfg.loss == nil {
-		return 0, ErrNoLoss
-	}
-	if len(p.train) == 0 {
-		return 0, fmt.Errorf("pipeline: %w: pipeline built without training graphs", ErrInvalidArgument)
+	for _, ch := range p.chunks {
+		if ch.last && p.cfg.loss == nil {
+			return 0, ErrNoLoss
+		}
+		if len(ch.train) == 0 {
+			return 0, fmt.Errorf("pipeline: %w: pipeline built without training graphs", ErrInvalidArgument)
+		}
 	}
 	if err := p.syncParams(); err != nil {
 		return 0, err
@@ -149,17 +115,20 @@ func (c *call) train() (float64, error) {
 		return 0, err
 	}
 	var loss float64
-	for _, op := range p.schedule() {
+	for _, x := range p.plan {
+		ch := p.chunks[x.chunk]
 		var err error
-		switch {
-		case p.IsLast():
+		switch x.kind {
+		case passFB:
 			var l float64
-			l, err = c.forwardBackward(op.mb)
+			l, err = c.forwardBackward(ch, x.mb)
 			loss += l
-		case op.backward:
-			err = c.backward(op.mb)
-		default:
-			err = c.forward(op.mb)
+		case passF:
+			err = c.forward(ch, x.mb)
+		case passB:
+			err = c.backward(ch, x.mb)
+		case passW:
+			err = c.weights(ch, x.mb)
 		}
 		if err != nil {
 			return 0, err
@@ -168,38 +137,44 @@ func (c *call) train() (float64, error) {
 	return loss / float64(p.cfg.micro), nil
 }
 
-// acquire takes a free training slot for micro-batch mb.
-func (p *Pipeline) acquire(mb int) (*slot, error) {
-	if len(p.free) == 0 {
+// acquire takes a free training slot of ch for micro-batch mb, once the
+// sends of its last run are done.
+func (ch *chunk) acquire(mb int) (*slot, error) {
+	if len(ch.free) == 0 {
 		return nil, fmt.Errorf("%w: no free graph for micro-batch %d", ErrStage, mb) // a schedule bug
 	}
-	s := p.free[0]
-	p.free = p.free[1:]
+	s := ch.free[0]
+	ch.free = ch.free[1:]
+	s.waitSent()
 	s.mb = mb
 	return s, nil
 }
 
-func (p *Pipeline) release(s *slot) {
+func (ch *chunk) release(s *slot) {
 	s.mb = -1
-	p.free = append(p.free, s)
+	ch.free = append(ch.free, s)
 }
 
-// slotOf returns the slot holding micro-batch mb.
-func (p *Pipeline) slotOf(mb int) (*slot, error) {
-	for _, s := range p.train {
+// slotOf returns the slot of ch holding micro-batch mb.
+func (ch *chunk) slotOf(mb int) (*slot, error) {
+	for _, s := range ch.train {
 		if s.mb == mb {
 			return s, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: micro-batch %d is not in flight", ErrStage, mb)
+	return nil, fmt.Errorf("%w: micro-batch %d is not in flight on virtual stage %d", ErrStage, mb, ch.vs)
 }
 
-// forwardBackward runs micro-batch mb through the last stage: forward,
-// loss, backward, and sends the input gradient back.
-func (c *call) forwardBackward(mb int) (float64, error) {
+// forwardBackward runs micro-batch mb through the last virtual stage:
+// forward, loss, backward, and sends the input gradient back. With the
+// zero-bubble schedule the weight gradients wait for their own pass.
+func (c *call) forwardBackward(ch *chunk, mb int) (float64, error) {
 	p := c.p
-	s := p.train[0]
-	if err := c.fillInput(s, mb, kindFwd); err != nil {
+	s, err := ch.acquire(mb)
+	if err != nil {
+		return 0, err
+	}
+	if err := c.fillInput(ch, s, mb, kindFwd); err != nil {
 		return 0, err
 	}
 	if c.d.Target == nil {
@@ -208,145 +183,131 @@ func (c *call) forwardBackward(mb int) (float64, error) {
 	if err := c.d.Target(mb, s.targetVal); err != nil {
 		return 0, fmt.Errorf("pipeline: target of micro-batch %d: %w", mb, err)
 	}
-	if err := p.timed(ForwardBackward, mb, func() error { return runSync(s) }); err != nil {
+	if err := p.timed(ForwardBackward, ch, mb, s.start); err != nil {
 		return 0, err
 	}
-	loss, err := scalarOf(s.lossVal)
+	loss, err := scalarOf(s.prog.value(s.loss))
 	if err != nil {
 		return 0, err
 	}
-	if !p.IsFirst() {
-		c.snd.send(p.prev, p.tag(kindBwd, mb), p.pool.clone(data(s.dInVal)))
-	}
-	return loss, c.output(s, mb)
-}
-
-// start runs s's tape on a goroutine of its own until it pauses in the
-// exchange op, and returns the stage output it hands over (a pooled
-// buffer).
-func (p *Pipeline) start(s *slot) (any, error) {
-	s.running = true
-	go func() {
-		err := s.vm.RunAll()
-		s.vm.Reset()
-		s.done <- err
-	}()
-	select {
-	case buf := <-s.x.ready:
-		s.paused = true
-		return buf, nil
-	case err := <-s.done:
-		s.running = false
-		if err == nil {
-			err = fmt.Errorf("%w: the tape ended before the exchange op", ErrStage)
+	if !ch.first {
+		if err := c.sendValue(s, s.dIn, p.prev, p.tag(kindBwd, mb, ch.vs-1)); err != nil {
+			return 0, err
 		}
-		return nil, fmt.Errorf("pipeline: running the stage: %w", err)
 	}
+	if err := c.output(s, mb); err != nil {
+		return 0, err
+	}
+	if s.wPass == progFB {
+		if err := p.accumulate(ch, s); err != nil {
+			return 0, err
+		}
+		ch.release(s)
+	}
+	return loss, nil
 }
 
-// resume lets a paused tape continue: with its gradient (ok) to the end of
-// the backward pass, or abandoned.
-func (p *Pipeline) resume(s *slot, ok bool) error {
-	s.paused = false
-	s.x.resume <- ok
-	err := <-s.done
-	s.running = false
-	if !ok {
-		return nil // the tape stops with errAbandoned
-	}
-	if err != nil {
-		return fmt.Errorf("pipeline: running the stage: %w", err)
-	}
-	return nil
-}
-
-// forward runs micro-batch mb's forward pass on a stage other than the
-// last and sends its output on.
-func (c *call) forward(mb int) error {
+// forward runs micro-batch mb's forward pass on a virtual stage other than
+// the last and sends its output on.
+func (c *call) forward(ch *chunk, mb int) error {
 	p := c.p
-	s, err := p.acquire(mb)
+	s, err := ch.acquire(mb)
 	if err != nil {
 		return err
 	}
-	if err := c.fillInput(s, mb, kindFwd); err != nil {
+	if err := c.fillInput(ch, s, mb, kindFwd); err != nil {
 		return err
 	}
 	if p.cfg.recompute {
-		p.saved[mb] = p.pool.clone(s.inVal.Data())
+		ch.saved[mb] = p.pool.clone(s.inVal.Data())
 	}
-	var out any
-	if err := p.timed(Forward, mb, func() (err error) { out, err = p.start(s); return err }); err != nil {
+	if err := p.timed(Forward, ch, mb, s.start); err != nil {
 		return err
 	}
-	c.snd.send(p.next, p.tag(kindFwd, mb), out)
+	if err := c.sendValue(s, s.out, p.next, p.tag(kindFwd, mb, ch.vs)); err != nil {
+		return err
+	}
 	if p.cfg.recompute {
-		if err := p.resume(s, false); err != nil {
-			return err
-		}
-		p.release(s)
+		ch.release(s)
 	}
 	return nil
 }
 
-// backward receives micro-batch mb's output gradient, runs its backward
-// pass (recomputing its forward first with WithRecompute), merges the
-// parameter gradients and sends the input gradient back.
-func (c *call) backward(mb int) error {
+// backward receives micro-batch mb's output gradient and runs its
+// backward pass (recomputing its forward first with WithRecompute): the
+// input gradient, which it sends back, and, unless the zero-bubble
+// schedule gives them their own pass, the weight gradients, which it adds
+// to the learnables' gradients.
+func (c *call) backward(ch *chunk, mb int) error {
 	p := c.p
 	var s *slot
 	var err error
 	if p.cfg.recompute {
-		if s, err = p.acquire(mb); err != nil {
+		if s, err = ch.acquire(mb); err != nil {
 			return err
 		}
-		if err := copyData(s.inVal.Data(), p.saved[mb]); err != nil {
+		if err := copyData(s.inVal.Data(), ch.saved[mb]); err != nil {
 			return err
 		}
-		p.pool.put(p.saved[mb])
-		p.saved[mb] = nil
-		var out any
-		if err := p.timed(Recompute, mb, func() (err error) { out, err = p.start(s); return err }); err != nil {
+		p.pool.put(ch.saved[mb])
+		ch.saved[mb] = nil
+		if err := p.timed(Recompute, ch, mb, s.start); err != nil {
 			return err
 		}
-		p.pool.put(out)
-	} else if s, err = p.slotOf(mb); err != nil {
+	} else if s, err = ch.slotOf(mb); err != nil {
 		return err
 	}
 	if err := c.expect(p.next); err != nil {
 		return err
 	}
-	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb), s.x.grad.Data()); err != nil {
+	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb, ch.vs), s.gOutVal.Data()); err != nil {
 		return err
 	}
-	err = p.timed(Backward, mb, func() error {
-		if err := p.resume(s, true); err != nil {
+	if err := p.timed(Backward, ch, mb, func() error { return s.prog.run(progB) }); err != nil {
+		return err
+	}
+	if !ch.first {
+		if err := c.sendValue(s, s.dIn, p.prev, p.tag(kindBwd, mb, ch.vs-1)); err != nil {
 			return err
 		}
-		if s != p.train[0] {
-			return p.mergeGrads(s)
+	}
+	if s.wPass == progB {
+		if err := p.accumulate(ch, s); err != nil {
+			return err
 		}
-		return nil
-	})
-	if err != nil {
-		return err
+		ch.release(s)
 	}
-	if !p.IsFirst() {
-		c.snd.send(p.prev, p.tag(kindBwd, mb), p.pool.clone(data(s.dInVal)))
-	}
-	p.release(s)
 	return nil
 }
 
-// mergeGrads adds s's parameter gradients to the primary's and zeroes
-// them, so that the primary accumulates every micro-batch's gradient in
-// micro-batch order whatever graph computed it.
-func (p *Pipeline) mergeGrads(s *slot) error {
-	for j, n := range s.params {
-		src, err := gradData(n)
+// weights runs micro-batch mb's weight-gradient pass (the zero-bubble
+// schedule) and adds them to the learnables' gradients.
+func (c *call) weights(ch *chunk, mb int) error {
+	p := c.p
+	s, err := ch.slotOf(mb)
+	if err != nil {
+		return err
+	}
+	if err := p.timed(WeightGrad, ch, mb, func() error { return s.prog.run(s.wPass) }); err != nil {
+		return err
+	}
+	if err := p.accumulate(ch, s); err != nil {
+		return err
+	}
+	ch.release(s)
+	return nil
+}
+
+// accumulate adds the weight gradients s computed to ch's learnables'
+// gradients. Every schedule calls it in micro-batch order, so the sums are
+// the same bits whatever the schedule.
+func (p *Pipeline) accumulate(ch *chunk, s *slot) error {
+	for j, n := range s.grads {
+		src, err := s.valueData(n)
 		if err != nil {
 			return err
 		}
-		dst, err := gradData(p.params[j])
+		dst, err := gradData(ch.params[j])
 		if err != nil {
 			return err
 		}
@@ -369,25 +330,27 @@ func gradData(n *gorgonia.Node) (any, error) {
 // syncParams makes every graph's parameters the primary's tensors again,
 // in case a solver replaced a tensor instead of updating it in place.
 func (p *Pipeline) syncParams() error {
-	for _, s := range append(slices.Clone(p.train), p.infer) {
-		if s == nil || s.st == p.primary {
-			continue
-		}
-		for j, n := range s.params {
-			pv, sv := p.params[j].Value(), n.Value()
-			if pv == sv {
+	for _, ch := range p.chunks {
+		for _, s := range append(ch.train[:len(ch.train):len(ch.train)], ch.infer) {
+			if s == nil || s.st == ch.primary {
 				continue
 			}
-			pd, err := denseData(pv)
-			if err != nil {
-				return err
-			}
-			sd, err := denseData(sv)
-			if err != nil {
-				return err
-			}
-			if err := copyData(sd, pd); err != nil {
-				return err
+			for j, n := range s.params {
+				pv, sv := ch.params[j].Value(), n.Value()
+				if pv == sv {
+					continue
+				}
+				pd, err := denseData(pv)
+				if err != nil {
+					return err
+				}
+				sd, err := denseData(sv)
+				if err != nil {
+					return err
+				}
+				if err := copyData(sd, pd); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -17,18 +17,20 @@ import (
 
 const (
 	descMagic   = 0x4c504447 // "GDPL"
-	descVersion = 2
+	descVersion = 3
 )
 
 // descriptor is what each stage tells every other at setup: its settings
-// and the tensors it takes and produces. (A stage that fails to set up
-// fails the group instead; version 1 could carry that failure as text.)
+// and the tensors each of its chunks takes and produces. (A stage that
+// fails to set up fails the group instead; version 1 could carry that
+// failure as text; version 3 added the chunks.)
 type descriptor struct {
 	stage, nstages int
 	micro          int
 	schedule       Schedule
+	chunks         int
 	ranks          []int
-	in, out        Desc
+	in, out        []Desc // per chunk
 }
 
 func dtypeCode(dt tensor.Dtype) byte {
@@ -57,14 +59,16 @@ func (d *descriptor) encode() []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(d.stage))
 	b = binary.LittleEndian.AppendUint32(b, uint32(d.nstages))
 	b = binary.LittleEndian.AppendUint32(b, uint32(d.micro))
-	b = append(b, byte(d.schedule))
+	b = append(b, byte(d.schedule), byte(d.chunks))
 	for _, r := range d.ranks {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r))
 	}
-	for _, x := range []Desc{d.in, d.out} {
-		b = append(b, dtypeCode(x.Dtype), byte(len(x.Shape)))
-		for _, s := range x.Shape {
-			b = binary.LittleEndian.AppendUint64(b, uint64(s))
+	for k := range d.chunks {
+		for _, x := range []Desc{d.in[k], d.out[k]} {
+			b = append(b, dtypeCode(x.Dtype), byte(len(x.Shape)))
+			for _, s := range x.Shape {
+				b = binary.LittleEndian.AppendUint64(b, uint64(s))
+			}
 		}
 	}
 	return b
@@ -77,24 +81,27 @@ func decodeDescriptor(b []byte) (*descriptor, error) {
 	if r.u32() != descMagic || r.u16() != descVersion {
 		return nil, errBadDescriptor
 	}
-	d := &descriptor{stage: int(r.u32()), nstages: int(r.u32()), micro: int(r.u32()), schedule: Schedule(r.u8())}
-	if r.err || d.nstages < 1 || d.nstages > dist.MaxWorldSize {
+	d := &descriptor{stage: int(r.u32()), nstages: int(r.u32()), micro: int(r.u32()), schedule: Schedule(r.u8()), chunks: int(r.u8())}
+	if r.err || d.nstages < 1 || d.nstages > dist.MaxWorldSize || d.chunks < 1 {
 		return nil, errBadDescriptor
 	}
 	d.ranks = make([]int, d.nstages)
 	for i := range d.ranks {
 		d.ranks[i] = int(r.u32())
 	}
-	for _, x := range []*Desc{&d.in, &d.out} {
-		dt, ok := codeDtype(r.u8())
-		n := int(r.u8())
-		if !ok || n > 16 {
-			return nil, errBadDescriptor
-		}
-		x.Dtype = dt
-		x.Shape = make(tensor.Shape, n)
-		for i := range x.Shape {
-			x.Shape[i] = int(r.u64())
+	d.in, d.out = make([]Desc, d.chunks), make([]Desc, d.chunks)
+	for k := range d.chunks {
+		for _, x := range []*Desc{&d.in[k], &d.out[k]} {
+			dt, ok := codeDtype(r.u8())
+			n := int(r.u8())
+			if !ok || n > 16 {
+				return nil, errBadDescriptor
+			}
+			x.Dtype = dt
+			x.Shape = make(tensor.Shape, n)
+			for i := range x.Shape {
+				x.Shape[i] = int(r.u64())
+			}
 		}
 	}
 	if r.err || len(r.b) != 0 {
@@ -129,7 +136,10 @@ func (r *reader) u64() uint64 { return binary.LittleEndian.Uint64(r.take(8)) }
 // the same first disagreement.
 func (p *Pipeline) handshake(ctx context.Context) error {
 	own := &descriptor{stage: p.stage, nstages: p.nstages, micro: p.cfg.micro, schedule: p.cfg.schedule,
-		ranks: p.ranks, in: p.in, out: p.out}
+		chunks: p.lay.v, ranks: p.ranks}
+	for _, ch := range p.chunks {
+		own.in, own.out = append(own.in, ch.in), append(own.out, ch.out)
+	}
 	msg := own.encode()
 	tag := p.cfg.tagBase + tagSetup
 	// A stage that fails to set up fails the group: the sends and receives
@@ -190,12 +200,17 @@ func (p *Pipeline) handshake(ctx context.Context) error {
 		case d.schedule != d0.schedule:
 			return fmt.Errorf("%w: stage 0 (rank %d) uses schedule %v, stage %d (rank %d) uses %v",
 				ErrConfigMismatch, p.ranks[0], d0.schedule, i, p.ranks[i], d.schedule)
+		case d.chunks != d0.chunks:
+			return fmt.Errorf("%w: stage 0 (rank %d) holds %d virtual stages, stage %d (rank %d) holds %d",
+				ErrConfigMismatch, p.ranks[0], d0.chunks, i, p.ranks[i], d.chunks)
 		}
 	}
-	for i := range p.nstages - 1 {
-		if !descs[i].out.Equal(descs[i+1].in) {
-			return &StageMismatchError{Stage: i, Rank: p.ranks[i], NextRank: p.ranks[i+1],
-				Output: descs[i].out, Input: descs[i+1].in}
+	// Every pair of neighbouring virtual stages, in order.
+	for vs := range p.lay.stages() - 1 {
+		d, k := p.lay.at(vs)
+		nd, nk := p.lay.at(vs + 1)
+		if out, in := descs[d].out[k], descs[nd].in[nk]; !out.Equal(in) {
+			return &StageMismatchError{Stage: vs, Rank: p.ranks[d], NextRank: p.ranks[nd], Output: out, Input: in}
 		}
 	}
 	return nil

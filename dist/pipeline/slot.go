@@ -11,53 +11,68 @@ import (
 type slotKind uint8
 
 const (
-	// slotInfer: in -> Forward -> out, read out.
+	// slotInfer: in -> Forward -> out.
 	slotInfer slotKind = iota
-	// slotTrainLast: the last stage: in -> Forward -> out -> loss(out,
-	// target)/m, gradients of the learnables (and of in unless first).
+	// slotTrainLast: the last virtual stage: in -> Forward -> out ->
+	// loss(out, target)/m, gradients of the learnables (and of in unless
+	// it is the first virtual stage too).
 	slotTrainLast
-	// slotTrainMid: any other stage: in -> Forward -> out -> exchange(out)
-	// = G, gradients of the learnables (and of in unless first) with G as
-	// the gradient of out.
+	// slotTrainMid: any other virtual stage: in -> Forward -> out, and the
+	// gradients of the learnables (and of in unless first) with the
+	// gradient of out, which the next stage sends, as an input (gOut).
 	slotTrainMid
 )
 
-// slot is one graph of this rank's stage with its machine: the forward-only
-// graph of Infer, or one micro-batch's worth of training graph. The
-// pipeline builds one training slot per micro-batch it may hold in flight.
+// Passes of a slot's program (see compile). A forward-only slot has
+// progFwd only; the last stage's has progFB (forward, loss and backward;
+// without the weight gradients when split) and progW when split; any
+// other has progFwd, progB (the whole backward, or its input-gradient part
+// when split) and progW when split.
+const (
+	progFwd = 0
+	progFB  = 0
+	progB   = 1
+)
+
+// slot is one graph of one of this rank's virtual stages and its compiled
+// program: the forward-only graph of Infer, or one micro-batch's worth of
+// training graph. A chunk builds one training slot per micro-batch it may
+// hold at once (slotsNeeded).
 type slot struct {
 	kind   slotKind
 	g      *gorgonia.ExprGraph
 	st     Stage
 	params gorgonia.Nodes
-	vm     gorgonia.VM
+	prog   *program
+	wPass  int // the pass that computes the weight gradients (progB or progW)
 
 	in    *gorgonia.Node
 	inVal *tensor.Dense
 	out   *gorgonia.Node
 
-	outVal gorgonia.Value // read from out (infer and last); preallocated
-
 	target    *gorgonia.Node // last stage
 	targetVal *tensor.Dense
-	lossVal   gorgonia.Value // read from the unscaled loss (last stage)
+	loss      *gorgonia.Node // the unscaled loss (last stage)
 
-	dInVal gorgonia.Value // read from dLoss/din, unless first; preallocated
+	gOut    *gorgonia.Node // the gradient of out, from the next stage (mid)
+	gOutVal *tensor.Dense
 
-	x *exchange // slotTrainMid
+	dIn   *gorgonia.Node // the gradient of in; nil on the first virtual stage
+	grads gorgonia.Nodes // the gradient of each of params
 
 	// Run state (owned by the scheduler goroutine).
-	mb      int        // micro-batch in flight, -1 if free
-	paused  bool       // the tape is paused inside the exchange op
-	running bool       // a tape goroutine exists
-	done    chan error // the tape goroutine's result, capacity 1
+	mb      int           // micro-batch in flight, -1 if free
+	sending int           // sends of this slot's values not yet done
+	sent    chan struct{} // a token per finished send
 }
 
-// buildSlot builds one slot: a new graph, a stage from build, and the
-// nodes of its kind. target is the shape of the last stage's target (nil:
-// the output shape); scale is the factor of its loss (1/m).
+// buildSlot builds one slot: a new graph, a stage from build, the nodes of
+// its kind and its program. target is the shape of the last stage's target
+// (nil: the output shape); scale is the factor of its loss (1/m); first
+// says whether this is the first virtual stage (no input gradient); split
+// whether the weight gradients get a pass of their own.
 // Called with the build lock held.
-func buildSlot(kind slotKind, build Builder, first bool, loss LossFunc, target tensor.Shape, scale float64, pool *pools) (s *slot, err error) {
+func buildSlot(kind slotKind, build func(*gorgonia.ExprGraph) (Stage, error), first bool, loss LossFunc, target tensor.Shape, scale float64, split bool) (s *slot, err error) {
 	defer func() {
 		// Gorgonia panics on some malformed graphs; report them as errors.
 		if r := recover(); r != nil {
@@ -77,7 +92,7 @@ func buildSlot(kind slotKind, build Builder, first bool, loss LossFunc, target t
 		return nil, err
 	}
 	inShape := st.InputShape().Clone()
-	s = &slot{kind: kind, g: g, st: st, params: st.Learnables(), mb: -1, done: make(chan error, 1)}
+	s = &slot{kind: kind, g: g, st: st, params: st.Learnables(), mb: -1, sent: make(chan struct{}, 4)}
 	s.inVal = tensor.New(tensor.Of(dt), tensor.WithShape(inShape...))
 	s.in = gorgonia.NewTensor(g, dt, len(inShape), gorgonia.WithShape(inShape...),
 		gorgonia.WithName("pipeline.in"), gorgonia.WithValue(s.inVal))
@@ -97,28 +112,29 @@ func buildSlot(kind slotKind, build Builder, first bool, loss LossFunc, target t
 		wrt = append(wrt[:len(wrt):len(wrt)], s.in)
 	}
 	var grads gorgonia.Nodes
+	var fwd gorgonia.Nodes // what the first pass computes
 	switch kind {
 	case slotInfer:
-		s.outVal = tensor.New(tensor.Of(outDt), tensor.WithShape(s.out.Shape().Clone()...))
-		gorgonia.Read(s.out, &s.outVal)
+		s.prog, err = compile(g, gorgonia.Nodes{s.out})
+		if err != nil {
+			return nil, err
+		}
+		setTraining(s.prog, false)
+		return s, nil
 	case slotTrainLast:
 		if target == nil {
 			target = s.out.Shape().Clone()
 		}
-		s.outVal = tensor.New(tensor.Of(outDt), tensor.WithShape(s.out.Shape().Clone()...))
-		gorgonia.Read(s.out, &s.outVal)
 		s.targetVal = tensor.New(tensor.Of(outDt), tensor.WithShape(target...))
 		s.target = gorgonia.NewTensor(g, outDt, len(target), gorgonia.WithShape(target...),
 			gorgonia.WithName("pipeline.target"), gorgonia.WithValue(s.targetVal))
-		l, err := loss(s.out, s.target)
-		if err != nil {
+		if s.loss, err = loss(s.out, s.target); err != nil {
 			return nil, fmt.Errorf("pipeline: loss: %w", err)
 		}
-		if !l.IsScalar() {
-			return nil, fmt.Errorf("%w: loss has shape %v, want a scalar", ErrStage, l.Shape())
+		if !s.loss.IsScalar() {
+			return nil, fmt.Errorf("%w: loss has shape %v, want a scalar", ErrStage, s.loss.Shape())
 		}
-		gorgonia.Read(l, &s.lossVal)
-		cost := l
+		cost := s.loss
 		if scale != 1 {
 			var c *gorgonia.Node
 			if outDt == tensor.Float32 {
@@ -126,7 +142,7 @@ func buildSlot(kind slotKind, build Builder, first bool, loss LossFunc, target t
 			} else {
 				c = gorgonia.NewConstant(scale)
 			}
-			if cost, err = gorgonia.HadamardProd(l, c); err != nil {
+			if cost, err = gorgonia.HadamardProd(s.loss, c); err != nil {
 				return nil, fmt.Errorf("pipeline: scaling the loss: %w", err)
 			}
 		}
@@ -135,33 +151,56 @@ func buildSlot(kind slotKind, build Builder, first bool, loss LossFunc, target t
 				return nil, fmt.Errorf("pipeline: gradients: %w", err)
 			}
 		}
+		fwd = gorgonia.Nodes{s.out, s.loss}
 	case slotTrainMid:
-		s.x = &exchange{
-			ready:  make(chan any, 1),
-			resume: make(chan bool, 1),
-			grad:   tensor.New(tensor.Of(outDt), tensor.WithShape(s.out.Shape().Clone()...)),
-			pool:   pool,
-		}
-		gOut, err := gorgonia.ApplyOp(newExchangeOp(s.x, s.out.Shape()), s.out)
-		if err != nil {
-			return nil, fmt.Errorf("pipeline: exchange op: %w", err)
-		}
+		s.gOutVal = tensor.New(tensor.Of(outDt), tensor.WithShape(s.out.Shape().Clone()...))
+		s.gOut = gorgonia.NewTensor(g, outDt, s.out.Dims(), gorgonia.WithShape(s.out.Shape().Clone()...),
+			gorgonia.WithName("pipeline.grad"), gorgonia.WithValue(s.gOutVal))
 		if len(wrt) > 0 {
-			if grads, err = gorgonia.Backpropagate(gorgonia.Nodes{s.out}, gorgonia.Nodes{gOut}, wrt); err != nil {
+			if grads, err = gorgonia.Backpropagate(gorgonia.Nodes{s.out}, gorgonia.Nodes{s.gOut}, wrt); err != nil {
 				return nil, fmt.Errorf("pipeline: gradients: %w", err)
 			}
 		}
+		fwd = gorgonia.Nodes{s.out}
 	}
-	if !first && kind != slotInfer {
-		s.dInVal = tensor.New(tensor.Of(dt), tensor.WithShape(inShape...))
-		gorgonia.Read(grads[len(grads)-1], &s.dInVal)
+	s.grads = grads[:len(s.params)]
+	var dIn gorgonia.Nodes
+	if !first {
+		s.dIn = grads[len(grads)-1]
+		dIn = gorgonia.Nodes{s.dIn}
 	}
-	var opts []gorgonia.VMOpt
-	if kind != slotInfer && len(s.params) > 0 {
-		opts = append(opts, gorgonia.BindDualValues(s.params...))
+	// The passes: forward (with the loss and the input gradient on the
+	// last stage), backward, weights.
+	var outs []gorgonia.Nodes
+	switch {
+	case kind == slotTrainLast && split:
+		outs = []gorgonia.Nodes{append(fwd, dIn...), s.grads}
+		s.wPass = 1
+	case kind == slotTrainLast:
+		outs = []gorgonia.Nodes{append(append(fwd, dIn...), s.grads...)}
+		s.wPass = progFB
+	case split:
+		outs = []gorgonia.Nodes{fwd, dIn, s.grads}
+		s.wPass = 2
+	default:
+		outs = []gorgonia.Nodes{fwd, append(dIn, s.grads...)}
+		s.wPass = progB
 	}
-	s.vm = gorgonia.NewTapeMachine(g, opts...)
+	if s.prog, err = compile(g, outs...); err != nil {
+		return nil, err
+	}
+	setTraining(s.prog, true)
 	return s, nil
+}
+
+// setTraining tells the program's ops that have a training mode (dropout,
+// batch normalisation) which mode they run in, as a TapeMachine does.
+func setTraining(p *program, on bool) {
+	for _, n := range p.nodes {
+		if op, ok := n.Op().(gorgonia.TrainModeOp); ok {
+			_ = op.SetTraining(on)
+		}
+	}
 }
 
 // stageDtype returns the stage's input dtype: Dtyper's, else that of its
@@ -181,14 +220,27 @@ func stageDtype(st Stage) (tensor.Dtype, error) {
 	return dt, nil
 }
 
-// data returns the flat data of a preallocated tensor value.
-func data(v gorgonia.Value) any {
-	return v.(*tensor.Dense).Data()
+// start starts a run of the slot's program with pass 0: the argument nodes'
+// values are loaded again (a solver may have replaced a parameter tensor).
+func (s *slot) start() error {
+	s.prog.load()
+	return s.prog.run(0)
 }
 
-// close releases the slot's machine.
-func (s *slot) close() {
-	if s.vm != nil {
-		s.vm.Close()
+// valueData returns the flat data ([]float32 or []float64) of node n's
+// value in the slot's current run.
+func (s *slot) valueData(n *gorgonia.Node) (any, error) {
+	v := s.prog.value(n)
+	if v == nil {
+		return nil, fmt.Errorf("%w: node %v has no value", ErrStage, n)
+	}
+	return denseData(v)
+}
+
+// waitSent waits until every send of the slot's values has finished, so
+// that the slot may run again.
+func (s *slot) waitSent() {
+	for ; s.sending > 0; s.sending-- {
+		<-s.sent
 	}
 }

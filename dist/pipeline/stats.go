@@ -16,8 +16,9 @@ type EventKind uint8
 const (
 	// Forward is a training forward pass (up to the output).
 	Forward EventKind = iota
-	// Backward is a training backward pass; with WithRecompute it is
-	// preceded by a Recompute event for the same micro-batch.
+	// Backward is a training backward pass (with the ZeroBubble schedule
+	// its input-gradient part); with WithRecompute it is preceded by a
+	// Recompute event for the same micro-batch.
 	Backward
 	// ForwardBackward is the last stage's forward and backward of one
 	// micro-batch, run back to back.
@@ -27,9 +28,11 @@ const (
 	Recompute
 	// ForwardOnly is a forward pass of Infer.
 	ForwardOnly
+	// WeightGrad is the weight-gradient pass of the ZeroBubble schedule.
+	WeightGrad
 )
 
-// String returns "F", "B", "FB", "R" or "I".
+// String returns "F", "B", "FB", "R", "I" or "W".
 func (k EventKind) String() string {
 	switch k {
 	case Forward:
@@ -42,6 +45,8 @@ func (k EventKind) String() string {
 		return "R"
 	case ForwardOnly:
 		return "I"
+	case WeightGrad:
+		return "W"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
@@ -50,6 +55,9 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind       EventKind
 	MicroBatch int
+	// Stage is the virtual stage computed: the stage itself unless
+	// NewInterleaved.
+	Stage      int
 	Start, End time.Time
 }
 
