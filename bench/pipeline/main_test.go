@@ -35,21 +35,25 @@ func TestSweep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"-stages", "1,2", "-micro", "2", "-modes", "gpipe,infer", "-layers", "2", "-width", "16",
-		"-batch", "8", "-steps", "2", "-warmup", "1", "-repeat", "1"}, &stdout, &stderr)
+	err := run(ctx, []string{"-stages", "1,2", "-micro", "2", "-modes", "gpipe,zb-h1,interleaved,infer", "-layers", "4", "-width", "16",
+		"-batch", "8", "-steps", "2", "-warmup", "1", "-rounds", "2"}, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 	out := stdout.String()
 	t.Log("\n" + out)
 	assert.Contains(t, out, "between ranks 0 and 1, one way: raw TCP")
-	assert.Contains(t, out, "## gpipe")
-	assert.Contains(t, out, "## infer")
+	assert.Contains(t, out, "# plain Gorgonia")
+	for _, m := range []string{"gpipe", "zb-h1", "interleaved", "infer"} {
+		assert.Contains(t, out, "## "+m)
+	}
+	assert.Contains(t, out, "# recommended for 2 stages")
 	rows := 0
 	for _, l := range strings.Split(out, "\n") {
 		if f := strings.Fields(l); len(f) > 2 && (f[0] == "1" || f[0] == "2") && f[1] == "2" {
 			rows++
+			assert.True(t, strings.HasSuffix(f[3], "x"), "the /plain column: %q", l)
 		}
 	}
-	assert.Equal(t, 4, rows, "p = 1, 2 at m = 2 for two modes")
+	assert.Equal(t, 8, rows, "p = 1, 2 at m = 2 for four modes")
 }
 
 // TestHelp: -h and -help print the usage and exit 0; bad values exit 2.
@@ -61,7 +65,7 @@ func TestHelp(t *testing.T) {
 		assert.Contains(t, stderr.String(), "-micro string", h)
 		assert.Empty(t, stdout.String(), "%s runs nothing", h)
 	}
-	for _, bad := range [][]string{{"-micro", "3"}, {"-stages", "x"}, {"-dtype", "int8"}, {"extra"}} {
+	for _, bad := range [][]string{{"-micro", "3"}, {"-stages", "x"}, {"-dtype", "int8"}, {"-modes", "2f2b"}, {"-stages", "3"}, {"-rounds", "0"}, {"extra"}} {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), bad, &stdout, &stderr)
 		assert.Equal(t, 2, cli.ExitCode("pipeline", errUsage, err, &stderr), "%q", bad)

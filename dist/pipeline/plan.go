@@ -11,6 +11,7 @@ package pipeline
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // passKind is what a pass computes.
@@ -254,8 +255,63 @@ func planZB(l layout) ([][]pass, error) {
 // gradients and W is unused.
 type costs struct {
 	F, B, W float64
+	// FB is the last virtual stage's pass; 0 means F + B.
+	FB float64
 	// Comm is the time a message takes between ranks.
 	Comm float64
+}
+
+// PassCosts are the durations of one pass of each kind on one (virtual)
+// stage, for Predict. Stats.Costs measures them.
+type PassCosts struct {
+	// Forward is a forward pass.
+	Forward time.Duration
+	// Backward is a backward pass: with the ZeroBubble schedule its
+	// input-gradient part, otherwise with the weight gradients.
+	Backward time.Duration
+	// Weights is a weight-gradient pass (ZeroBubble only).
+	Weights time.Duration
+	// ForwardBackward is the last stage's forward, loss and backward; 0
+	// means Forward + Backward.
+	ForwardBackward time.Duration
+	// Message is the time an activation or gradient takes from one rank to
+	// the next.
+	Message time.Duration
+}
+
+// Prediction is what Predict expects of one training step.
+type Prediction struct {
+	// Step is the time from the first pass's start to the last one's end.
+	Step time.Duration
+	// Bubble is the mean over ranks of the fraction of Step a rank waits.
+	Bubble float64
+}
+
+// Predict simulates one training step of schedule s on the given number
+// of stages (ranks), chunks per rank (1 unless Interleaved) and
+// micro-batches, with passes and messages taking the times c gives, and
+// returns the step's duration and bubble. Comparing it with a stage's
+// Stats shows how much of the waiting the schedule explains; calling it
+// for several numbers of micro-batches, with the costs measured at each,
+// picks one (as bench/pipeline does).
+//
+// Experimental: the model ignores everything but the passes' order and
+// durations.
+func Predict(s Schedule, stages, chunks, micro int, c PassCosts) (Prediction, error) {
+	if stages < 1 || chunks < 1 || micro < 1 || (s != Interleaved && chunks != 1) {
+		return Prediction{}, fmt.Errorf("pipeline: %w: Predict(%v, %d stages, %d chunks, %d micro-batches)", ErrInvalidArgument, s, stages, chunks, micro)
+	}
+	l := layout{p: stages, v: chunks, m: micro}
+	ps, err := plans(s, l)
+	if err != nil {
+		return Prediction{}, err
+	}
+	r, err := simulate(l, ps, costs{F: c.Forward.Seconds(), B: c.Backward.Seconds(), W: c.Weights.Seconds(),
+		FB: c.ForwardBackward.Seconds(), Comm: c.Message.Seconds()})
+	if err != nil {
+		return Prediction{}, err
+	}
+	return Prediction{Step: time.Duration(r.Makespan * 1e9), Bubble: r.Bubble()}, nil
 }
 
 // sim is the result of a simulation.
@@ -323,6 +379,9 @@ func simulate(l layout, ps [][]pass, c costs) (sim, error) {
 					cost = c.F
 					if x.kind == passFB {
 						cost = c.F + c.B
+						if c.FB > 0 {
+							cost = c.FB
+						}
 					}
 				case passB:
 					nd, _ := l.at(vs + 1)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -167,4 +168,41 @@ func TestSimulateDeadlock(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "deadlocks")
 	assert.False(t, math.IsNaN(sim{}.Bubble()))
+}
+
+// TestPredict: GPipe on 2 stages of 8 micro-batches with 1 ms passes takes
+// (8+1) x 2 ms with a bubble of 1/9; a message delay lengthens it; bad
+// arguments are refused.
+func TestPredict(t *testing.T) {
+	ms := time.Millisecond
+	r, err := Predict(GPipe, 2, 1, 8, PassCosts{Forward: ms, Backward: ms})
+	require.NoError(t, err)
+	assert.Equal(t, 18*ms, r.Step.Round(time.Microsecond))
+	assert.InDelta(t, 1.0/9, r.Bubble, 1e-9)
+	slow, err := Predict(GPipe, 2, 1, 8, PassCosts{Forward: ms, Backward: ms, Message: ms / 2})
+	require.NoError(t, err)
+	assert.Equal(t, 19*ms, slow.Step.Round(time.Microsecond), "two message delays on the critical path")
+	zb, err := Predict(ZeroBubble, 2, 1, 8, PassCosts{Forward: ms, Backward: ms, Weights: ms})
+	require.NoError(t, err)
+	assert.Equal(t, 25*ms, zb.Step.Round(time.Microsecond), "3m + p - 1 passes")
+	il, err := Predict(Interleaved, 2, 2, 8, PassCosts{Forward: ms / 2, Backward: ms / 2})
+	require.NoError(t, err)
+	assert.Equal(t, 17*ms, il.Step.Round(time.Microsecond), "2m + (p-1)/v x 2 passes")
+	for _, bad := range []func() error{
+		func() error { _, err := Predict(GPipe, 2, 2, 8, PassCosts{}); return err },
+		func() error { _, err := Predict(OneFOneB, 0, 1, 8, PassCosts{}); return err },
+		func() error { _, err := Predict(Interleaved, 2, 2, 3, PassCosts{}); return err },
+	} {
+		require.ErrorIs(t, bad(), ErrInvalidArgument)
+	}
+}
+
+// TestStatsCosts: Costs averages each kind of pass.
+func TestStatsCosts(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	ev := func(k EventKind, d time.Duration) Event { return Event{Kind: k, Start: t0, End: t0.Add(d)} }
+	st := Stats{Events: []Event{ev(Forward, 2), ev(Forward, 4), ev(Backward, 6), ev(Recompute, 2), ev(WeightGrad, 5), ev(ForwardBackward, 9)}}
+	c := st.Costs()
+	assert.Equal(t, PassCosts{Forward: 3, Backward: 8, Weights: 5, ForwardBackward: 9}, c)
+	assert.Equal(t, time.Duration(7), Stats{Events: []Event{ev(ForwardOnly, 7)}}.Costs().Forward)
 }

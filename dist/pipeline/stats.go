@@ -90,3 +90,30 @@ func (p *Pipeline) Stats() Stats {
 	s.Events = slices.Clone(s.Events)
 	return s
 }
+
+// Costs returns the mean duration of the call's passes of each kind, for
+// Predict (a recomputing stage's Backward includes its Recompute).
+func (s Stats) Costs() PassCosts {
+	var sum [WeightGrad + 1]time.Duration
+	var n [WeightGrad + 1]int
+	for _, e := range s.Events {
+		if e.Kind <= WeightGrad {
+			sum[e.Kind] += e.End.Sub(e.Start)
+			n[e.Kind]++
+		}
+	}
+	mean := func(k EventKind) time.Duration {
+		if n[k] == 0 {
+			return 0
+		}
+		return sum[k] / time.Duration(n[k])
+	}
+	c := PassCosts{Forward: mean(Forward), Backward: mean(Backward), Weights: mean(WeightGrad), ForwardBackward: mean(ForwardBackward)}
+	if c.Forward == 0 {
+		c.Forward = mean(ForwardOnly)
+	}
+	if n[Recompute] > 0 && n[Backward] > 0 {
+		c.Backward += sum[Recompute] / time.Duration(n[Backward])
+	}
+	return c
+}
