@@ -311,7 +311,7 @@ func TestCorruptRing(t *testing.T) {
 	type corruption struct {
 		name string
 		do   func(ts []*Transport) // corrupts what rank 1 sees from rank 2, or rank 2's view of rank 1
-		send bool                  // rank 1 detects it when sending to rank 2 (else when receiving)
+		send bool                  // rank 1 detects it when sending to rank 2, within recheckEvery sends (else when receiving)
 	}
 	cases := []corruption{
 		{"head beyond the ring", func(ts []*Transport) { scribble(ts, 2, 1, 0, u64(1<<40)) }, false},
@@ -353,7 +353,13 @@ func TestCorruptRing(t *testing.T) {
 			require.NoError(t, err)
 			c.do(ts)
 			if c.send {
-				err = ts[1].Send(ctx, 2, 1, transport.Header{}, make([]byte, 100))
+				// The sender reads the peer's indices when those it saw
+				// last leave no room, and every recheckEvery sends.
+				for range 2 * recheckEvery {
+					if err = ts[1].Send(ctx, 2, 1, transport.Header{}, make([]byte, 100)); err != nil {
+						break
+					}
+				}
 			} else {
 				_, err = ts[1].Recv(ctx, 2, 1)
 			}

@@ -34,6 +34,10 @@ const (
 	// warmMin: the first record this large through a ring makes each side
 	// map the ring's pages in one go (see warm).
 	warmMin = 16 << 10
+	// recheckEvery: a sender reads the peer's tail and credit when the
+	// values it last saw leave too little room, and at least every
+	// recheckEvery sends (so that a peer scribbling on them is caught).
+	recheckEvery = 64
 )
 
 // peer is one established link: the pair's region, this rank's producer
@@ -81,6 +85,7 @@ type peer struct {
 	inWarm       bool   // the inbound ring's pages are mapped
 
 	// send credit
+	sends         uint64 // acquires (guarded by cmu)
 	cmu           sync.Mutex
 	cdead         bool   // guarded by cmu
 	sent          uint64 // payload bytes acquired (guarded by cmu)
@@ -97,6 +102,7 @@ type peer struct {
 	lastTail, lastFreed uint64
 	rspin               spinner
 	wspin               spinner // guarded by wmu
+	writes              uint64  // waitSpace calls (guarded by wmu)
 
 	// liveness (monitor only)
 	lastBeat   uint64
@@ -385,8 +391,14 @@ func (p *peer) waitAck(n uint64) error {
 }
 
 // waitSpace waits until at least want bytes of the outbound ring are free
-// and returns how many are. Called with wmu held.
+// and returns how many are. The consumer's tail is read only when the one
+// last seen leaves too little room. Called with wmu held.
 func (p *peer) waitSpace(want uint64) (uint64, error) {
+	if p.writes++; p.writes%recheckEvery != 0 {
+		if s := p.out.Known(); s >= want {
+			return s, nil
+		}
+	}
 	start := time.Now()
 	parked := false
 	for i := 0; ; i++ {
@@ -437,6 +449,13 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 		}
 	}
 	p.cmu.Lock()
+	if p.sends++; !p.cdead && p.sends%recheckEvery != 0 && int64(p.sent-p.freedSeen)+int64(n) <= p.window {
+		// Room by the credit last seen: the peer's cache line is left
+		// alone (and checked every recheckEvery sends all the same).
+		p.sent += uint64(n)
+		p.cmu.Unlock()
+		return nil
+	}
 	for {
 		if p.cdead {
 			p.cmu.Unlock()

@@ -192,9 +192,16 @@ func (p *Producer) Space() (uint64, error) {
 	return p.r.Size() - (p.head - t), nil
 }
 
+// Known returns how many bytes may be written by the consumer's tail as
+// last checked, without reading it: a lower bound of Space. A producer that
+// asks Space only when Known falls short leaves the consumer's cache line
+// alone while there is room, so that the consumer's updates of its tail
+// stay in its own cache.
+func (p *Producer) Known() uint64 { return p.r.Size() - (p.head - p.tail) }
+
 // Write copies b into the ring after what was written before; len(b) must
-// not exceed the last Space minus what was written since. It does not
-// publish.
+// not exceed the last Space (or Known) minus what was written since. It
+// does not publish.
 func (p *Producer) Write(b []byte) {
 	for len(b) > 0 {
 		i := p.head & p.r.mask
