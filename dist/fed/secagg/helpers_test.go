@@ -69,25 +69,7 @@ func (s *sim) step() error {
 		if s.dropAt(id) <= st {
 			continue
 		}
-		c := s.clients[id]
-		in := s.out[id]
-		s.down[id] += len(in)
-		var msg []byte
-		var err error
-		switch st {
-		case StageAdvertise:
-			msg, err = c.AdvertiseKeys()
-		case StageShare:
-			msg, err = c.ShareKeys(in)
-		case StageMask:
-			w := s.w[id]
-			if w == 0 {
-				w = 1
-			}
-			msg, err = c.MaskInput(in, s.x[id], w)
-		case StageUnmask:
-			msg, err = c.Unmask(in)
-		}
+		msg, err := s.answer(id)
 		if err != nil {
 			return fmt.Errorf("client %d at %v: %w", id, st, err)
 		}
@@ -99,6 +81,43 @@ func (s *sim) step() error {
 	out, err := s.server.Advance()
 	s.out = out
 	return err
+}
+
+// answer returns client id's answer to the server's message of the
+// current stage, without delivering it.
+func (s *sim) answer(id int) ([]byte, error) {
+	c := s.clients[id]
+	in := s.out[id]
+	s.down[id] += len(in)
+	switch s.server.Stage() {
+	case StageAdvertise:
+		return c.AdvertiseKeys()
+	case StageShare:
+		return c.ShareKeys(in)
+	case StageMask:
+		w := s.w[id]
+		if w == 0 {
+			w = 1
+		}
+		x := s.x[id]
+		if x == nil {
+			x = make([]float64, s.cfg.Dim)
+		}
+		return c.MaskInput(in, x, w)
+	case StageUnmask:
+		return c.Unmask(in)
+	}
+	return nil, ErrStage
+}
+
+// until plays the round until the server is at stage st.
+func (s *sim) until(st Stage) error {
+	for s.server.Stage() < st {
+		if err := s.step(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // run plays the round to the end and returns the server's result.

@@ -223,10 +223,8 @@ func TestLateInput(t *testing.T) {
 	late := 12
 	s.drop = map[int]Stage{late: StageMask}
 	want, _ := fixedInputs(s, s.server.p, r, s.contributors())
-	for s.server.Stage() != StageMask {
-		if err := s.step(); err != nil {
-			t.Fatal(err)
-		}
+	if err := s.until(StageMask); err != nil {
+		t.Fatal(err)
 	}
 	forwarded := s.out[late]
 	if err := s.step(); err != nil { // closes the masking stage without the late client
@@ -361,10 +359,8 @@ func TestWeightedMean(t *testing.T) {
 
 // runF32 plays a round with the clients sending float32 inputs.
 func runF32(s *sim) (*Result, error) {
-	for s.server.Stage() != StageMask {
-		if err := s.step(); err != nil {
-			return nil, err
-		}
+	if err := s.until(StageMask); err != nil {
+		return nil, err
 	}
 	for _, id := range sortedKeys(s.out) {
 		x := make([]float32, len(s.x[id]))
