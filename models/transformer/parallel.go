@@ -185,6 +185,16 @@ func Shard(ts []checkpoint.Named, rank, size int) ([]checkpoint.Named, error) {
 	return out, nil
 }
 
+// SplitTensor returns a new dense copy of part rank of size parts of t (a
+// vector or a matrix) along axis (0 or 1; Replicated: a copy of all of t),
+// the parts as Partition cuts them.
+func SplitTensor(t tensor.Tensor, axis, rank, size int) (*tensor.Dense, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("transformer: %w: part %d of %d", ErrInvalidArgument, rank, size)
+	}
+	return sliceAxis(t, axis, rank, size)
+}
+
 // sliceAxis returns a new dense copy of part rank of t along axis.
 func sliceAxis(t tensor.Tensor, axis, rank, size int) (*tensor.Dense, error) {
 	d, ok := t.(*tensor.Dense)
