@@ -197,7 +197,7 @@ func mlpReference(x, w1, b1, w2, b2, wt *tensor.Dense) float64 {
 // its output and the row layer splitting it again.
 func TestParallelMLPGradients(t *testing.T) {
 	const N, in, hid, out = 3, 4, 8, 5
-	x := matrix(N, in, func(i, j int) float64 { return math.Sin(float64(3*i+j)) })
+	x := matrix(N, in, func(i, j int) float64 { return math.Sin(float64(3*i + j)) })
 	w1 := matrix(in, hid, func(i, j int) float64 { return 0.3 * math.Cos(float64(i*hid+j)) })
 	b1 := tensor.New(tensor.WithShape(hid), tensor.WithBacking([]float64{0.1, -0.2, 0.3, 0, 0.05, -0.1, 0.2, 0.4}))
 	w2 := matrix(hid, out, func(i, j int) float64 { return 0.2 * math.Sin(float64(i*out+j+1)) })

@@ -38,7 +38,7 @@ type Decoder struct {
 	tp       TensorParallel
 	cache    *KVCache
 	passes   []*decodePass // by increasing rows
-	out32    []float32 // backing of the last result
+	out32    []float32     // backing of the last result
 	out64    []float64
 	outWidth int
 
