@@ -139,3 +139,54 @@ func TestLayout(t *testing.T) {
 	assert.Equal(t, [][2]int{{0, 1}, {2, 2}, {3, 3}}, parallel.Layout{PP: 3}.Stages(4))
 	_ = tensor.Float64
 }
+
+// TestGeneratorSameTokens: a KV-cache generator on 1, 2 and 3 pipeline
+// stages of 1 or 2 tensor-parallel members, with requests in groups moving
+// through the stages, gives every request the tokens transformer.Generate
+// gives it alone on one process (with the full forward pass), greedy and
+// sampled, past the block size.
+func TestGeneratorSameTokens(t *testing.T) {
+	cfg := testConfig()
+	cfg.Layers = 3
+	cfg.Dtype = transformer.Float32
+	reqs := []transformer.Request{
+		{Prompt: []int{1, 2, 3}, N: 9, Temperature: 0, Seed: 1},
+		{Prompt: []int{4}, N: 7, Temperature: 0.9, Seed: 7},
+		{Prompt: []int{5, 6, 0, 1, 2}, N: 5, Temperature: 1.3, Seed: 2},
+		{Prompt: []int{10, 9}, N: 8, Temperature: 0.7, Seed: 3},
+		{Prompt: []int{7}, N: 3, Temperature: 0, Seed: 3},
+	}
+	pred, err := transformer.NewPredictor(cfg, nil)
+	require.NoError(t, err)
+	defer pred.Close()
+	want := make([][]int, len(reqs))
+	for i, r := range reqs {
+		want[i], err = transformer.Generate(context.Background(), pred, r.Prompt, r.N, r.Temperature, r.Seed)
+		require.NoError(t, err)
+	}
+	for _, l := range []parallel.Layout{{DP: 1, PP: 1, TP: 2}, {DP: 1, PP: 2, TP: 1}, {DP: 1, PP: 3, TP: 1}, {DP: 1, PP: 2, TP: 2}} {
+		t.Run(fmt.Sprintf("pp%d_tp%d", l.PP, l.TP), func(t *testing.T) {
+			world := l.PP * l.TP
+			errs := disttest.Run(t, disttest.Cluster(t, world, dist.WithTimeout(time.Minute)), func(rank int, pg *dist.ProcessGroup) error {
+				ctx := context.Background()
+				g, err := parallel.NewGenerator(ctx, pg, cfg, l, len(reqs), parallel.WithBuildLock(&buildMu))
+				if err != nil {
+					return err
+				}
+				defer g.Close()
+				got, err := g.Generate(ctx, reqs)
+				if err != nil {
+					return err
+				}
+				stage := rank / l.TP
+				if stage == 0 || stage == l.PP-1 {
+					assert.Equal(t, want, got, "rank %d", rank)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				assert.NoError(t, err, "rank %d", r)
+			}
+		})
+	}
+}

@@ -84,7 +84,11 @@ func NewDecoder(cfg Config, from, to, slots int, opts ...StageOption) (*Decoder,
 	blocks := max(0, min(to, cfg.Layers)-max(from, 1)+1)
 	d := &Decoder{cfg: cfg, from: from, to: to, slots: slots, tp: o.tp,
 		cache: newKVCache(cfg, blocks, slots, cfg.Heads/o.tp.size())}
-	sizes := []int{min(slots, cfg.Ctx), cfg.Ctx}
+	width := slots
+	if o.stepRows > 0 {
+		width = o.stepRows
+	}
+	sizes := []int{min(width, cfg.Ctx), cfg.Ctx}
 	if sizes[0] == sizes[1] {
 		sizes = sizes[1:]
 	}
@@ -552,6 +556,20 @@ func (s *BatchState) Tokens() [][]int {
 }
 
 var _ Runner = (*Decoder)(nil)
+
+// WithStepRows sets the width of a Decoder's pass for decoding, n rows
+// (default: its number of slots): for a decoder whose slots are served in
+// groups of n, such as a pipeline's, so that a group's step computes no
+// padding rows. Wider calls run in passes of Ctx rows.
+func WithStepRows(n int) StageOption {
+	return func(o *stageOptions) error {
+		if n < 1 {
+			return fmt.Errorf("transformer: %w: WithStepRows(%d)", ErrInvalidArgument, n)
+		}
+		o.stepRows = n
+		return nil
+	}
+}
 
 // WithBuildLock makes NewDecoder build its graphs under l instead of this
 // package's own lock: pass the lock that serialises the other graph

@@ -87,8 +87,9 @@ func (tp TensorParallel) size() int { return max(tp.Size, 1) }
 type StageOption func(*stageOptions) error
 
 type stageOptions struct {
-	tp   TensorParallel
-	lock sync.Locker // NewDecoder: held while building
+	tp       TensorParallel
+	lock     sync.Locker // NewDecoder: held while building
+	stepRows int         // NewDecoder: the width of a decoding pass
 }
 
 // WithTensorParallel builds the stage as member tp.Rank of a
