@@ -192,6 +192,9 @@ func benchServe(ctx context.Context, pg *dist.ProcessGroup, out *os.File, reps, 
 	if pg.Rank() == 0 && fmt.Sprint(want) != fmt.Sprint(got) {
 		return fmt.Errorf("the pipeline changed the tokens")
 	}
+	if pg.Rank() != 0 {
+		return nil
+	}
 	total := float64(len(reqs) * n)
 	fmt.Fprintf(out, "model %d params (dim %d, %d layers), 8 prompts x %d tokens: one process %.1f tokens/s, %d-stage pipeline %.1f tokens/s, ratio %.2fx (tokens identical)\n",
 		cfg.NumParams(), cfg.Dim, cfg.Layers, n, total/median(bs).Seconds(), pg.WorldSize(), total/median(ps).Seconds(), median(bs).Seconds()/median(ps).Seconds())
@@ -228,6 +231,9 @@ func benchTPGen(ctx context.Context, pg *dist.ProcessGroup, out *os.File, reps, 
 	same := "identical"
 	if pg.Rank() == 0 && fmt.Sprint(want) != fmt.Sprint(got) {
 		same = "DIFFERENT"
+	}
+	if pg.Rank() != 0 {
+		return nil
 	}
 	per := func(d time.Duration) float64 { return d.Seconds() * 1e3 / float64(n) }
 	fmt.Fprintf(out, "model %d params (dim %d, %d layers, %s), prompt 8 + %d tokens: one process %.2f ms/token, TP=%d %.2f ms/token, ratio %.2f (tokens %s)\n",
@@ -287,6 +293,9 @@ func benchTPTrain(ctx context.Context, pg *dist.ProcessGroup, out *os.File, reps
 			return err
 		}
 		ar = append(ar, time.Since(t0))
+	}
+	if pg.Rank() != 0 {
+		return nil
 	}
 	perStep := 4 * cfg.Layers // forward: attention and MLP; backward: the same through Copy
 	share := float64(perStep) * median(ar).Seconds() / median(ps).Seconds()
