@@ -1,6 +1,7 @@
 package secagg
 
 import (
+	"crypto/cipher"
 	"crypto/ecdh"
 	"crypto/rand"
 	"encoding/binary"
@@ -53,11 +54,12 @@ type Client struct {
 	seed   [keySize]byte    // the self-mask seed; shared for unmasking
 	commit [keySize]byte
 
-	peers map[int]peer // the clients that advertised keys (U1), this one included
-	u1    []int        // their ids, ascending
-	held  map[int]pair // shares of the secrets of the clients that shared (U2)
-	u2    []int        // their ids, ascending
-	plain bool         // tests only: send the quantized input without masks
+	peers map[int]peer        // the clients that advertised keys (U1), this one included
+	aeads map[int]cipher.AEAD // per other client of U1: seals the shares sent, opens those received
+	u1    []int               // their ids, ascending
+	held  map[int]pair        // shares of the secrets of the clients that shared (U2)
+	u2    []int               // their ids, ascending
+	plain bool                // tests only: send the quantized input without masks
 	mask  *masker
 }
 
@@ -131,7 +133,7 @@ func (c *Client) fail(err error) error {
 // forget drops the client's secrets.
 func (c *Client) forget() {
 	clear(c.seed[:])
-	c.held = nil
+	c.held, c.aeads = nil, nil
 	c.cKey, c.sKey = nil, nil
 }
 
@@ -214,6 +216,7 @@ func (c *Client) shareKeys(keyList []byte) ([]byte, error) {
 	out = out[4:]
 	plain := make([]byte, plainSize)
 	c.held = make(map[int]pair, n)
+	c.aeads = make(map[int]cipher.AEAD, n-1)
 	for i, id := range ids {
 		if id == c.id {
 			c.held[id] = pair{key: keyShares[i], seed: seedShares[i]}
@@ -223,6 +226,7 @@ func (c *Client) shareKeys(keyList []byte) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		c.aeads[id] = aead
 		keyShares[i].put(plain)
 		seedShares[i].put(plain[shareSize:])
 		binary.LittleEndian.PutUint32(out, uint32(id))
@@ -319,13 +323,9 @@ func (c *Client) receiveShares(forwarded []byte) error {
 	plain := make([]byte, plainSize)
 	defer clear(plain)
 	for i, id := range from {
-		pr, ok := c.peers[id]
-		if !ok || id == c.id {
+		aead, ok := c.aeads[id]
+		if !ok {
 			return fmt.Errorf("%w: shares from client %d, which did not advertise keys to this client", ErrProtocol, id)
-		}
-		aead, err := p.shareAEAD(c.cKey, pr.c, c.id, id)
-		if err != nil {
-			return err
 		}
 		e := b[i*sealedEntry+4 : (i+1)*sealedEntry]
 		if _, err := aead.Open(plain[:0], shareNonce(id, c.id), e, shareAD(id, c.id)); err != nil {
