@@ -122,6 +122,22 @@ func (c *Client) enter(s Stage) error {
 	return nil
 }
 
+// run does the work of stage st and moves the client to the next stage,
+// or records the failure.
+func (c *Client) run(st Stage, work func() ([]byte, error)) ([]byte, error) {
+	if err := c.enter(st); err != nil {
+		return nil, err
+	}
+	msg, err := work()
+	if err != nil {
+		return nil, c.fail(err)
+	}
+	if c.stage = st + 1; c.stage == StageDone {
+		c.forget()
+	}
+	return msg, nil
+}
+
 // fail records err as the client's failure.
 func (c *Client) fail(err error) error {
 	c.err = fmt.Errorf("secagg: client %d: %w", c.id, err)
@@ -140,52 +156,29 @@ func (c *Client) forget() {
 // AdvertiseKeys returns the client's first message: its two public keys
 // and a commitment to its self-mask seed.
 func (c *Client) AdvertiseKeys() ([]byte, error) {
-	if err := c.enter(StageAdvertise); err != nil {
-		return nil, err
-	}
-	msg, body := c.p.message(kindAdvert, c.id, advertSize)
-	copy(body, c.cKey.PublicKey().Bytes())
-	copy(body[keySize:], c.sKey.PublicKey().Bytes())
-	copy(body[2*keySize:], c.commit[:])
-	c.stage = StageShare
-	return msg, nil
+	return c.run(StageAdvertise, func() ([]byte, error) {
+		msg, body := c.p.message(kindAdvert, c.id, advertSize)
+		copy(body, c.cKey.PublicKey().Bytes())
+		copy(body[keySize:], c.sKey.PublicKey().Bytes())
+		copy(body[2*keySize:], c.commit[:])
+		return msg, nil
+	})
 }
 
 // ShareKeys takes the server's key list and returns the client's shares:
 // its masking key and self-mask seed, split t-of-n among the clients of
 // the list and encrypted for each.
 func (c *Client) ShareKeys(keyList []byte) ([]byte, error) {
-	if err := c.enter(StageShare); err != nil {
-		return nil, err
-	}
-	msg, err := c.shareKeys(keyList)
-	if err != nil {
-		return nil, c.fail(err)
-	}
-	c.stage = StageMask
-	return msg, nil
+	return c.run(StageShare, func() ([]byte, error) { return c.shareKeys(keyList) })
 }
 
 func (c *Client) shareKeys(keyList []byte) ([]byte, error) {
 	p := c.p
-	to, body, err := p.parse(keyList, kindKeyList)
+	ids, b, err := c.list(keyList, kindKeyList, listEntry, p.n, 0, StageAdvertise)
 	if err != nil {
 		return nil, err
 	}
-	if to != c.id {
-		return nil, fmt.Errorf("%w: key list addressed to client %d", ErrProtocol, to)
-	}
-	n, b, err := entries(kindKeyList, body, listEntry, p.n)
-	if err != nil {
-		return nil, err
-	}
-	if n < p.Threshold {
-		return nil, &TooFewError{Stage: StageAdvertise, Have: n, Need: p.Threshold}
-	}
-	ids, err := p.entryIDs(kindKeyList, b, n, listEntry)
-	if err != nil {
-		return nil, err
-	}
+	n := len(ids)
 	peers, err := parsePeers(ids, b)
 	if err != nil {
 		return nil, err
@@ -237,6 +230,30 @@ func (c *Client) shareKeys(keyList []byte) ([]byte, error) {
 	return msg, nil
 }
 
+// list parses a server message of kind k addressed to this client: a list
+// of at most limit entries of size bytes each, which with the self clients
+// left out of it (0 or 1) must reach the threshold, as the server's stage
+// st must have. It returns the ids that start the entries and the entries.
+func (c *Client) list(msg []byte, k kind, size, limit, self int, st Stage) ([]int, []byte, error) {
+	p := c.p
+	to, body, err := p.parse(msg, k)
+	if err != nil {
+		return nil, nil, err
+	}
+	if to != c.id {
+		return nil, nil, fmt.Errorf("%w: %v addressed to client %d", ErrProtocol, k, to)
+	}
+	n, b, err := entries(k, body, size, limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	if n+self < p.Threshold {
+		return nil, nil, &TooFewError{Stage: st, Have: n + self, Need: p.Threshold}
+	}
+	ids, err := p.entryIDs(k, b, n, size)
+	return ids, b, err
+}
+
 // parsePeers decodes the adverts of a key list and refuses repeated keys.
 func parsePeers(ids []int, b []byte) (map[int]peer, error) {
 	peers := make(map[int]peer, len(ids))
@@ -285,38 +302,24 @@ func maskInput[T float32 | float64](c *Client, forwarded []byte, x []T, weight u
 	if err := checkInput(c.p, x, weight); err != nil {
 		return nil, err
 	}
-	if err := c.receiveShares(forwarded); err != nil {
-		return nil, c.fail(err)
-	}
-	y := make([]uint64, c.p.Dim+1)
-	quantize(c.p, y, x, weight)
-	if err := c.addMasks(y); err != nil {
-		return nil, c.fail(err)
-	}
-	msg, body := c.p.message(kindMasked, c.id, len(y)*c.p.width)
-	putRing(body, y, c.p.width)
-	c.stage = StageUnmask
-	return msg, nil
+	return c.run(StageMask, func() ([]byte, error) {
+		if err := c.receiveShares(forwarded); err != nil {
+			return nil, err
+		}
+		y := make([]uint64, c.p.Dim+1)
+		quantize(c.p, y, x, weight)
+		if err := c.addMasks(y); err != nil {
+			return nil, err
+		}
+		msg, body := c.p.message(kindMasked, c.id, len(y)*c.p.width)
+		putRing(body, y, c.p.width)
+		return msg, nil
+	})
 }
 
 // receiveShares decrypts the forwarded shares; their senders are U2.
 func (c *Client) receiveShares(forwarded []byte) error {
-	p := c.p
-	to, body, err := p.parse(forwarded, kindForward)
-	if err != nil {
-		return err
-	}
-	if to != c.id {
-		return fmt.Errorf("%w: shares addressed to client %d", ErrProtocol, to)
-	}
-	n, b, err := entries(kindForward, body, sealedEntry, len(c.u1)-1)
-	if err != nil {
-		return err
-	}
-	if n+1 < p.Threshold {
-		return &TooFewError{Stage: StageShare, Have: n + 1, Need: p.Threshold}
-	}
-	from, err := p.entryIDs(kindForward, b, n, sealedEntry)
+	from, b, err := c.list(forwarded, kindForward, sealedEntry, len(c.u1)-1, 1, StageShare)
 	if err != nil {
 		return err
 	}
@@ -389,39 +392,16 @@ func putRing(dst []byte, y []uint64, width int) {
 // subset of the clients that shared, that leaves this client out, or that
 // is shorter than the threshold.
 func (c *Client) Unmask(survivors []byte) ([]byte, error) {
-	if err := c.enter(StageUnmask); err != nil {
-		return nil, err
-	}
-	msg, err := c.unmask(survivors)
-	if err != nil {
-		return nil, c.fail(err)
-	}
-	c.stage = StageDone
-	c.forget()
-	return msg, nil
+	return c.run(StageUnmask, func() ([]byte, error) { return c.unmask(survivors) })
 }
 
 func (c *Client) unmask(survivors []byte) ([]byte, error) {
 	p := c.p
-	to, body, err := p.parse(survivors, kindSurvivors)
+	u3, _, err := c.list(survivors, kindSurvivors, 4, len(c.u2), 0, StageMask)
 	if err != nil {
 		return nil, err
 	}
-	if to != c.id {
-		return nil, fmt.Errorf("%w: survivor list addressed to client %d", ErrProtocol, to)
-	}
-	n, b, err := entries(kindSurvivors, body, 4, len(c.u2))
-	if err != nil {
-		return nil, err
-	}
-	if n < p.Threshold {
-		return nil, &TooFewError{Stage: StageMask, Have: n, Need: p.Threshold}
-	}
-	u3, err := p.entryIDs(kindSurvivors, b, n, 4)
-	if err != nil {
-		return nil, err
-	}
-	in := make(map[int]bool, n)
+	in := make(map[int]bool, len(u3))
 	for _, id := range u3 {
 		if _, ok := c.held[id]; !ok {
 			return nil, fmt.Errorf("%w: survivor %d did not share its keys", ErrProtocol, id)

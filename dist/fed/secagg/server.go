@@ -327,13 +327,7 @@ func (s *Server) keyLists() (map[int][]byte, error) {
 		copy(e[4+2*keySize:], pr.commit[:])
 		e = e[listEntry:]
 	}
-	out := make(map[int][]byte, len(u1))
-	for _, id := range u1 {
-		msg, body := s.p.message(kindKeyList, id, len(list))
-		copy(body, list)
-		out[id] = msg
-	}
-	return out, nil
+	return s.p.each(kindKeyList, u1, list), nil
 }
 
 // forward hands each client of U2 the ciphertexts the others of U2
@@ -375,16 +369,12 @@ func (s *Server) survivors() (map[int][]byte, error) {
 	if err := s.enough(StageMask, len(u3)); err != nil {
 		return nil, err
 	}
-	out := make(map[int][]byte, len(u3))
-	for _, id := range u3 {
-		msg, body := s.p.message(kindSurvivors, id, 4+4*len(u3))
-		binary.LittleEndian.PutUint32(body, uint32(len(u3)))
-		for i, v := range u3 {
-			binary.LittleEndian.PutUint32(body[4+4*i:], uint32(v))
-		}
-		out[id] = msg
+	list := make([]byte, 4+4*len(u3))
+	binary.LittleEndian.PutUint32(list, uint32(len(u3)))
+	for i, v := range u3 {
+		binary.LittleEndian.PutUint32(list[4+4*i:], uint32(v))
 	}
-	return out, nil
+	return s.p.each(kindSurvivors, u3, list), nil
 }
 
 // unmask reconstructs the self-mask seed of every client of U3 and the

@@ -58,6 +58,17 @@ func (p *params) message(k kind, id, n int) (msg, body []byte) {
 	return msg, msg[headerSize:]
 }
 
+// each returns a message of kind k with the same body for each client of ids.
+func (p *params) each(k kind, ids []int, body []byte) map[int][]byte {
+	out := make(map[int][]byte, len(ids))
+	for _, id := range ids {
+		msg, b := p.message(k, id, len(body))
+		copy(b, body)
+		out[id] = msg
+	}
+	return out
+}
+
 // parse checks a message's header against this configuration and the kind
 // the current stage expects, and returns the client id it names and its
 // body (a slice of msg).
