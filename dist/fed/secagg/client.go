@@ -55,13 +55,16 @@ type Client struct {
 	commit [keySize]byte
 
 	peers map[int]peer        // the clients that advertised keys (U1), this one included
-	aeads map[int]cipher.AEAD // per other client of U1: seals the shares sent, opens those received
 	u1    []int               // their ids, ascending
+	aeads map[int]cipher.AEAD // per other client of U1: seals the shares sent, opens those received
 	held  map[int]pair        // shares of the secrets of the clients that shared (U2)
 	u2    []int               // their ids, ascending
 	plain bool                // tests only: send the quantized input without masks
 	mask  *masker
 }
+
+// cryptoRand is crypto/rand's reader, which NewClient's parameter hides.
+var cryptoRand = rand.Reader
 
 // peer is a client's advertised public keys.
 type peer struct {
@@ -98,8 +101,6 @@ func NewClient(cfg Config, id int, rand io.Reader) (*Client, error) {
 	c.commit = p.commitment(&c.seed, id)
 	return c, nil
 }
-
-var cryptoRand = rand.Reader
 
 // ID returns the client's id.
 func (c *Client) ID() int { return c.id }
