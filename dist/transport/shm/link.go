@@ -97,10 +97,20 @@ type peer struct {
 	fmu   sync.Mutex
 	fdead bool
 
-	// reader-only: what the outbound ring looked like at the last poll,
-	// and how the reader spins
+	// The consumer side of the inbound ring (in, the reader-only fields
+	// above and below) belongs to whoever holds rmu: the reader goroutine,
+	// or an application goroutine that waits for a message and delivers
+	// what has arrived itself (progress, through the mailbox's Poller).
+	rmu     sync.Mutex
+	rdead   bool          // the region is about to be unmapped (guarded by rmu)
+	pollers atomic.Int32  // application goroutines polling the ring
+	kick    chan struct{} // capacity 1: wakes the reader when polling stops or a record needs it
+	tailPos atomic.Uint64 // in's read position, for the reader to wait without rmu
+
+	// what the outbound ring looked like at the last poll (guarded by omu)
+	omu                 sync.Mutex
 	lastTail, lastFreed uint64
-	rspin               spinner
+	rspin               spinner // the reader goroutine's
 	wspin               spinner // guarded by wmu
 	writes              uint64  // waitSpace calls (guarded by wmu)
 
@@ -150,6 +160,7 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		spaceCh:    make(chan struct{}, 1),
 		ackCh:      make(chan struct{}, 1),
 		credit:     make(chan struct{}, wakeCap),
+		kick:       make(chan struct{}, 1),
 		goneCh:     make(chan struct{}),
 		lostCh:     make(chan struct{}),
 		lastBeatAt: time.Now(),
@@ -538,8 +549,16 @@ var errGone = errors.New("peer said goodbye")
 var errPeerExited = errors.New("peer process exited")
 
 // pollOutbound wakes this rank's senders waiting for ring space or credit
-// if the peer's consumer moved.
+// if the peer's consumer moved. The reader and polling receivers call it
+// as they wait; one at a time does the work.
 func (p *peer) pollOutbound() {
+	if !p.spaceWaiting.Load() && !p.ackWaiting.Load() && p.creditWaiters.Load() == 0 {
+		return
+	}
+	if !p.omu.TryLock() {
+		return
+	}
+	defer p.omu.Unlock()
 	if p.spaceWaiting.Load() {
 		if t := p.outR.TailHint(); t != p.lastTail {
 			p.lastTail = t
@@ -605,8 +624,11 @@ func (p *peer) wait(need uint64) (uint64, error) {
 
 // release hands consumed ring space back to the peer.
 func (p *peer) release() {
-	if p.in.Release() && p.inR.SpaceWait() {
-		p.peerBell.Ring()
+	if p.in.Release() {
+		p.tailPos.Store(p.in.Pos())
+		if p.inR.SpaceWait() {
+			p.peerBell.Ring()
+		}
 	}
 }
 
@@ -641,87 +663,226 @@ func (p *peer) skip(n uint64) error {
 }
 
 // readLoop delivers the records of the inbound ring until the peer leaves,
-// is lost or the transport closes.
+// is lost or the transport closes. It waits without the consumer lock
+// (idle), so that a receiver polling the ring can deliver in the meantime,
+// and takes it to deliver every record that has arrived.
 func (p *peer) readLoop() {
 	t := p.t
 	defer t.wg.Done()
-	var hb [ring.HeaderSize]byte
 	for {
 		if !p.remoteProbed && t.cfg.remoteMin > 0 && p.pid > 0 {
+			p.rmu.Lock()
 			p.probeRemote()
+			p.rmu.Unlock()
 		}
-		if _, err := p.wait(ring.HeaderSize); err != nil {
+		if err := p.idle(); err != nil {
+			p.rmu.Lock()
 			p.readEnded(err, nil, true)
+			p.rmu.Unlock()
 			return
+		}
+		p.rmu.Lock()
+		ok := p.drain()
+		p.rmu.Unlock()
+		if !ok {
+			return
+		}
+	}
+}
+
+// idle waits, without the consumer lock, until a record header may have
+// arrived, and returns an error when the transport closes or the peer is
+// lost, or errGone once the peer said goodbye and everything it wrote was
+// read. While receivers poll the ring themselves it keeps out of their
+// way, blocked until the last one stops (or a record needs the reader):
+// otherwise it polls briefly, then parks on this rank's doorbell.
+func (p *peer) idle() error {
+	start := time.Now()
+	parked := false
+	for i := 0; ; i++ {
+		if p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize {
+			if i > 0 {
+				p.rspin.done(!parked)
+			}
+			return nil
+		}
+		if p.t.closing.Load() || p.lost.Load() {
+			return errClosed("recv")
+		}
+		if p.gone.Load() {
+			// The goodbye came after everything the peer wrote.
+			if p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize {
+				return nil
+			}
+			return errGone
+		}
+		if p.pollers.Load() > 0 {
+			select {
+			case <-p.kick:
+			case <-p.t.stop:
+			case <-p.lostCh:
+			case <-p.goneCh:
+			}
+			start, i = time.Now(), 0
+			continue
+		}
+		p.pollOutbound()
+		if p.spinning(i, start) {
+			p.rspin.pause(start)
+			continue
+		}
+		parked = true
+		seq := p.myBell.Prepare()
+		if p.inR.HeadHint()-p.tailPos.Load() < ring.HeaderSize && p.pollers.Load() == 0 &&
+			!p.t.closing.Load() && !p.lost.Load() && !p.gone.Load() {
+			p.pollOutbound()
+			p.myBell.Wait(seq, parkMax)
+		}
+		p.myBell.Done()
+		start = time.Now()
+	}
+}
+
+// drain delivers every record whose header has arrived, waiting for the
+// rest of one that is still coming. It reports false if the link ended
+// (readEnded has run). Called with rmu held.
+func (p *peer) drain() bool {
+	var hb [ring.HeaderSize]byte
+	for {
+		a, err := p.in.Avail()
+		if err != nil {
+			p.readEnded(err, nil, true)
+			return false
+		}
+		if a < ring.HeaderSize {
+			return true
 		}
 		p.in.Read(hb[:])
-		h, err := ring.ParseHeader(hb[:], uint64(t.cfg.maxFrame))
+		h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame))
 		if err != nil {
 			p.readEnded(err, nil, false)
-			return
+			return false
 		}
-		if h.Len == 0 {
-			p.release()
+		if !p.deliver(h, false) {
+			return false
 		}
-		if !p.inWarm && h.Len >= warmMin && !h.Remote {
-			p.inWarm = true
-			warm(p.inR, unix.MADV_POPULATE_READ)
-		}
-		m := transport.Message{Header: h.Meta}
-		if h.Remote {
-			if !p.readRemoteRecord(h) {
-				return
-			}
-			continue
-		}
-		if post := p.claim(h); post != nil {
-			n := int(h.Len)
-			switch {
-			case !fits(post, n):
-				err = p.skip(h.Len)
-			case post.Combine != nil:
-				err = p.combineFrom(post.Dst[:n], post.Unit, post.Combine)
-			default:
-				err = p.readInto(post.Dst[:n])
-			}
-			if err == nil {
-				err = p.skip(ring.Pad(h.Len))
-			}
+	}
+}
+
+// progress delivers, on the calling goroutine, the records that have
+// arrived whole (a waiting receiver's poll: no waiting, no goroutine
+// switch). A record it cannot take at once — still arriving, a remote
+// record, the ring's first large one, anything invalid — it leaves to the
+// reader goroutine, which it wakes. It reports whether it delivered
+// anything.
+func (p *peer) progress() bool {
+	if !p.rmu.TryLock() {
+		return false
+	}
+	defer p.rmu.Unlock()
+	if p.rdead {
+		return false
+	}
+	if !p.remoteProbed && p.t.cfg.remoteMin > 0 && p.pid > 0 {
+		p.probeRemote()
+	}
+	p.pollOutbound()
+	var hb [ring.HeaderSize]byte
+	delivered := false
+	for {
+		a, err := p.in.Avail()
+		if err != nil || a < ring.HeaderSize {
 			if err != nil {
-				p.readEnded(err, post, false)
-				return
+				signal(p.kick)
 			}
-			if n > len(post.Dst) {
-				t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
-			} else {
-				t.box.Complete(post, m, n, nil)
-			}
-			p.consumed(n)
-			if n >= yieldMin {
-				// Let the receiver run before the next record: it may
-				// post the receive that record is for (a pipelined
-				// collective's next segment), which saves a copy.
-				runtime.Gosched()
-			}
-			continue
+			return delivered
 		}
-		buf := bufpool.Default.Get(int(h.Len))
-		err = p.readInto(buf)
+		p.in.PeekInto(hb[:])
+		h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame))
+		if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) || a < ring.HeaderSize+h.Len+ring.Pad(h.Len) {
+			signal(p.kick)
+			return delivered
+		}
+		p.in.Skip(ring.HeaderSize)
+		if !p.deliver(h, true) {
+			return delivered
+		}
+		delivered = true
+	}
+}
+
+// deliver hands the record h, whose header was just read, to its posted
+// receive or queues it. inline says the caller is a polling receiver (the
+// whole record has arrived). It reports false if the link ended (readEnded
+// has run). Called with rmu held.
+func (p *peer) deliver(h ring.Header, inline bool) bool {
+	t := p.t
+	if h.Len == 0 {
+		p.release()
+	}
+	if !p.inWarm && h.Len >= warmMin && !h.Remote {
+		p.inWarm = true
+		warm(p.inR, unix.MADV_POPULATE_READ)
+	}
+	m := transport.Message{Header: h.Meta}
+	if h.Remote {
+		return p.readRemoteRecord(h)
+	}
+	var post *mailbox.Post[transport.Message]
+	if inline {
+		post = t.box.Claim(p.rank, h.Tag)
+	} else {
+		post = p.claim(h)
+	}
+	if post != nil {
+		n := int(h.Len)
+		var err error
+		switch {
+		case !fits(post, n):
+			err = p.skip(h.Len)
+		case post.Combine != nil:
+			err = p.combineFrom(post.Dst[:n], post.Unit, post.Combine)
+		default:
+			err = p.readInto(post.Dst[:n])
+		}
 		if err == nil {
 			err = p.skip(ring.Pad(h.Len))
 		}
 		if err != nil {
-			bufpool.Default.Put(buf)
-			p.readEnded(err, nil, false)
-			return
+			p.readEnded(err, post, false)
+			return false
 		}
-		m.Payload = buf
-		if err := t.box.Put(t.ctx, p.rank, h.Tag, m, len(buf)); err != nil {
-			bufpool.Default.Put(buf) // closing or lost
-		} else if len(buf) >= yieldMin {
+		if n > len(post.Dst) {
+			t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
+		} else {
+			t.box.Complete(post, m, n, nil)
+		}
+		p.consumed(n)
+		if n >= yieldMin && !inline {
+			// Let the receiver run before the next record: it may
+			// post the receive that record is for (a pipelined
+			// collective's next segment), which saves a copy.
 			runtime.Gosched()
 		}
+		return true
 	}
+	buf := bufpool.Default.Get(int(h.Len))
+	err := p.readInto(buf)
+	if err == nil {
+		err = p.skip(ring.Pad(h.Len))
+	}
+	if err != nil {
+		bufpool.Default.Put(buf)
+		p.readEnded(err, nil, false)
+		return false
+	}
+	m.Payload = buf
+	if err := t.box.Put(t.ctx, p.rank, h.Tag, m, len(buf)); err != nil {
+		bufpool.Default.Put(buf) // closing or lost
+	} else if len(buf) >= yieldMin && !inline {
+		runtime.Gosched()
+	}
+	return true
 }
 
 // claim returns the receive posted for the record h, if any. For a large
@@ -977,6 +1138,7 @@ func (p *peer) ctlLoop() {
 		p.gone.Store(true)
 		p.goneOnce.Do(func() { close(p.goneCh) })
 		p.myBell.Force() // the reader drains, then reports the peer closed
+		signal(p.kick)
 	}
 }
 
@@ -987,6 +1149,9 @@ func (p *peer) unmap() {
 	p.wmu.Lock()
 	p.wdead = true
 	p.wmu.Unlock()
+	p.rmu.Lock()
+	p.rdead = true
+	p.rmu.Unlock()
 	p.cmu.Lock()
 	p.cdead = true
 	p.cmu.Unlock()

@@ -73,6 +73,7 @@ func newTransport(rank, world int, cfg config) *Transport {
 		linkCh:   make(chan struct{}, 1),
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.box.SetPoller(poller{t}, cfg.spin)
 	var pv [8]byte
 	rand.Read(pv[:])
 	t.probe = new(uint64)
@@ -319,6 +320,7 @@ func (t *Transport) shutdown(graceful bool) {
 		}
 		p.conn.Close()
 		p.myBell.Force()
+		signal(p.kick)
 	}
 	t.wg.Wait()
 	for r := range t.peers {
@@ -358,6 +360,7 @@ func (t *Transport) fail(rank int, cause error) {
 			p.myBell.Force()
 		}
 		p.fmu.Unlock()
+		signal(p.kick)
 	})
 }
 
@@ -399,4 +402,37 @@ func (t *Transport) monitor() {
 			}
 		}
 	}
+}
+
+// poller lets a receiver waiting on the mailbox deliver its peer's records
+// itself (mailbox.Poller).
+type poller struct{ t *Transport }
+
+func (x poller) peer(src int) *peer {
+	if src == x.t.rank || src < 0 || src >= x.t.world {
+		return nil
+	}
+	return x.t.peers[src].Load()
+}
+
+// Begin implements mailbox.Poller.
+func (x poller) Begin(src int) {
+	if p := x.peer(src); p != nil {
+		p.pollers.Add(1)
+	}
+}
+
+// End implements mailbox.Poller: the last poller to stop wakes the reader.
+func (x poller) End(src int) {
+	if p := x.peer(src); p != nil && p.pollers.Add(-1) == 0 {
+		signal(p.kick)
+	}
+}
+
+// Poll implements mailbox.Poller.
+func (x poller) Poll(src int) bool {
+	if p := x.peer(src); p != nil && !p.lost.Load() && !x.t.closing.Load() {
+		return p.progress()
+	}
+	return false
 }

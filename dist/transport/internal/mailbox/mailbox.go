@@ -24,7 +24,9 @@ package mailbox
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
+	"time"
 )
 
 type key struct {
@@ -113,6 +115,74 @@ type Mailbox[M any] struct {
 	sources   []source
 	err       error         // fatal error; set once
 	done      chan struct{} // closed when err is set
+
+	poller Poller        // set before use (SetPoller), then read-only
+	spin   time.Duration // how long a receive polls before it blocks
+}
+
+// Poller lets a goroutine that waits for a message deliver it itself, as a
+// transport's reader would, instead of waiting to be woken: package shm
+// reads its peer's ring from the waiting goroutine, which saves the
+// hand-off from the reader goroutine to the receiver (two goroutine
+// switches per message).
+type Poller interface {
+	// Begin and End bracket a goroutine's polling of source src.
+	Begin(src int)
+	End(src int)
+	// Poll delivers, on the calling goroutine, what has arrived from src
+	// and can be delivered at once (with Claim, Complete and Put, as a
+	// reader does), and reports whether it delivered anything. It must not
+	// block.
+	Poll(src int) bool
+}
+
+// SetPoller makes Get, GetInto and GetReduce call p.Poll for up to spin
+// since the last delivery before they block. Call it before the mailbox is
+// used.
+func (m *Mailbox[M]) SetPoller(p Poller, spin time.Duration) {
+	m.poller, m.spin = p, spin
+}
+
+// pollCheck is how many polls go by between looks at the clock, the
+// context and the other goroutines (runtime.Gosched).
+const pollCheck = 32
+
+// poll polls source src until a token arrives on a or b (it is consumed:
+// the caller proceeds as if its select had received it) and returns true,
+// or returns false when the spin budget runs out, ctx ends or the mailbox
+// fails: the caller then blocks in its select, which sees why. Called
+// without mu.
+func (m *Mailbox[M]) poll(ctx context.Context, src int, a, b <-chan struct{}) bool {
+	m.poller.Begin(src)
+	defer m.poller.End(src)
+	last := time.Now()
+	for i := 1; ; i++ {
+		if m.poller.Poll(src) {
+			last = time.Time{} // delivered: the budget starts again
+		}
+		select {
+		case <-a:
+			return true
+		case <-b:
+			return true
+		default:
+		}
+		if i%pollCheck == 0 {
+			now := time.Now()
+			if last.IsZero() {
+				last = now
+			}
+			if now.Sub(last) > m.spin || ctx.Err() != nil {
+				return false
+			}
+			select {
+			case <-m.done:
+				return false
+			default:
+			}
+			runtime.Gosched()
+		}
+	}
 }
 
 // New returns a mailbox for `world` sources that queues at most limit bytes
@@ -311,11 +381,13 @@ func (m *Mailbox[M]) Get(ctx context.Context, src int, tag uint32) (M, error) {
 		notify := q.notify
 		m.mu.Unlock()
 		var err error
-		select {
-		case <-notify:
-		case <-m.done:
-		case <-ctx.Done():
-			err = fmt.Errorf("transport: recv from rank %d: %w", src, ctx.Err())
+		if m.poller == nil || !m.poll(ctx, src, notify, nil) {
+			select {
+			case <-notify:
+			case <-m.done:
+			case <-ctx.Done():
+				err = fmt.Errorf("transport: recv from rank %d: %w", src, ctx.Err())
+			}
 		}
 		m.mu.Lock()
 		q.waiters--
@@ -398,12 +470,14 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 		notify := q.notify
 		m.mu.Unlock()
 		var cerr error
-		select {
-		case <-notify:
-		case <-p.done:
-		case <-m.done:
-		case <-ctx.Done():
-			cerr = ctx.Err()
+		if m.poller == nil || !m.poll(ctx, src, notify, p.done) {
+			select {
+			case <-notify:
+			case <-p.done:
+			case <-m.done:
+			case <-ctx.Done():
+				cerr = ctx.Err()
+			}
 		}
 		m.mu.Lock()
 		q.waiters--

@@ -364,3 +364,95 @@ func TestGetReduce(t *testing.T) {
 	m.Complete(p, msg{id: 2}, 0, nil)
 	require.NoError(t, (<-rc).err)
 }
+
+// testPoller delivers a message of source 1 under tag 7 on its after-th
+// poll: through Claim and Complete if a receive is posted, else Put.
+type testPoller struct {
+	m           *Mailbox[msg]
+	mu          sync.Mutex
+	polls       int
+	after       int
+	begun, ends int
+	delivered   bool
+}
+
+func (p *testPoller) Begin(src int) { p.mu.Lock(); p.begun++; p.mu.Unlock() }
+func (p *testPoller) End(src int)   { p.mu.Lock(); p.ends++; p.mu.Unlock() }
+func (p *testPoller) Poll(src int) bool {
+	p.mu.Lock()
+	p.polls++
+	due := p.polls == p.after
+	p.mu.Unlock()
+	if !due || src != 1 {
+		return false
+	}
+	if post := p.m.Claim(1, 7); post != nil {
+		n := copy(post.Dst, "polled")
+		p.m.Complete(post, msg{id: 42}, n, nil)
+	} else if err := p.m.Put(context.Background(), 1, 7, msg{id: 42, data: []byte("polled")}, 6); err != nil {
+		panic(err)
+	}
+	p.mu.Lock()
+	p.delivered = true
+	p.mu.Unlock()
+	return true
+}
+
+// TestPoller: a waiting Get or GetInto polls the Poller, which delivers
+// the message on the waiting goroutine (no other goroutine involved); a
+// poller that delivers nothing lets the receive block once the spin budget
+// is spent, and a context ending while it polls ends the receive. Begin
+// and End pair up.
+func TestPoller(t *testing.T) {
+	ctx := context.Background()
+	t.Run("Get", func(t *testing.T) {
+		m := New[msg](2, 0, nil)
+		p := &testPoller{m: m, after: 100}
+		m.SetPoller(p, time.Second)
+		got, err := m.Get(ctx, 1, 7)
+		require.NoError(t, err)
+		assert.Equal(t, 42, got.id)
+		assert.Equal(t, 1, p.begun)
+		assert.Equal(t, 1, p.ends)
+	})
+	t.Run("GetInto", func(t *testing.T) {
+		m := New[msg](2, 0, nil)
+		p := &testPoller{m: m, after: 100}
+		m.SetPoller(p, time.Second)
+		dst := make([]byte, 10)
+		got, n, direct, err := m.GetInto(ctx, 1, 7, dst)
+		require.NoError(t, err)
+		assert.True(t, direct, "the poller filled the posted receive")
+		assert.Equal(t, 42, got.id)
+		assert.Equal(t, "polled", string(dst[:n]))
+		assert.Equal(t, p.begun, p.ends)
+	})
+	t.Run("budget spent", func(t *testing.T) {
+		m := New[msg](2, 0, nil)
+		p := &testPoller{m: m, after: -1} // never delivers
+		m.SetPoller(p, time.Millisecond)
+		go func() {
+			time.Sleep(50 * time.Millisecond)
+			assert.NoError(t, m.Put(ctx, 1, 7, msg{id: 5}, 1))
+		}()
+		got, err := m.Get(ctx, 1, 7)
+		require.NoError(t, err)
+		assert.Equal(t, 5, got.id)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		assert.Positive(t, p.polls)
+		assert.Equal(t, p.begun, p.ends)
+	})
+	t.Run("context", func(t *testing.T) {
+		m := New[msg](2, 0, nil)
+		p := &testPoller{m: m, after: -1}
+		m.SetPoller(p, time.Hour)
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		_, _, _, err := m.GetInto(cctx, 1, 7, make([]byte, 4))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		assert.Equal(t, p.begun, p.ends)
+	})
+}

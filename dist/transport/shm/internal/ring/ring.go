@@ -258,6 +258,26 @@ func (c *Consumer) Read(dst []byte) {
 	}
 }
 
+// Pos returns how many bytes the consumer has read (published or not).
+func (c *Consumer) Pos() uint64 { return c.tail }
+
+// HeadHint is the producer's head, unchecked: a hint that bytes were
+// published, for a waiter that does not hold the consumer (Avail checks).
+func (r *Ring) HeadHint() uint64 { return r.u64(offHead).Load() }
+
+// PeekInto copies the next len(dst) bytes Read would copy into dst without
+// consuming them; len(dst) must not exceed the last Avail minus what was
+// read since.
+func (c *Consumer) PeekInto(dst []byte) {
+	t := c.tail
+	for len(dst) > 0 {
+		i := t & c.r.mask
+		n := copy(dst, c.r.data[i:])
+		dst = dst[n:]
+		t += uint64(n)
+	}
+}
+
 // Peek returns up to n of the bytes Read would copy next, in place in the
 // ring: as many as lie contiguous before the ring wraps. n must not exceed
 // the last Avail minus what was read since. Skip consumes them. The slice
