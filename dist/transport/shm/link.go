@@ -104,6 +104,7 @@ type peer struct {
 	rmu     sync.Mutex
 	rdead   bool          // the region is about to be unmapped (guarded by rmu)
 	pollers atomic.Int32  // application goroutines polling the ring
+	needed  atomic.Bool   // a poller met a record it leaves to the reader
 	kick    chan struct{} // capacity 1: wakes the reader when polling stops or a record needs it
 	tailPos atomic.Uint64 // in's read position, for the reader to wait without rmu
 
@@ -700,12 +701,6 @@ func (p *peer) idle() error {
 	start := time.Now()
 	parked := false
 	for i := 0; ; i++ {
-		if p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize {
-			if i > 0 {
-				p.rspin.done(!parked)
-			}
-			return nil
-		}
 		if p.t.closing.Load() || p.lost.Load() {
 			return errClosed("recv")
 		}
@@ -716,7 +711,7 @@ func (p *peer) idle() error {
 			}
 			return errGone
 		}
-		if p.pollers.Load() > 0 {
+		if p.pollers.Load() > 0 && !p.needed.Load() {
 			select {
 			case <-p.kick:
 			case <-p.t.stop:
@@ -725,6 +720,12 @@ func (p *peer) idle() error {
 			}
 			start, i = time.Now(), 0
 			continue
+		}
+		if p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize {
+			if i > 0 {
+				p.rspin.done(!parked)
+			}
+			return nil
 		}
 		p.pollOutbound()
 		if p.spinning(i, start) {
@@ -744,11 +745,17 @@ func (p *peer) idle() error {
 }
 
 // drain delivers every record whose header has arrived, waiting for the
-// rest of one that is still coming. It reports false if the link ended
-// (readEnded has run). Called with rmu held.
+// rest of one that is still coming; while receivers poll, only the one
+// they left to it. It reports false if the link ended (readEnded has run).
+// Called with rmu held.
 func (p *peer) drain() bool {
 	var hb [ring.HeaderSize]byte
-	for {
+	for k := 0; ; k++ {
+		if k == 0 {
+			p.needed.Store(false)
+		} else if p.pollers.Load() > 0 {
+			return true // the pollers take it from here
+		}
 		a, err := p.in.Avail()
 		if err != nil {
 			p.readEnded(err, nil, true)
@@ -769,12 +776,13 @@ func (p *peer) drain() bool {
 	}
 }
 
-// progress delivers, on the calling goroutine, the records that have
+// progress delivers, on the calling goroutine, the next record if it has
 // arrived whole (a waiting receiver's poll: no waiting, no goroutine
-// switch). A record it cannot take at once — still arriving, a remote
-// record, the ring's first large one, anything invalid — it leaves to the
-// reader goroutine, which it wakes. It reports whether it delivered
-// anything.
+// switch). One record at a time: the receiver may post the receive the
+// next one is for, which is then filled directly instead of queued. A
+// record it cannot take at once — still arriving, a remote record, the
+// ring's first large one, anything invalid — it leaves to the reader
+// goroutine, which it wakes. It reports whether it delivered one.
 func (p *peer) progress() bool {
 	if !p.rmu.TryLock() {
 		return false
@@ -788,27 +796,29 @@ func (p *peer) progress() bool {
 	}
 	p.pollOutbound()
 	var hb [ring.HeaderSize]byte
-	delivered := false
-	for {
-		a, err := p.in.Avail()
-		if err != nil || a < ring.HeaderSize {
-			if err != nil {
-				signal(p.kick)
-			}
-			return delivered
+	a, err := p.in.Avail()
+	if err != nil || a < ring.HeaderSize {
+		if err != nil {
+			p.needReader()
 		}
-		p.in.PeekInto(hb[:])
-		h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame))
-		if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) || a < ring.HeaderSize+h.Len+ring.Pad(h.Len) {
-			signal(p.kick)
-			return delivered
-		}
-		p.in.Skip(ring.HeaderSize)
-		if !p.deliver(h, true) {
-			return delivered
-		}
-		delivered = true
+		return false
 	}
+	p.in.PeekInto(hb[:])
+	h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame))
+	if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) || a < ring.HeaderSize+h.Len+ring.Pad(h.Len) {
+		p.needReader()
+		return false
+	}
+	p.in.Skip(ring.HeaderSize)
+	return p.deliver(h, true)
+}
+
+// needReader wakes the reader for a record the pollers leave to it.
+func (p *peer) needReader() {
+	if !p.needed.Load() {
+		p.needed.Store(true)
+	}
+	signal(p.kick)
 }
 
 // deliver hands the record h, whose header was just read, to its posted
