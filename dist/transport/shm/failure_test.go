@@ -354,8 +354,11 @@ func TestCorruptRing(t *testing.T) {
 			c.do(ts)
 			if c.send {
 				// The sender reads the peer's indices when those it saw
-				// last leave no room, and every recheckEvery sends.
+				// last leave no room, and every recheckEvery sends; the
+				// peer's own consumer may overwrite a scribbled index
+				// meanwhile, so the hostile peer keeps scribbling.
 				for range 2 * recheckEvery {
+					c.do(ts)
 					if err = ts[1].Send(ctx, 2, 1, transport.Header{}, make([]byte, 100)); err != nil {
 						break
 					}

@@ -671,9 +671,11 @@ func (p *peer) readLoop() {
 	t := p.t
 	defer t.wg.Done()
 	for {
-		if !p.remoteProbed && t.cfg.remoteMin > 0 && p.pid > 0 {
+		if t.cfg.remoteMin > 0 && p.pid > 0 {
 			p.rmu.Lock()
-			p.probeRemote()
+			if !p.remoteProbed {
+				p.probeRemote()
+			}
 			p.rmu.Unlock()
 		}
 		if err := p.idle(); err != nil {
