@@ -104,6 +104,7 @@ type peer struct {
 	rmu     sync.Mutex
 	rdead   bool          // the region is about to be unmapped (guarded by rmu)
 	pollers atomic.Int32  // application goroutines polling the ring
+	pspin   pollSpin      // how they spin
 	needed  atomic.Bool   // a poller met a record it leaves to the reader
 	kick    chan struct{} // capacity 1: wakes the reader when polling stops or a record needs it
 	tailPos atomic.Uint64 // in's read position, for the reader to wait without rmu
@@ -168,6 +169,7 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		rspin:      spinner{budget: maxPoll},
 		wspin:      spinner{budget: maxPoll},
 	}
+	p.pspin.init()
 	if t.cfg.remoteMin > 0 && p.pid > 0 {
 		p.outR.SetProbe(uint64(uintptr(unsafe.Pointer(t.probe))), *t.probe)
 	}
@@ -252,6 +254,60 @@ func (s *spinner) done(served bool) {
 		s.budget = min(2*s.budget+time.Microsecond, maxPoll)
 	}
 	s.yields = 0
+}
+
+// pollSpin is the spinner of the receivers that poll a peer's ring
+// (mailbox.Poller), shared by them and updated atomically: they poll for
+// the budget, then also yield the CPU to the kernel between polls, and the
+// budget adapts as spinner's does — halved when a record comes right after
+// the first yield (the peer needed this CPU, or was descheduled by other
+// load), doubled when one comes while polling (the peer runs on another
+// CPU, and yielding would only cost latency), and reset to the maximum
+// every probeEvery records.
+type pollSpin struct {
+	budget atomic.Int64 // nanoseconds
+	since  atomic.Int64 // when the current wait started, nanoseconds since epoch
+	yields atomic.Int32
+	waits  atomic.Uint32
+}
+
+// epoch is the origin of pollSpin's monotonic nanoseconds.
+var epoch = time.Now()
+
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+// init sets the budget to the maximum.
+func (s *pollSpin) init() { s.budget.Store(int64(maxPoll)) }
+
+// begin starts a wait.
+func (s *pollSpin) begin() {
+	s.since.Store(nanotime())
+	s.yields.Store(0)
+}
+
+// idle is a poll that found nothing: past the budget it yields the CPU.
+func (s *pollSpin) idle() {
+	if nanotime()-s.since.Load() >= s.budget.Load() {
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		s.yields.Add(1)
+	}
+}
+
+// served records a delivery and starts the next wait.
+func (s *pollSpin) served() {
+	b := s.budget.Load()
+	switch y := s.yields.Load(); {
+	case s.waits.Add(1)%probeEvery == 0:
+		b = int64(maxPoll)
+	case y == 1:
+		if b /= 2; b < int64(time.Microsecond) {
+			b = 0
+		}
+	case y == 0:
+		b = min(2*b+int64(time.Microsecond), int64(maxPoll))
+	}
+	s.budget.Store(b)
+	s.begin()
 }
 
 // ---- send side ----

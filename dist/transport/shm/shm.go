@@ -418,7 +418,9 @@ func (x poller) peer(src int) *peer {
 // Begin implements mailbox.Poller.
 func (x poller) Begin(src int) {
 	if p := x.peer(src); p != nil {
-		p.pollers.Add(1)
+		if p.pollers.Add(1) == 1 {
+			p.pspin.begin()
+		}
 	}
 }
 
@@ -429,10 +431,17 @@ func (x poller) End(src int) {
 	}
 }
 
-// Poll implements mailbox.Poller.
+// Poll implements mailbox.Poller: one poll of the ring, and past the spin
+// budget a yield of the CPU (pollSpin).
 func (x poller) Poll(src int) bool {
-	if p := x.peer(src); p != nil && !p.lost.Load() && !x.t.closing.Load() {
-		return p.progress()
+	p := x.peer(src)
+	if p == nil || p.lost.Load() || x.t.closing.Load() {
+		return false
 	}
+	if p.progress() {
+		p.pspin.served()
+		return true
+	}
+	p.pspin.idle()
 	return false
 }

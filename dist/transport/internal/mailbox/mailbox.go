@@ -157,15 +157,20 @@ func (m *Mailbox[M]) poll(ctx context.Context, src int, a, b <-chan struct{}) bo
 	defer m.poller.End(src)
 	last := time.Now()
 	for i := 1; ; i++ {
-		if m.poller.Poll(src) {
-			last = time.Time{} // delivered: the budget starts again
+		delivered := m.poller.Poll(src)
+		if delivered {
+			last = time.Time{} // the budget starts again
 		}
-		select {
-		case <-a:
-			return true
-		case <-b:
-			return true
-		default:
+		// Looking at the channels locks them: only after a delivery (most
+		// likely this receive's) and now and then (another goroutine's).
+		if delivered || i%pollCheck == 0 {
+			select {
+			case <-a:
+				return true
+			case <-b:
+				return true
+			default:
+			}
 		}
 		if i%pollCheck == 0 {
 			now := time.Now()
