@@ -382,9 +382,15 @@ func (g *ProcessGroup) stopLocked() {
 }
 
 func (g *ProcessGroup) isClosed() bool {
-	g.d.mu.Lock()
-	defer g.d.mu.Unlock()
-	return g.closed || g.d.closed
+	// done channels are closed when closed is set: no lock.
+	select {
+	case <-g.done:
+		return true
+	case <-g.d.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // opName names operation kind on g: the bare name on the job's group,
