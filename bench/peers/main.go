@@ -67,6 +67,7 @@ type options struct {
 	streamMiB   int
 	arIters     int
 	arWarmup    int
+	small       int
 }
 
 // figure is one measurement, as both peers print it after "RESULT ".
@@ -116,6 +117,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.IntVar(&o.streamMiB, "stream-mib", 256, "MiB per stream (at least 8 messages)")
 	fs.IntVar(&o.arIters, "ar-iters", 200, "timed all-reduces per size (scaled down above 1 MiB, at least 20)")
 	fs.IntVar(&o.arWarmup, "ar-warmup", 10, "untimed all-reduces per size")
+	fs.IntVar(&o.small, "small", -1, "gdist's all-reduce small-message threshold in bytes (dist.WithSmallThreshold; -1: the default)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return o, err
 	}
@@ -422,6 +424,7 @@ func workerFlags(o options) []string {
 		"-pp-sizes", join(o.ppSizes), "-stream-sizes", join(o.streamSizes), "-ar-sizes", join(o.arSizes),
 		"-pp-iters", strconv.Itoa(o.ppIters), "-pp-warmup", strconv.Itoa(o.ppWarmup),
 		"-stream-mib", strconv.Itoa(o.streamMiB), "-ar-iters", strconv.Itoa(o.arIters), "-ar-warmup", strconv.Itoa(o.arWarmup),
+		"-small", strconv.Itoa(o.small),
 	}
 }
 
@@ -435,7 +438,11 @@ const (
 )
 
 func worker(ctx context.Context, o options, stdout io.Writer) (err error) {
-	g, err := gdist.InitFromEnv(ctx)
+	var opts []gdist.Option
+	if o.small >= 0 {
+		opts = append(opts, gdist.WithGroupOptions(dist.WithSmallThreshold(o.small)))
+	}
+	g, err := gdist.InitFromEnv(ctx, opts...)
 	if err != nil {
 		return err
 	}
