@@ -1,8 +1,9 @@
 // Package pipeline is pipeline parallelism for Gorgonia models: a model's
-// layers are split into contiguous stages, one per rank; each rank builds
-// only its own stage's graphs and holds only its stage's weights, and hidden
-// states (and, when training, their gradients) move between neighbouring
-// stages as tagged point-to-point messages of a dist.ProcessGroup.
+// layers are split into contiguous stages, one per rank (or, with
+// NewInterleaved, into v chunks per rank); each rank builds only its own
+// stages' graphs and holds only their weights, and hidden states (and, when
+// training, their gradients) move between neighbouring stages as tagged
+// point-to-point messages of a dist.ProcessGroup.
 //
 // Experimental: the API may change.
 //
@@ -37,6 +38,15 @@
 //	}
 //	err = p.Infer(ctx, pipeline.Data{Input: ..., Output: ...})
 //
+// Another schedule: pipeline.WithSchedule(pipeline.ZeroBubble). Interleaved
+// 1F1B, with 2 chunks per rank, each built for its virtual stage vs (of
+// 2*p; rank r holds vs = r and r+p):
+//
+//	p, err := pipeline.NewInterleaved(ctx, pg, 2, func(g *gorgonia.ExprGraph, vs int) (pipeline.Stage, error) {
+//		from, to := vs*n/(2*pg.WorldSize()), (vs+1)*n/(2*pg.WorldSize())-1
+//		return transformer.NewStage(g, cfg, from, to, microBatch)
+//	}, pipeline.WithMicroBatches(8), pipeline.WithLoss(transformer.CrossEntropy))
+//
 // To start from saved weights, load only this stage's tensors
 // (transformer.LoadLayers(path, from, to)) and hand them to the stage:
 // p.Stage().(*transformer.Stage).SetWeights(ck.Tensors); every graph of the
@@ -60,26 +70,45 @@
 // micro-batch m while stage s+1 computes m-1 (outputs are sent from a
 // goroutine, so sending never delays the next computation).
 //
-// TrainStep runs GPipe (all forwards, then all backwards) or, with
-// WithSchedule(OneFOneB), 1F1B; the last stage runs each micro-batch's
-// forward, loss and backward back to back. The batch loss is the mean of
-// the micro-batch losses and the parameter gradients are accumulated in
-// micro-batch order into the learnables' dual values, so they equal, up to
-// rounding (1e-12 in float64 in the tests), what one process computes on the
-// whole batch, and a Gorgonia solver steps on them as usual. All schedules
-// give bitwise identical gradients.
+// TrainStep runs one of four schedules (WithSchedule; p stages, m
+// micro-batches, bubble = the fraction of a step a stage waits):
 //
-// A TapeMachine runs a whole graph, forward and backward, in one RunAll.
-// To stop between the two halves, a training graph ends its forward pass
-// with an exchange op: out -> exchange(out), and the backward pass is
-// gorgonia.Backpropagate with exchange(out) as the gradient of out. The
-// op's Do hands out to the scheduler and blocks until the gradient from the
-// next stage has arrived, so the tape of each micro-batch in flight is
-// paused there, on its own goroutine, keeping its activations. That costs
-// one graph per micro-batch in flight: m with GPipe, at most p-s with 1F1B.
-// WithRecompute instead keeps one graph and only each micro-batch's input:
-// the forward run is abandoned at the exchange op and repeated before the
-// backward (GPipe's re-materialisation), for about a third more compute.
+//	GPipe        all forwards, then all backwards           bubble (p-1)/(m+p-1), m graphs per stage
+//	OneFOneB     1F1B: warm-up, then one forward and one    (p-1)/(m+p-1), at most p-s graphs on stage s
+//	             backward in turn
+//	ZeroBubble   ZB-H1: backward split into an input-       (p-1)/(3m+p-1) when the three passes cost the
+//	             gradient and a weight-gradient pass, the   same, at most p graphs per stage
+//	             latter filling the stage's waits
+//	Interleaved  interleaved 1F1B over v chunks per rank    (p-1)/(vm+p-1), v times the messages
+//	             (NewInterleaved)
+//
+// The last stage runs each micro-batch's forward, loss and backward back to
+// back. The batch loss is the mean of the micro-batch losses and the
+// parameter gradients are added in micro-batch order into the learnables'
+// dual values, so they equal, up to rounding (1e-12 in float64 in the
+// tests), what one process computes on the whole batch, and a Gorgonia
+// solver steps on them as usual. Every schedule gives bitwise the same
+// gradients. Predict simulates a schedule with given pass times (Stats.Costs
+// measures them) and returns the step time and bubble it expects.
+//
+// # Executor
+//
+// The pipeline runs its graphs with an executor of its own rather than a
+// gorgonia.TapeMachine, whose RunAll locks its OS thread and starts a
+// goroutine per run and whose Reset drops every intermediate tensor. The
+// executor runs the ops in the order a TapeMachine does (bitwise the same
+// results), keeps each op's output from one run to the next and writes into
+// it where the op allows (gorgonia.UsePreallocDoer), and runs a training
+// graph in passes: the forward pass, then — once the next stage's gradient
+// of the output has arrived into an input node — the backward pass, or with
+// ZeroBubble the input-gradient pass and later the weight-gradient pass.
+// Only nodes that the stage's outputs depend on run (a gorgonia.Read node
+// the stage adds does not). A stage keeps one graph per micro-batch it
+// holds at once, each with its own values. WithRecompute instead keeps one
+// graph and only each micro-batch's input, and repeats the forward pass
+// before the backward (GPipe's re-materialisation), for about a third more
+// compute. Activations and gradients are sent from the graph's own tensors,
+// which the graph does not overwrite before the send is done.
 //
 // # Failure
 //
@@ -109,6 +138,6 @@
 //
 // A pipeline uses TagSpan point-to-point tags from its tag base
 // (WithTagBase): one for setup, one reserved, one for call headers, and
-// then one per call, micro-batch and direction, so messages can never be
-// confused.
+// then one per call, micro-batch, direction and boundary between virtual
+// stages, so messages can never be confused.
 package pipeline

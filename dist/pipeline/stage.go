@@ -105,8 +105,9 @@ var (
 
 // StageMismatchError reports that two neighbouring stages disagree about
 // the tensor between them: stage Stage (on rank Rank) produces Output but
-// stage Stage+1 (on rank NextRank) expects Input. Every stage of the
-// pipeline returns the same error from New.
+// stage Stage+1 (on rank NextRank) expects Input. With NewInterleaved the
+// stages are virtual stages. Every stage of the pipeline returns the same
+// error from New.
 type StageMismatchError struct {
 	Stage, Rank int
 	NextRank    int
