@@ -183,7 +183,16 @@ func (c *call) forwardBackward(ch *chunk, mb int) (float64, error) {
 	if err := c.d.Target(mb, s.targetVal); err != nil {
 		return 0, fmt.Errorf("pipeline: target of micro-batch %d: %w", mb, err)
 	}
-	if err := p.timed(ForwardBackward, ch, mb, s.start); err != nil {
+	err = p.timed(ForwardBackward, ch, mb, func() error {
+		if err := s.start(); err != nil {
+			return err
+		}
+		if s.wPass == progFB {
+			return p.accumulate(ch, s)
+		}
+		return nil
+	})
+	if err != nil {
 		return 0, err
 	}
 	loss, err := scalarOf(s.prog.value(s.loss))
@@ -199,9 +208,6 @@ func (c *call) forwardBackward(ch *chunk, mb int) (float64, error) {
 		return 0, err
 	}
 	if s.wPass == progFB {
-		if err := p.accumulate(ch, s); err != nil {
-			return 0, err
-		}
 		ch.release(s)
 	}
 	return loss, nil
@@ -263,7 +269,16 @@ func (c *call) backward(ch *chunk, mb int) error {
 	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb, ch.vs), s.gOutVal.Data()); err != nil {
 		return err
 	}
-	if err := p.timed(Backward, ch, mb, func() error { return s.prog.run(progB) }); err != nil {
+	err = p.timed(Backward, ch, mb, func() error {
+		if err := s.prog.run(progB); err != nil {
+			return err
+		}
+		if s.wPass == progB {
+			return p.accumulate(ch, s)
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	if !ch.first {
@@ -272,9 +287,6 @@ func (c *call) backward(ch *chunk, mb int) error {
 		}
 	}
 	if s.wPass == progB {
-		if err := p.accumulate(ch, s); err != nil {
-			return err
-		}
 		ch.release(s)
 	}
 	return nil
@@ -288,10 +300,13 @@ func (c *call) weights(ch *chunk, mb int) error {
 	if err != nil {
 		return err
 	}
-	if err := p.timed(WeightGrad, ch, mb, func() error { return s.prog.run(s.wPass) }); err != nil {
-		return err
-	}
-	if err := p.accumulate(ch, s); err != nil {
+	err = p.timed(WeightGrad, ch, mb, func() error {
+		if err := s.prog.run(s.wPass); err != nil {
+			return err
+		}
+		return p.accumulate(ch, s)
+	})
+	if err != nil {
 		return err
 	}
 	ch.release(s)
