@@ -35,10 +35,16 @@
 // message is a 32-byte record header (tag, the opaque transport.Header,
 // length) followed by its payload, streamed through the ring in chunks
 // while the receiver consumes them, so a message of any size passes a ring
-// of any size. The receiving rank has one reader goroutine per peer: when
-// a RecvInto is already waiting on the message's (source, tag) it copies
-// the payload from the ring straight into the caller's buffer; otherwise
-// into a pooled buffer queued for Recv. RecvReduce (transport.ReduceReceiver,
+// of any size. A receive that has to wait (Recv, RecvInto, RecvReduce)
+// first polls the ring itself: a record that has arrived whole is
+// delivered by the waiting goroutine — into its own buffer, or to another
+// receive or the queue — with no goroutine hand-off. Otherwise, and for
+// records that are still streaming in, the receiving rank's reader
+// goroutine for that peer delivers: when a RecvInto is already waiting on
+// the message's (source, tag) it copies the payload from the ring straight
+// into the caller's buffer; otherwise into a pooled buffer queued for Recv.
+// The two take turns under one lock, and the reader keeps out of the way
+// while receivers poll. RecvReduce (transport.ReduceReceiver,
 // which dist's reducing collectives use) goes further: the reader combines
 // the payload into the caller's buffer where it lies in the ring, a piece at
 // a time as it arrives, without copying it anywhere (records are padded to
@@ -70,10 +76,16 @@
 // it between processes of one user unless ptrace is restricted); otherwise
 // large messages stream through the ring.
 //
-// Waiting polls the ring briefly (WithSpin; the poll yields the CPU once
-// it stops paying, as when both ranks share a CPU: a reply found right after
-// a yield), then parks on a futex in the shared memory; the other side
-// makes the futex system call only when someone is parked. An idle rank
+// Waiting polls the ring briefly (WithSpin), first a receiver waiting for
+// a message, then the reader; each poll also yields the CPU once that
+// stops paying — when the reply comes right after a yield (both ranks
+// share a CPU, or the peer was descheduled by other load) the spin before
+// yielding halves, when it comes while polling (the peer runs on another
+// CPU) it doubles. Then the reader parks on a futex in the shared memory;
+// the other side makes the futex system call only when someone is parked.
+// A sender reads its peer's consumer position and returned credit only
+// when those it saw last leave too little room (and every 64 sends), so
+// the consumer's updates of them stay in its own cache. An idle rank
 // blocked in a receive uses almost no CPU (its heartbeat ticks).
 //
 // Flow control is credit based, as in package tcp: a sender never has more

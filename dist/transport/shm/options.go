@@ -180,8 +180,10 @@ func WithHandshakeTimeout(d time.Duration) Option {
 }
 
 // WithSpin sets how long a waiting reader or sender polls the shared
-// memory before it parks on the futex (default 50 µs). Longer spins lower
-// latency under bursts and cost CPU while idle; 0 parks at once.
+// memory before it parks on the futex, and how long a receive polls the
+// ring itself (since it last delivered something) before it waits for the
+// reader (default 50 µs). Longer spins lower latency under bursts and cost
+// CPU while idle; 0 parks at once.
 func WithSpin(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 || d > time.Second {
