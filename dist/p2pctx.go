@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"sync"
+	"sync/atomic"
 )
 
 // joinSlots is how many joined contexts a job keeps for reuse: enough for
@@ -18,30 +19,58 @@ const joinSlots = 8
 // context needs its slot and nobody uses it, and when the job closes.
 // Only pointer-typed contexts are kept (every cancellable context of
 // package context is one): comparing other dynamic types could panic.
+//
+// A call under a context that has a join takes it without a lock (an
+// atomic count of its users); making, reusing and undoing joins happens
+// under mu.
 type p2pJoins struct {
 	mu     sync.Mutex
-	tick   uint64
-	slots  [joinSlots]p2pJoin
-	closed bool
+	slots  [joinSlots]atomic.Pointer[p2pJoin]
+	tick   atomic.Uint64
+	closed bool // guarded by mu
 }
 
 // p2pJoin is one joined context: ctx ends with parent or with the job's
-// failure.
+// failure. Its fields are set before it is published in a slot and never
+// change, but users and used.
 type p2pJoin struct {
-	parent  context.Context // nil: the slot is free
+	parent  context.Context
 	ctx     context.Context
 	cancel  context.CancelFunc
 	stop    func() bool // unregisters cancel from the failure context
-	unwatch func() bool // unregisters ended from ctx
-	users   int
-	used    uint64 // tick of the last hold, for choosing a slot to reuse
+	unwatch func() bool // unregisters the slot's release from ctx
+	users   atomic.Int64
+	used    atomic.Uint64 // tick of the last hold, for choosing a slot to reuse
+}
+
+// joinDead marks a join's users count once it is undone: no hold takes it.
+const joinDead = 1 << 62
+
+// take counts one more user, unless the join is undone.
+func (e *p2pJoin) take() bool {
+	for {
+		u := e.users.Load()
+		if u&joinDead != 0 {
+			return false
+		}
+		if e.users.CompareAndSwap(u, u+1) {
+			return true
+		}
+	}
+}
+
+// undo releases the join's registrations; its users count is marked dead.
+func (e *p2pJoin) undo() {
+	e.unwatch()
+	e.stop()
+	e.cancel()
 }
 
 // p2pHold is one point-to-point call's use of a joined context; release
 // ends it. The zero value holds nothing.
 type p2pHold struct {
-	j    *p2pJoins
-	slot int // index in j.slots plus one; 0: not a kept join
+	j *p2pJoins
+	e *p2pJoin // a kept join; nil: none
 	// A join made for this call alone, when every slot is busy or the
 	// caller's context cannot be compared: release undoes it.
 	cancel context.CancelFunc
@@ -52,67 +81,96 @@ type p2pHold struct {
 // failure context), reusing a kept join of parent if there is one.
 func (j *p2pJoins) hold(parent, fail context.Context) (context.Context, p2pHold) {
 	if reflect.TypeOf(parent).Kind() == reflect.Pointer {
-		j.mu.Lock()
-		if !j.closed {
-			j.tick++
-			pick := -1
-			for i := range j.slots {
-				s := &j.slots[i]
-				if s.parent == parent {
-					s.users++
-					s.used = j.tick
-					c := s.ctx
-					j.mu.Unlock()
-					return c, p2pHold{j: j, slot: i + 1}
-				}
-				if s.users == 0 && (pick < 0 || s.parent == nil || (j.slots[pick].parent != nil && s.used < j.slots[pick].used)) {
-					pick = i
-				}
-			}
-			if pick >= 0 {
-				s := &j.slots[pick]
-				s.free()
-				c, cancel := context.WithCancel(parent)
-				*s = p2pJoin{parent: parent, ctx: c, cancel: cancel, stop: context.AfterFunc(fail, cancel), users: 1, used: j.tick}
-				i := pick
-				s.unwatch = context.AfterFunc(c, func() { j.ended(i, c) })
-				j.mu.Unlock()
-				return c, p2pHold{j: j, slot: i + 1}
-			}
+		if e := j.find(parent); e != nil {
+			return e.ctx, p2pHold{j: j, e: e}
 		}
-		j.mu.Unlock()
+		if e := j.add(parent, fail); e != nil {
+			return e.ctx, p2pHold{j: j, e: e}
+		}
 	}
 	c, cancel := context.WithCancel(parent)
 	return c, p2pHold{cancel: cancel, stop: context.AfterFunc(fail, cancel)}
 }
 
-// release ends the call's use of its context.
-func (h p2pHold) release() {
-	switch {
-	case h.slot > 0:
-		j := h.j
-		j.mu.Lock()
-		if !j.closed {
-			s := &j.slots[h.slot-1]
-			s.users--
-			if s.users == 0 && s.ctx.Err() != nil {
-				s.free()
-			}
+// find takes the kept join of parent, if there is one.
+func (j *p2pJoins) find(parent context.Context) *p2pJoin {
+	for i := range j.slots {
+		if e := j.slots[i].Load(); e != nil && e.parent == parent && e.take() {
+			e.used.Store(j.tick.Add(1))
+			return e
 		}
-		j.mu.Unlock()
-	case h.cancel != nil:
-		h.stop()
-		h.cancel()
+	}
+	return nil
+}
+
+// add makes a join of parent and keeps it, in a free slot or in place of
+// the least recently used join nobody uses; it returns nil if every slot is
+// in use or the job closed.
+func (j *p2pJoins) add(parent, fail context.Context) *p2pJoin {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return nil
+	}
+	if e := j.find(parent); e != nil { // made meanwhile
+		return e
+	}
+	pick := -1
+	var oldest uint64
+	for i := range j.slots {
+		e := j.slots[i].Load()
+		if e == nil {
+			pick = i
+			break
+		}
+		if e.users.Load() == 0 && (pick < 0 || e.used.Load() < oldest) {
+			pick, oldest = i, e.used.Load()
+		}
+	}
+	if pick < 0 {
+		return nil
+	}
+	if old := j.slots[pick].Load(); old != nil {
+		if !old.users.CompareAndSwap(0, joinDead) {
+			return nil // taken meanwhile: this call joins for itself
+		}
+		old.undo()
+	}
+	c, cancel := context.WithCancel(parent)
+	e := &p2pJoin{parent: parent, ctx: c, cancel: cancel, stop: context.AfterFunc(fail, cancel)}
+	e.users.Store(1)
+	e.used.Store(j.tick.Add(1))
+	e.unwatch = context.AfterFunc(c, func() { j.retire(e) })
+	j.slots[pick].Store(e)
+	return e
+}
+
+// retire undoes e if its context has ended and nobody uses it (the last
+// user's release retires it otherwise).
+func (j *p2pJoins) retire(e *p2pJoin) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if e.ctx.Err() == nil || !e.users.CompareAndSwap(0, joinDead) {
+		return
+	}
+	e.undo()
+	for i := range j.slots {
+		if j.slots[i].Load() == e {
+			j.slots[i].Store(nil)
+		}
 	}
 }
 
-// ended runs when slot i's context c has ended: the slot is freed unless a
-// call still uses it (its release frees it then) or it was reused already.
-func (j *p2pJoins) ended(i int, c context.Context) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if s := &j.slots[i]; !j.closed && s.ctx == c && s.users == 0 {
-		s.free()
+// release ends the call's use of its context.
+func (h p2pHold) release() {
+	switch {
+	case h.e != nil:
+		if h.e.users.Add(-1) == 0 && h.e.ctx.Err() != nil {
+			h.j.retire(h.e)
+		}
+	case h.cancel != nil:
+		h.stop()
+		h.cancel()
 	}
 }
 
@@ -122,17 +180,10 @@ func (j *p2pJoins) close() {
 	defer j.mu.Unlock()
 	j.closed = true
 	for i := range j.slots {
-		j.slots[i].free()
+		if e := j.slots[i].Load(); e != nil {
+			e.users.Or(joinDead)
+			e.undo()
+			j.slots[i].Store(nil)
+		}
 	}
-}
-
-// free undoes the join in s, if any, and empties the slot. j.mu is held.
-func (s *p2pJoin) free() {
-	if s.parent == nil {
-		return
-	}
-	s.unwatch()
-	s.stop()
-	s.cancel()
-	*s = p2pJoin{}
 }
