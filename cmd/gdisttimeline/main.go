@@ -191,6 +191,9 @@ func plotCmd(args []string, stdout io.Writer) error {
 			present[row{pid: e.Pid, tid: e.Tid}] = true
 		}
 	}
+	if len(present) == 0 {
+		return fmt.Errorf("%w: no event in the window %s", errUsage, desc)
+	}
 	var rows []row
 	for r := range present {
 		r.name = fmt.Sprintf("rank %d  %s", r.pid, lanes[r])

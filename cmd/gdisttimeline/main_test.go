@@ -55,6 +55,10 @@ func TestPlot(t *testing.T) {
 	require.Equal(t, 0, code, stderr.String())
 	code = run(append([]string{"plot", "-o", out, "-step", "9"}, paths...), &stdout, &stderr)
 	assert.Equal(t, 2, code, "a step past the end is a usage error")
+	stderr.Reset()
+	code = run(append([]string{"plot", "-o", out, "-from", "1e6", "-to", "2e6"}, paths...), &stdout, &stderr)
+	assert.Equal(t, 2, code, "a window without events is a usage error")
+	assert.Contains(t, stderr.String(), "no event in the window")
 }
 
 func TestMerge(t *testing.T) {
