@@ -34,6 +34,10 @@ const (
 	// warmMin: the first record this large through a ring makes each side
 	// map the ring's pages in one go (see warm).
 	warmMin = 16 << 10
+	// firstPiece: a sender publishes the first firstPieces bytes of a
+	// record every firstPiece bytes (then every chunk).
+	firstPiece  = 32 << 10
+	firstPieces = 256 << 10
 	// recheckEvery: a sender reads the peer's tail and credit when the
 	// values it last saw leave too little room, and at least every
 	// recheckEvery sends (so that a peer scribbling on them is caught).
@@ -351,11 +355,20 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	}
 	p.out.Write(p.hdr[:])
 	space -= ring.HeaderSize
+	written := uint64(0)
 	for {
-		k := min(space, uint64(len(b)), p.chunk)
+		// The first pieces of a record are published small, so that the
+		// receiver copies while the rest is written (a mid-size message
+		// costs about one copy's time, not two); then a chunk at a time.
+		piece := p.chunk
+		if written < firstPieces {
+			piece = min(piece, firstPiece)
+		}
+		k := min(space, uint64(len(b)), piece)
 		p.out.Write(b[:k])
 		b = b[k:]
 		space -= k
+		written += k
 		if len(b) == 0 {
 			if space < pad {
 				p.out.Publish()
@@ -369,7 +382,7 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 			p.peerBell.Ring()
 			return nil
 		}
-		if space == 0 || k == p.chunk {
+		if space == 0 || k == piece {
 			p.out.Publish()
 			p.peerBell.Ring()
 		}
@@ -834,12 +847,13 @@ func (p *peer) drain() bool {
 	}
 }
 
-// progress delivers, on the calling goroutine, the next record if it has
-// arrived whole (a waiting receiver's poll: no waiting, no goroutine
-// switch). One record at a time: the receiver may post the receive the
-// next one is for, which is then filled directly instead of queued. A
-// record it cannot take at once — still arriving, a remote record, the
-// ring's first large one, anything invalid — it leaves to the reader
+// progress delivers, on the calling goroutine, the next record whose
+// header has arrived (a waiting receiver's poll: no goroutine switch),
+// waiting for the rest of it as the reader would: the receiver has
+// nothing else to do, and a message that streams in is copied as it comes.
+// One record at a time: the receiver may post the receive the next one is
+// for, which is then filled directly instead of queued. A remote record,
+// the ring's first large one or anything invalid it leaves to the reader
 // goroutine, which it wakes. It reports whether it delivered one.
 func (p *peer) progress() bool {
 	if !p.rmu.TryLock() {
@@ -863,7 +877,7 @@ func (p *peer) progress() bool {
 	}
 	p.in.PeekInto(hb[:])
 	h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame))
-	if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) || a < ring.HeaderSize+h.Len+ring.Pad(h.Len) {
+	if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) {
 		p.needReader()
 		return false
 	}
@@ -880,8 +894,7 @@ func (p *peer) needReader() {
 }
 
 // deliver hands the record h, whose header was just read, to its posted
-// receive or queues it. inline says the caller is a polling receiver (the
-// whole record has arrived). It reports false if the link ended (readEnded
+// receive or queues it. inline says the caller is a polling receiver. It reports false if the link ended (readEnded
 // has run). Called with rmu held.
 func (p *peer) deliver(h ring.Header, inline bool) bool {
 	t := p.t
