@@ -311,7 +311,7 @@ func TestCorruptRing(t *testing.T) {
 	type corruption struct {
 		name string
 		do   func(ts []*Transport) // corrupts what rank 1 sees from rank 2, or rank 2's view of rank 1
-		send bool                  // rank 1 detects it when sending to rank 2, within recheckEvery sends (else when receiving)
+		send bool                  // rank 1 detects it when sending to rank 2 (else when receiving)
 	}
 	cases := []corruption{
 		{"head beyond the ring", func(ts []*Transport) { scribble(ts, 2, 1, 0, u64(1<<40)) }, false},
@@ -354,15 +354,17 @@ func TestCorruptRing(t *testing.T) {
 			c.do(ts)
 			if c.send {
 				// The sender reads the peer's indices when those it saw
-				// last leave no room, and every recheckEvery sends; the
-				// peer's own consumer may overwrite a scribbled index
-				// meanwhile, so the hostile peer keeps scribbling.
-				for range 2 * recheckEvery {
-					c.do(ts)
-					if err = ts[1].Send(ctx, 2, 1, transport.Header{}, make([]byte, 100)); err != nil {
-						break
-					}
-				}
+				// last leave no room, and every recheckEvery sends: make
+				// the next send one of those (rank 2 has consumed
+				// everything, so nothing overwrites the scribbles).
+				p := ts[1].peers[2].Load()
+				p.wmu.Lock()
+				p.writes = recheckEvery - 1
+				p.wmu.Unlock()
+				p.cmu.Lock()
+				p.sends = recheckEvery - 1
+				p.cmu.Unlock()
+				err = ts[1].Send(ctx, 2, 1, transport.Header{}, make([]byte, 100))
 			} else {
 				_, err = ts[1].Recv(ctx, 2, 1)
 			}

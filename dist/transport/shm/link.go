@@ -116,7 +116,8 @@ type peer struct {
 	// what the outbound ring looked like at the last poll (guarded by omu)
 	omu                 sync.Mutex
 	lastTail, lastFreed uint64
-	rspin               spinner // the reader goroutine's
+	rspin               spinner // the reader goroutine's, while idle
+	sspin               spinner // of whoever waits for the rest of a record (guarded by rmu)
 	wspin               spinner // guarded by wmu
 	writes              uint64  // waitSpace calls (guarded by wmu)
 
@@ -171,6 +172,7 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		lostCh:     make(chan struct{}),
 		lastBeatAt: time.Now(),
 		rspin:      spinner{budget: maxPoll},
+		sspin:      spinner{budget: maxPoll},
 		wspin:      spinner{budget: maxPoll},
 	}
 	p.pspin.init()
@@ -661,7 +663,7 @@ func (p *peer) wait(need uint64) (uint64, error) {
 		}
 		if a >= need {
 			if i > 0 {
-				p.rspin.done(!parked)
+				p.sspin.done(!parked)
 			}
 			return a, nil
 		}
@@ -677,7 +679,7 @@ func (p *peer) wait(need uint64) (uint64, error) {
 			return a, errGone
 		}
 		if p.spinning(i, start) {
-			p.rspin.pause(start)
+			p.sspin.pause(start)
 			continue
 		}
 		parked = true
