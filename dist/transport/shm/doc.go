@@ -35,17 +35,18 @@
 // message is a 32-byte record header (tag, the opaque transport.Header,
 // length) followed by its payload, streamed through the ring in chunks
 // while the receiver consumes them, so a message of any size passes a ring
-// of any size. A receive that has to wait (Recv, RecvInto, RecvReduce)
-// first polls the ring itself: a record that has arrived whole is
-// delivered by the waiting goroutine — into its own buffer, or to another
-// receive or the queue — with no goroutine hand-off. Otherwise, and for
-// records that are still streaming in, the receiving rank's reader
-// goroutine for that peer delivers: when a RecvInto is already waiting on
-// the message's (source, tag) it copies the payload from the ring straight
-// into the caller's buffer; otherwise into a pooled buffer queued for Recv.
-// The two take turns under one lock, and the reader keeps out of the way
-// while receivers poll. RecvReduce (transport.ReduceReceiver,
-// which dist's reducing collectives use) goes further: the reader combines
+// of any size; the first 256 KiB of a record are published every 32 KiB,
+// so that the receiver copies while the sender writes. A receive that has
+// to wait (Recv, RecvInto, RecvReduce) first polls the ring itself and
+// delivers what arrives — into its own buffer, or to another receive or
+// the queue — on its own goroutine, with no hand-off. When no receive
+// polls, the receiving rank's reader goroutine for that peer delivers:
+// when a RecvInto is already waiting on the message's (source, tag) it
+// copies the payload from the ring straight into the caller's buffer;
+// otherwise into a pooled buffer queued for Recv. The two take turns under
+// one lock, and the reader keeps out of the way while receivers poll.
+// RecvReduce (transport.ReduceReceiver, which dist's reducing collectives
+// use) goes further: the receiver combines
 // the payload into the caller's buffer where it lies in the ring, a piece at
 // a time as it arrives, without copying it anywhere (records are padded to
 // 8 bytes so that payloads are aligned for the typed kernels). With 8 MiB
