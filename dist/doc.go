@@ -114,8 +114,9 @@
 //
 // # Design
 //
-// All-reduce uses recursive doubling below DefaultSmallThreshold and a ring
-// (reduce-scatter, then all-gather) above it; broadcast and reduce a
+// All-reduce uses recursive doubling below DefaultSmallThreshold
+// (DefaultPairThreshold between 2 members) and a ring (reduce-scatter,
+// then all-gather) above it; broadcast and reduce a
 // binomial tree or a pipelined chain; large messages travel in segments of
 // at most 4 MiB. When the transport reports which ranks share a host
 // (transport.Topology) and the job spans hosts, AllReduce and Broadcast go

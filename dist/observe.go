@@ -161,7 +161,7 @@ func (g *ProcessGroup) algorithm(c *call) string {
 	}
 	switch c.kind {
 	case kAllReduce:
-		if small {
+		if small || (g.size == 2 && len(c.data) < g.net.SmallPair) {
 			return "recursive_doubling"
 		}
 		return "ring"

@@ -45,6 +45,26 @@ const DefaultTimeout = 30 * time.Minute
 // tune it for another network.
 const DefaultSmallThreshold = 128 << 10
 
+// DefaultPairThreshold is DefaultSmallThreshold for an all-reduce between
+// 2 ranks. There both algorithms move the same bytes, and recursive
+// doubling in one exchange, against the ring's reduce-scatter and
+// all-gather, was as fast or faster up to 8 MiB with 2 OS-process ranks
+// (GOMAXPROCS=1) on the development machine, medians of paired runs at a
+// load of 9-11 (2026-12-01). Busbw recursive doubling / ring, over shared
+// memory (bench/peers -small, 6-8 pairs) and over TCP (bench/collectives
+// -small, 4 pairs):
+//
+//	size     shm     tcp
+//	256 KiB  0.97x   0.94x
+//	1 MiB    1.07x   1.37x
+//	2 MiB    1.12x
+//	4 MiB    1.39x   1.69x
+//	8 MiB    1.07x
+//	16 MiB   1.10x   0.92x
+//
+// WithSmallThreshold sets both.
+const DefaultPairThreshold = 8 << 20
+
 // defaultSegment is the largest message the pipelined algorithms (ring,
 // chain) send: big chunks are cut into segments so that reduction overlaps
 // with transfer and no message approaches a transport's frame limit. Every
@@ -67,6 +87,7 @@ type Option func(*config) error
 type config struct {
 	timeout   time.Duration
 	small     int
+	smallPair int
 	segment   int
 	logger    *slog.Logger
 	loggerSet bool
@@ -87,10 +108,11 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		timeout: DefaultTimeout,
-		small:   DefaultSmallThreshold,
-		segment: defaultSegment,
-		logger:  slog.New(slog.DiscardHandler),
+		timeout:   DefaultTimeout,
+		small:     DefaultSmallThreshold,
+		smallPair: DefaultPairThreshold,
+		segment:   defaultSegment,
+		logger:    slog.New(slog.DiscardHandler),
 
 		localRank: -1,
 
@@ -145,14 +167,15 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithSmallThreshold sets the message size in bytes below which the
-// latency-optimal algorithms are used (see DefaultSmallThreshold). 0 makes
-// every message use the bandwidth-optimal ones. bytes must not be negative.
+// latency-optimal algorithms are used (see DefaultSmallThreshold and
+// DefaultPairThreshold; it sets both). 0 makes every message use the
+// bandwidth-optimal ones. bytes must not be negative.
 func WithSmallThreshold(bytes int) Option {
 	return func(c *config) error {
 		if bytes < 0 {
 			return invalidOption("WithSmallThreshold(%d): must not be negative", bytes)
 		}
-		c.small = bytes
+		c.small, c.smallPair = bytes, bytes
 		return nil
 	}
 }

@@ -120,6 +120,10 @@ type Net struct {
 	// Small is the buffer size, in bytes, below which the latency-optimal
 	// algorithms (recursive doubling, binomial trees) are used.
 	Small int
+	// SmallPair is Small for all-reduce between 2 members, where recursive
+	// doubling and the ring move the same bytes and recursive doubling
+	// needs one exchange instead of two.
+	SmallPair int
 	// Hier is the plan of the hierarchical all-reduce and broadcast, nil
 	// when they run flat (see NewPlan).
 	Hier *Plan

@@ -4,7 +4,8 @@ import "context"
 
 // AllReduce combines data element by element across c's members and leaves
 // the result in data on each of them: hierarchically when the Net has a
-// plan, else by recursive doubling below Small bytes and by the ring above.
+// plan, else by recursive doubling below Small bytes (SmallPair for 2
+// members) and by the ring above.
 func (nt *Net) AllReduce(ctx context.Context, c Comm, data []byte, red Reducer) error {
 	if c.N == 1 {
 		red.finish(data, 1)
@@ -13,7 +14,7 @@ func (nt *Net) AllReduce(ctx context.Context, c Comm, data []byte, red Reducer) 
 	if nt.Hier != nil {
 		return nt.allReduceHier(ctx, c, data, red)
 	}
-	if len(data) < nt.Small {
+	if len(data) < nt.Small || (c.N == 2 && len(data) < nt.SmallPair) {
 		return nt.allReduceRD(ctx, c, data, red)
 	}
 	return nt.allReduceRing(ctx, c, data, red)
