@@ -887,12 +887,14 @@ func (p *peer) progress() bool {
 	return p.deliver(h, true)
 }
 
-// needReader wakes the reader for a record the pollers leave to it.
+// needReader wakes the reader for a record the pollers leave to it,
+// whether it waits for the pollers (kick) or is parked on its doorbell.
 func (p *peer) needReader() {
 	if !p.needed.Load() {
 		p.needed.Store(true)
 	}
 	signal(p.kick)
+	p.myBell.Ring()
 }
 
 // deliver hands the record h, whose header was just read, to its posted
