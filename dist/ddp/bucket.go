@@ -6,12 +6,12 @@ package ddp
 import (
 	"fmt"
 	"time"
-	"unsafe"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 	"github.com/gdist/gdist/internal/vec"
 )
 
@@ -69,14 +69,6 @@ func (b *bucket) release() {
 	b.f32, b.f64, b.scratch, b.wire = nil, nil, nil, nil
 }
 
-// numel is the number of elements of p.
-func numel(p *gorgonia.Node) int {
-	if p.IsScalar() {
-		return 1
-	}
-	return p.Shape().TotalSize()
-}
-
 // buildBuckets assigns parameters, in reverse order, to buckets of at most
 // firstBucketCap (the first) or bucketCap bytes and of one dtype.
 func (d *DDP) buildBuckets() {
@@ -103,7 +95,7 @@ func (d *DDP) buildBuckets() {
 	}
 	for i := len(d.params) - 1; i >= 0; i-- {
 		p := d.params[i]
-		n := numel(p)
+		n := shard.Numel(p)
 		size := n * int(p.Dtype().Size())
 		limit := d.cfg.bucketCap
 		if len(d.bkts) == 0 {
@@ -128,7 +120,7 @@ func (d *DDP) buildBuckets() {
 // back.
 func (d *DDP) copyParam(i int, b *bucket, toBucket bool) error {
 	s := d.slots[i]
-	f32, f64, err := floatsOf(d.params[i].Value())
+	f32, f64, err := shard.Floats(d.params[i].Value())
 	if err != nil {
 		return fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), err)
 	}
@@ -148,7 +140,7 @@ func (d *DDP) copyParam(i int, b *bucket, toBucket bool) error {
 // addInto adds gradient g into slot s of bucket b, or copies it there if
 // overwrite is set.
 func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
-	f32, f64, err := floatsOf(g)
+	f32, f64, err := shard.Floats(g)
 	if err != nil {
 		return err
 	}
@@ -168,29 +160,4 @@ func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
 		return fmt.Errorf("gradient dtype %v differs from the parameter's: %w", g.Dtype(), dist.ErrUnsupportedDType)
 	}
 	return nil
-}
-
-// floatsOf returns the backing slice of a Float32 or Float64 tensor or scalar
-// value (exactly one of f32, f64 is non-nil).
-func floatsOf(v gorgonia.Value) (f32 []float32, f64 []float64, err error) {
-	switch x := v.(type) {
-	case *gorgonia.F32:
-		return unsafe.Slice((*float32)(x), 1), nil, nil
-	case *gorgonia.F64:
-		return nil, unsafe.Slice((*float64)(x), 1), nil
-	case tensor.Tensor:
-		if x.RequiresIterator() {
-			return nil, nil, fmt.Errorf("value is a non-contiguous view: %w", dist.ErrInvalidArgument)
-		}
-		switch data := x.Data().(type) {
-		case []float32:
-			return data[:x.Size()], nil, nil
-		case []float64:
-			return nil, data[:x.Size()], nil
-		}
-	}
-	if v == nil {
-		return nil, nil, fmt.Errorf("no value: %w", dist.ErrInvalidArgument)
-	}
-	return nil, nil, fmt.Errorf("value of type %T (%v): %w", v, v.Dtype(), dist.ErrUnsupportedDType)
 }

@@ -12,6 +12,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 )
 
 // This file holds the DDP's lifetime: Wrap, the initial broadcast, the
@@ -165,7 +166,7 @@ func checkParam(p, first *gorgonia.Node) error {
 	case p.Value() == nil:
 		return fmt.Errorf("%s has no value (create it with gorgonia.WithValue or WithInit): %w", p.Name(), dist.ErrInvalidArgument)
 	}
-	f32, f64, err := floatsOf(p.Value())
+	f32, f64, err := shard.Floats(p.Value())
 	if err != nil {
 		return fmt.Errorf("%s: %w", p.Name(), err)
 	}

@@ -11,6 +11,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 )
 
 // Hook returns hook(p), the node to use in the forward pass in place of the
@@ -276,8 +277,8 @@ func reuseCopy(buf *gorgonia.Value, v gorgonia.Value) (gorgonia.Value, error) {
 		}
 	case tensor.Tensor:
 		if b, ok := (*buf).(tensor.Tensor); ok && b.Dtype() == x.Dtype() && b.Shape().Eq(x.Shape()) {
-			s32, s64, err1 := floatsOf(x)
-			d32, d64, err2 := floatsOf(b)
+			s32, s64, err1 := shard.Floats(x)
+			d32, d64, err2 := shard.Floats(b)
 			if err1 == nil && err2 == nil && len(s32) == len(d32) && len(s64) == len(d64) {
 				copy(d32, s32)
 				copy(d64, s64)
