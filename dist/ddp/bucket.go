@@ -24,6 +24,8 @@ type slot struct {
 // gradients are all-reduced together.
 type bucket struct {
 	params  []int // parameter indices
+	dt      tensor.Dtype
+	n       int // elements of its parameters
 	f32     []float32
 	f64     []float64
 	scratch []float32 // F64 parameters with compression: float32 staging
@@ -36,6 +38,15 @@ type bucket struct {
 	launchAt time.Time
 	firstAt  time.Time // this pass's first gradient of the bucket (timeline)
 	readyAt  time.Time // its last one
+
+	// ZeRO (see zero.go).
+	padded int       // n rounded up to a multiple of the world size
+	piece  int       // padded / world size: this rank's piece
+	g32    []float32 // this rank's piece of the summed, then averaged, gradient
+	g64    []float64
+	stage  *staging   // ZeRO-2: the staging buffer the bucket uses; nil if it has its own
+	filled bool       // ZeRO-2: its buffer holds this pass's gradients
+	gather *dist.Work // the parameter all-gather after a step
 }
 
 // closedChan is the done channel of a bucket with nothing to wait for.
@@ -67,6 +78,7 @@ func (b *bucket) doneAt() time.Time {
 // waiting when Close began reads it without the lock.
 func (b *bucket) release() {
 	b.f32, b.f64, b.scratch, b.wire = nil, nil, nil, nil
+	b.g32, b.g64 = nil, nil
 }
 
 // buildBuckets assigns parameters, in reverse order, to buckets of at most
@@ -79,7 +91,10 @@ func (d *DDP) buildBuckets() {
 		if cur == nil {
 			return
 		}
-		if curDT == tensor.Float32 {
+		cur.dt, cur.n = curDT, curN
+		if d.cfg.zero > 0 {
+			d.shardBucket(cur, len(d.bkts))
+		} else if curDT == tensor.Float32 {
 			cur.f32 = make([]float32, curN)
 		} else {
 			cur.f64 = make([]float64, curN)
@@ -125,9 +140,9 @@ func (d *DDP) copyParam(i int, b *bucket, toBucket bool) error {
 		return fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), err)
 	}
 	switch {
-	case b.f32 != nil && toBucket:
+	case b.dt == tensor.Float32 && toBucket:
 		copy(b.f32[s.off:s.off+s.n], f32)
-	case b.f32 != nil:
+	case b.dt == tensor.Float32:
 		copy(f32, b.f32[s.off:s.off+s.n])
 	case toBucket:
 		copy(b.f64[s.off:s.off+s.n], f64)

@@ -33,6 +33,9 @@ type Stats struct {
 	// Exposed is the time Sync spent waiting for all-reduces: communication
 	// not hidden behind the backward pass. Comm - Exposed was overlapped.
 	Exposed time.Duration
+	// Gather is, under ZeRO, the time the Solver's step spent all-gathering
+	// the updated parameters (none of it overlaps computation).
+	Gather time.Duration
 }
 
 // Stats returns the statistics of the last successful Sync (zero before the
@@ -104,11 +107,18 @@ func (d *DDP) Sync(ctx context.Context) error {
 			continue
 		}
 		if err := b.work.Err(); err != nil {
-			return d.failLocked(fmt.Errorf("ddp: all-reduce of bucket %d: %w", bi, err))
+			return d.failLocked(fmt.Errorf("ddp: %s of bucket %d: %w", d.collName(), bi, err))
 		}
 	}
-	if err := d.writeGradsLocked(); err != nil {
+	if d.cfg.zero > 0 {
+		d.averageShardsLocked()
+	} else if err := d.writeGradsLocked(); err != nil {
 		return d.failLocked(err)
+	}
+	if d.cfg.maxGradNorm > 0 {
+		if err := d.clipLocked(ctx); err != nil {
+			return d.failLocked(err)
+		}
 	}
 	// Comm: the all-reduces ran one after another in launch (= bucket) order.
 	var comm time.Duration
@@ -136,7 +146,10 @@ func (d *DDP) Sync(ctx context.Context) error {
 	// The buckets keep the averages: the next pass overwrites them (see
 	// gradReady), which saves clearing them here.
 	for _, b := range d.bkts {
-		b.work, b.launched = nil, false
+		b.work, b.launched, b.filled = nil, false, false
+	}
+	for k := range d.stages { // every reduce-scatter has finished
+		d.stages[k].user, d.stages[k].work = nil, nil
 	}
 	return nil
 }
@@ -245,10 +258,23 @@ func (s *Solver) Step(model []gorgonia.ValueGrad) error {
 	}
 	// No context of its own: the group's default timeout bounds the
 	// all-reduces and so this wait.
-	if err := d.Sync(context.Background()); err != nil {
+	ctx := context.Background()
+	if err := d.Sync(ctx); err != nil {
 		return err
 	}
-	return s.inner.Step(model)
+	if d.cfg.zero == 0 {
+		return s.inner.Step(model)
+	}
+	d.mu.Lock()
+	views, err := d.viewsLocked()
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := s.inner.Step(views); err != nil {
+		return fmt.Errorf("ddp: step of this rank's shard: %w", err)
+	}
+	return d.gatherParams(ctx)
 }
 
 // timelineLocked puts this step's buckets on the group's timeline: when each
