@@ -286,7 +286,7 @@ func reuseCopy(buf *gorgonia.Value, v gorgonia.Value) (gorgonia.Value, error) {
 			}
 		}
 	}
-	c, err := cloneValue(v)
+	c, err := shard.Clone(v)
 	if err != nil {
 		return nil, err
 	}
@@ -295,21 +295,4 @@ func reuseCopy(buf *gorgonia.Value, v gorgonia.Value) (gorgonia.Value, error) {
 	}
 	*buf = c
 	return c, nil
-}
-
-// cloneValue returns a copy of a Float32/Float64 tensor or scalar.
-func cloneValue(v gorgonia.Value) (gorgonia.Value, error) {
-	switch x := v.(type) {
-	case *gorgonia.F32:
-		return gorgonia.NewF32(float32(*x)), nil
-	case *gorgonia.F64:
-		return gorgonia.NewF64(float64(*x)), nil
-	case tensor.Tensor:
-		c, ok := x.Clone().(tensor.Tensor)
-		if !ok {
-			return nil, fmt.Errorf("ddp: cannot copy a %T: %w", v, dist.ErrUnsupportedDType)
-		}
-		return c, nil
-	}
-	return nil, fmt.Errorf("ddp: cannot copy a %T: %w", v, dist.ErrUnsupportedDType)
 }

@@ -16,6 +16,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 	"github.com/gdist/gdist/dist/transport"
 )
 
@@ -40,7 +41,7 @@ func (op *probeOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 	if op.grad {
 		op.counter.Add(1)
 	}
-	return cloneValue(in[0])
+	return shard.Clone(in[0])
 }
 func (op *probeOp) ReturnsPtr() bool          { return false }
 func (op *probeOp) CallsExtern() bool         { return false }

@@ -16,161 +16,29 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/disttest"
+	"github.com/gdist/gdist/dist/internal/dptest"
 	"github.com/gdist/gdist/models/mlp"
 	"github.com/gdist/gdist/train/optim"
 )
 
-// zeroRun is one training run of the equivalence tests.
-type zeroRun struct {
-	ranks, rows, steps int
-	dt                 tensor.Dtype
-	sizes              []int
-	solver             string // "sgd", "momentum", "adam" or "gorgonia-adam"
-	stage              int    // WithZeRO's
-	opts               []ddp.Option
-	// rotate gives rank r the rows of rank (r+rotate)%ranks, and reverse
-	// reverses every rank's rows: the same global batch, summed in another
-	// order.
-	rotate  int
-	reverse bool
-}
-
-func (z zeroRun) newSolver() (gorgonia.Solver, error) {
-	switch z.solver {
-	case "sgd":
-		return optim.NewSGD(optim.WithLearnRate(0.05))
-	case "momentum":
-		return optim.NewMomentum(optim.WithLearnRate(0.05), optim.WithMomentum(0.9))
-	case "adam":
-		return optim.NewAdam(optim.WithLearnRate(0.01))
-	case "gorgonia-adam":
-		return gorgonia.NewAdamSolver(gorgonia.WithLearnRate(0.01)), nil
-	}
-	return nil, fmt.Errorf("unknown solver %q", z.solver)
-}
-
-// run trains on z.ranks in-process ranks and returns the final parameters
-// (the same on every rank, which it checks) in float64.
-func (z zeroRun) run(t *testing.T) []float64 {
-	t.Helper()
-	groups := disttest.Cluster(t, z.ranks, dist.WithTimeout(30*time.Second))
-	out, errs := disttest.Results(t, groups, func(rank int, pg *dist.ProcessGroup) ([]float64, error) {
-		return z.train(pg)
-	})
-	require.NoError(t, errors.Join(errs...))
-	for r := 1; r < z.ranks; r++ {
-		require.Equal(t, out[0], out[r], "rank %d's parameters differ from rank 0's", r)
-	}
-	return out[0]
-}
-
-func (z zeroRun) train(pg *dist.ProcessGroup) ([]float64, error) {
-	optimBuildMu.Lock()
-	g := gorgonia.NewGraph()
-	m, err := mlp.New(g, mlp.Config{Sizes: z.sizes, Batch: z.rows, Dtype: z.dt, Seed: 5})
-	optimBuildMu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	params := m.Learnables()
-	d, err := ddp.Wrap(context.Background(), pg, params, append([]ddp.Option{ddp.WithZeRO(z.stage)}, z.opts...)...)
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
-	optimBuildMu.Lock()
-	x, y := m.NewInputs()
-	var loss *gorgonia.Node
-	logits, err := m.ForwardHooked(x, d.Hook)
-	if err == nil {
-		loss, err = mlp.Loss(logits, y)
-	}
-	if err == nil {
-		_, err = gorgonia.Grad(loss, params...)
-	}
-	optimBuildMu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	var vmOpts []gorgonia.VMOpt
-	if z.solver == "gorgonia-adam" || z.stage == 0 {
-		vmOpts = append(vmOpts, gorgonia.BindDualValues(params...))
-	}
-	vm := gorgonia.NewTapeMachine(g, vmOpts...)
-	defer vm.Close()
-	inner, err := z.newSolver()
-	if err != nil {
-		return nil, err
-	}
-	solver := d.Solver(inner)
-	src := (pg.Rank() + z.rotate) % z.ranks
-	classes := z.sizes[len(z.sizes)-1]
-	for step := range z.steps {
-		xv, yv := optimBatch(z.dt, step, src*z.rows, (src+1)*z.rows, z.sizes[0], classes)
-		if z.reverse {
-			xv, yv = reverseRows(xv), reverseRows(yv)
-		}
-		if err := gorgonia.Let(x, xv); err != nil {
-			return nil, err
-		}
-		if err := gorgonia.Let(y, yv); err != nil {
-			return nil, err
-		}
-		if err := vm.RunAll(); err != nil {
-			return nil, err
-		}
-		if err := solver.Step(gorgonia.NodesToValueGrads(params)); err != nil {
-			return nil, err
-		}
-		vm.Reset()
-	}
-	var out []float64
-	for _, p := range params {
-		switch v := p.Value().Data().(type) {
-		case []float32:
-			for _, e := range v {
-				out = append(out, float64(e))
+// zeroRun returns a dptest run under DDP with WithZeRO(stage) and opts.
+func zeroRun(ranks, rows, steps int, dt tensor.Dtype, solver string, stage int, opts ...ddp.Option) dptest.Run {
+	return dptest.Run{Ranks: ranks, Rows: rows, Steps: steps, Dtype: dt, Sizes: []int{11, 16, 12, 5}, Solver: solver,
+		Wrap: func(ctx context.Context, pg *dist.ProcessGroup, m *mlp.Model) (*dptest.Wrapped, error) {
+			d, err := ddp.Wrap(ctx, pg, m.Learnables(), append(opts, ddp.WithZeRO(stage))...)
+			if err != nil {
+				return nil, err
 			}
-		case []float64:
-			out = append(out, v...)
-		}
-	}
-	return out, nil
-}
-
-// reverseRows returns t's rows in reverse order.
-func reverseRows(t tensor.Tensor) tensor.Tensor {
-	d := t.(*tensor.Dense)
-	rows, cols := d.Shape()[0], d.Shape()[1]
-	out := d.Clone().(*tensor.Dense)
-	switch v := d.Data().(type) {
-	case []float32:
-		o := out.Data().([]float32)
-		for r := range rows {
-			copy(o[(rows-1-r)*cols:(rows-r)*cols], v[r*cols:(r+1)*cols])
-		}
-	case []float64:
-		o := out.Data().([]float64)
-		for r := range rows {
-			copy(o[(rows-1-r)*cols:(rows-r)*cols], v[r*cols:(r+1)*cols])
-		}
-	}
-	return out
-}
-
-// relDiff is the relative L2 difference ||a-b|| / ||b||.
-func relDiff(a, b []float64) float64 {
-	var d, m float64
-	for i := range a {
-		d += (a[i] - b[i]) * (a[i] - b[i])
-		m += b[i] * b[i]
-	}
-	return math.Sqrt(d / m)
+			return &dptest.Wrapped{Hook: d.Hook, Solver: func(inner gorgonia.Solver) gorgonia.Solver { return d.Solver(inner) },
+				BindDual: stage == 0, Close: d.Close}, nil
+		}}
 }
 
 // zeroBuckets makes several buckets of the test models, so that pieces
 // cross parameters and buckets are padded.
-var zeroBuckets = []ddp.Option{ddp.WithBucketCap(256), ddp.WithFirstBucketCap(128)}
+func zeroBuckets(opts ...ddp.Option) []ddp.Option {
+	return append(opts, ddp.WithBucketCap(256), ddp.WithFirstBucketCap(128))
+}
 
 // TestZeROMatchesDDP trains an MLP for 100 steps with DDP, ZeRO-1 and ZeRO-2
 // on 2, 3 and 4 ranks with each solver. In float64 the parameters agree to
@@ -185,28 +53,14 @@ func TestZeROMatchesDDP(t *testing.T) {
 		for _, solver := range []string{"sgd", "momentum", "adam"} {
 			for _, ranks := range []int{2, 3, 4} {
 				t.Run(fmt.Sprintf("%v/%s/%d", dt, solver, ranks), func(t *testing.T) {
-					base := zeroRun{ranks: ranks, rows: 3, steps: 100, dt: dt, sizes: []int{11, 16, 12, 5}, solver: solver, opts: zeroBuckets}
-					want := base.run(t)
+					want := zeroRun(ranks, 3, 100, dt, solver, 0, zeroBuckets()...).Train(t)
 					var control float64
 					if dt == tensor.Float32 {
-						for rot := range ranks {
-							for _, rev := range []bool{false, true} {
-								if rot == 0 && !rev {
-									continue
-								}
-								z := base
-								z.rotate, z.reverse = rot, rev
-								c := relDiff(z.run(t), want)
-								t.Logf("reordered (rows of rank r+%d, reversed %t): %.3g", rot, rev, c)
-								control = max(control, c)
-							}
-						}
+						control = zeroRun(ranks, 3, 100, dt, solver, 0, zeroBuckets()...).ReorderControl(t, want)
 					}
 					for _, stage := range []int{1, 2} {
-						z := base
-						z.stage = stage
-						got := z.run(t)
-						diff := relDiff(got, want)
+						got := zeroRun(ranks, 3, 100, dt, solver, stage, zeroBuckets()...).Train(t)
+						diff := dptest.RelDiff(got, want)
 						t.Logf("ZeRO-%d: relative difference to DDP %.3g (reordered sums: %.3g)", stage, diff, control)
 						if ranks == 2 {
 							assert.Equal(t, want, got, "ZeRO-%d on 2 ranks: bitwise DDP", stage)
@@ -226,16 +80,13 @@ func TestZeROMatchesDDP(t *testing.T) {
 // TestZeROClip: with WithMaxGradNorm small enough to clip every step, ZeRO's
 // norm (each rank's squares, all-reduced) gives DDP's training to 1e-12.
 func TestZeROClip(t *testing.T) {
-	opts := append([]ddp.Option{ddp.WithMaxGradNorm(0.05)}, zeroBuckets...)
-	base := zeroRun{ranks: 3, rows: 3, steps: 100, dt: tensor.Float64, sizes: []int{11, 16, 12, 5}, solver: "momentum", opts: opts}
-	want := base.run(t)
-	unclipped := base
-	unclipped.opts = zeroBuckets
-	require.Greater(t, relDiff(unclipped.run(t), want), 1e-3, "the clip changes training")
+	clip := ddp.WithMaxGradNorm(0.05)
+	want := zeroRun(3, 3, 100, tensor.Float64, "momentum", 0, zeroBuckets(clip)...).Train(t)
+	unclipped := zeroRun(3, 3, 100, tensor.Float64, "momentum", 0, zeroBuckets()...).Train(t)
+	require.Greater(t, dptest.RelDiff(unclipped, want), 1e-3, "the clip changes training")
 	for _, stage := range []int{1, 2} {
-		z := base
-		z.stage = stage
-		diff := relDiff(z.run(t), want)
+		got := zeroRun(3, 3, 100, tensor.Float64, "momentum", stage, zeroBuckets(clip)...).Train(t)
+		diff := dptest.RelDiff(got, want)
 		t.Logf("ZeRO-%d with clipping: relative difference to DDP %.3g", stage, diff)
 		assert.LessOrEqual(t, diff, 1e-12, "ZeRO-%d", stage)
 	}
@@ -243,32 +94,27 @@ func TestZeROClip(t *testing.T) {
 
 // TestZeROAnySolver: a Gorgonia solver steps the shards too.
 func TestZeROAnySolver(t *testing.T) {
-	base := zeroRun{ranks: 2, rows: 3, steps: 20, dt: tensor.Float64, sizes: []int{11, 16, 12, 5}, solver: "gorgonia-adam", opts: zeroBuckets}
-	want := base.run(t)
+	want := zeroRun(2, 3, 20, tensor.Float64, "gorgonia-adam", 0, zeroBuckets()...).Train(t)
 	for _, stage := range []int{1, 2} {
-		z := base
-		z.stage = stage
-		assert.Equal(t, want, z.run(t), "ZeRO-%d", stage)
+		assert.Equal(t, want, zeroRun(2, 3, 20, tensor.Float64, "gorgonia-adam", stage, zeroBuckets()...).Train(t), "ZeRO-%d", stage)
 	}
 }
 
 // TestZeROAccumulation: ZeRO-1 accumulates over passes as DDP does; ZeRO-2
 // refuses to.
 func TestZeROAccumulation(t *testing.T) {
-	opts := append([]ddp.Option{ddp.WithAccumulation(3)}, zeroBuckets...)
-	base := zeroRun{ranks: 3, rows: 2, steps: 30, dt: tensor.Float64, sizes: []int{11, 16, 12, 5}, solver: "adam", opts: opts}
-	want := base.run(t)
-	z := base
-	z.stage = 1
-	assert.LessOrEqual(t, relDiff(z.run(t), want), 1e-12)
+	acc := ddp.WithAccumulation(3)
+	want := zeroRun(3, 2, 30, tensor.Float64, "adam", 0, zeroBuckets(acc)...).Train(t)
+	got := zeroRun(3, 2, 30, tensor.Float64, "adam", 1, zeroBuckets(acc)...).Train(t)
+	assert.LessOrEqual(t, dptest.RelDiff(got, want), 1e-12)
 
 	_, err := ddp.Wrap(context.Background(), nil, nil, ddp.WithZeRO(2), ddp.WithAccumulation(2))
 	assert.ErrorIs(t, err, dist.ErrInvalidArgument)
 	runRanksExt(t, 2, func(pg *dist.ProcessGroup) error {
-		optimBuildMu.Lock()
+		dptest.BuildMu.Lock()
 		g := gorgonia.NewGraph()
 		m, err := mlp.New(g, mlp.Config{Sizes: []int{4, 3}, Batch: 2, Dtype: tensor.Float64, Seed: 1})
-		optimBuildMu.Unlock()
+		dptest.BuildMu.Unlock()
 		if err != nil {
 			return err
 		}
@@ -277,7 +123,7 @@ func TestZeROAccumulation(t *testing.T) {
 			return err
 		}
 		defer d.Close()
-		optimBuildMu.Lock()
+		dptest.BuildMu.Lock()
 		x, y := m.NewInputs()
 		logits, err := m.ForwardHooked(x, d.Hook)
 		var loss *gorgonia.Node
@@ -287,11 +133,11 @@ func TestZeROAccumulation(t *testing.T) {
 		if err == nil {
 			_, err = gorgonia.Grad(loss, m.Learnables()...)
 		}
-		optimBuildMu.Unlock()
+		dptest.BuildMu.Unlock()
 		if err != nil {
 			return err
 		}
-		xv, yv := optimBatch(tensor.Float64, 0, 0, 2, 4, 3)
+		xv, yv := dptest.Batch(tensor.Float64, 0, 0, 2, 4, 3)
 		if err := gorgonia.Let(x, xv); err != nil {
 			return err
 		}
@@ -345,10 +191,10 @@ func TestZeROMemory(t *testing.T) {
 	measureStage := func(stage int) []measure {
 		groups := disttest.Cluster(t, ranks, dist.WithTimeout(30*time.Second))
 		out, errs := disttest.Results(t, groups, func(rank int, pg *dist.ProcessGroup) (measure, error) {
-			optimBuildMu.Lock()
+			dptest.BuildMu.Lock()
 			g := gorgonia.NewGraph()
 			m, err := mlp.New(g, mlp.Config{Sizes: sizes, Batch: 2, Seed: 1})
-			optimBuildMu.Unlock()
+			dptest.BuildMu.Unlock()
 			if err != nil {
 				return measure{}, err
 			}
@@ -358,7 +204,7 @@ func TestZeROMemory(t *testing.T) {
 				return measure{}, err
 			}
 			defer d.Close()
-			optimBuildMu.Lock()
+			dptest.BuildMu.Lock()
 			x, y := m.NewInputs()
 			logits, err := m.ForwardHooked(x, d.Hook)
 			var loss *gorgonia.Node
@@ -368,11 +214,11 @@ func TestZeROMemory(t *testing.T) {
 			if err == nil {
 				_, err = gorgonia.Grad(loss, params...)
 			}
-			optimBuildMu.Unlock()
+			dptest.BuildMu.Unlock()
 			if err != nil {
 				return measure{}, err
 			}
-			xv, yv := optimBatch(tensor.Float32, 0, 2*rank, 2*rank+2, sizes[0], sizes[len(sizes)-1])
+			xv, yv := dptest.Batch(tensor.Float32, 0, 2*rank, 2*rank+2, sizes[0], sizes[len(sizes)-1])
 			if err := gorgonia.Let(x, xv); err != nil {
 				return measure{}, err
 			}

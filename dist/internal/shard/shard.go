@@ -87,6 +87,21 @@ func Floats(v gorgonia.Value) (f32 []float32, f64 []float64, err error) {
 	return nil, nil, fmt.Errorf("value of type %T (%v): %w", v, v.Dtype(), ErrUnsupported)
 }
 
+// Clone returns a copy of a Float32 or Float64 tensor or scalar.
+func Clone(v gorgonia.Value) (gorgonia.Value, error) {
+	switch x := v.(type) {
+	case *gorgonia.F32:
+		return gorgonia.NewF32(float32(*x)), nil
+	case *gorgonia.F64:
+		return gorgonia.NewF64(float64(*x)), nil
+	case tensor.Tensor:
+		if c, ok := x.Clone().(tensor.Tensor); ok {
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("cannot copy a %T: %w", v, ErrUnsupported)
+}
+
 // Numel returns the number of elements of n (1 for a scalar).
 func Numel(n *gorgonia.Node) int {
 	if n.IsScalar() {
