@@ -239,9 +239,9 @@ func (d *DDP) viewsLocked() ([]gorgonia.ValueGrad, error) {
 		name := shard.SegmentName(p.Name(), s.Segment)
 		var v *shard.View
 		if f32 != nil {
-			v, err = shard.NewView(name, f32[s.ParamOff:s.ParamOff+s.Len], b.g32[s.Off:s.Off+s.Len], p.IsScalar())
+			v, err = shard.NewView(name, f32[s.ParamOff:s.ParamOff+s.Len], b.g32[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
 		} else {
-			v, err = shard.NewView(name, f64[s.ParamOff:s.ParamOff+s.Len], b.g64[s.Off:s.Off+s.Len], p.IsScalar())
+			v, err = shard.NewView(name, f64[s.ParamOff:s.ParamOff+s.Len], b.g64[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
 		}
 		if err != nil {
 			return nil, err

@@ -15,6 +15,7 @@ import (
 	"github.com/gdist/gdist/dist/internal/shard"
 	"github.com/gdist/gdist/internal/errs"
 	"github.com/gdist/gdist/internal/options"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // This file holds an FSDP's lifetime: Wrap, the sharding of the initial
@@ -511,4 +512,56 @@ func WithMaxGradNorm(max float64) Option {
 		c.maxGradNorm = max
 		return nil
 	}
+}
+
+// Sharding names the FSDP's mode as sharded checkpoints record it: "fsdp".
+func (f *FSDP) Sharding() string { return "fsdp" }
+
+// Segments returns the parts of the parameters in this rank's pieces, unit
+// by unit, in the order the Solver hands them to the inner solver: its
+// state for its i-th value is the state of the i-th part. The slice is new.
+func (f *FSDP) Segments() []checkpoint.Segment {
+	var out []checkpoint.Segment
+	for _, u := range f.units {
+		for _, s := range u.segs {
+			out = append(out, checkpoint.Segment{Name: f.params[s.Param].Name(), Off: s.ParamOff, Len: s.Len})
+		}
+	}
+	return out
+}
+
+// SaveSegments returns the parts this rank writes in a sharded checkpoint:
+// its pieces (Segments).
+func (f *FSDP) SaveSegments() []checkpoint.Segment { return f.Segments() }
+
+// HeldSegments returns the parts of the parameters whose values this rank
+// holds: its pieces (Segments).
+func (f *FSDP) HeldSegments() []checkpoint.Segment { return f.Segments() }
+
+// SegmentValues returns the values of a part of this rank's pieces (one of
+// Segments, or a part of one), over the FSDP's memory: f32 or f64 after the
+// parameter's dtype. A caller may write them (a checkpoint being loaded):
+// the FSDP then gathers every unit afresh before its next use.
+func (f *FSDP) SegmentValues(s checkpoint.Segment) ([]float32, []float64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.closedLocked("segment values"); err != nil {
+		return nil, nil, err
+	}
+	for _, u := range f.units {
+		for _, g := range u.segs {
+			if f.params[g.Param].Name() != s.Name || s.Off < g.ParamOff || s.Off+s.Len > g.ParamOff+g.Len || s.Len < 0 {
+				continue
+			}
+			for par := range f.pslots {
+				f.pslots[par].owner = nil
+			}
+			lo := g.Off + s.Off - g.ParamOff
+			if u.dt == tensor.Float32 {
+				return u.w32[lo : lo+s.Len], nil, nil
+			}
+			return nil, u.w64[lo : lo+s.Len], nil
+		}
+	}
+	return nil, nil, fmt.Errorf("fsdp: elements [%d, %d) of %q are not in this rank's pieces: %w", s.Off, s.Off+s.Len, s.Name, ErrNotParam)
 }

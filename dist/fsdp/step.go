@@ -198,9 +198,9 @@ func (f *FSDP) viewsLocked() ([]gorgonia.ValueGrad, error) {
 			var v *shard.View
 			var err error
 			if u.dt == tensor.Float32 {
-				v, err = shard.NewView(name, u.w32[s.Off:s.Off+s.Len], u.g32[s.Off:s.Off+s.Len], p.IsScalar())
+				v, err = shard.NewView(name, u.w32[s.Off:s.Off+s.Len], u.g32[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
 			} else {
-				v, err = shard.NewView(name, u.w64[s.Off:s.Off+s.Len], u.g64[s.Off:s.Off+s.Len], p.IsScalar())
+				v, err = shard.NewView(name, u.w64[s.Off:s.Off+s.Len], u.g64[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
 			}
 			if err != nil {
 				return nil, err

@@ -111,7 +111,7 @@ func Numel(n *gorgonia.Node) int {
 }
 
 // View is a solver's handle on one segment: a gorgonia.ValueGrad whose value
-// and gradient are the segment's elements, as a vector (or, for a scalar
+// and gradient are the segment's elements, as a tensor (or, for a scalar
 // parameter, as a *gorgonia.F32 or *gorgonia.F64, which is how Gorgonia's
 // solvers and train/optim treat scalars). A solver that updates the view in
 // place updates the memory the view was made over.
@@ -123,32 +123,50 @@ type View struct {
 var _ gorgonia.ValueGrad = (*View)(nil)
 
 // NewView returns the view of a segment named name over val and grad (of
-// equal length). With scalar set the segment must have one element.
-// The view keeps val and grad.
-func NewView[T float32 | float64](name string, val, grad []T, scalar bool) (*View, error) {
-	if len(val) != len(grad) || (scalar && len(val) != 1) || len(val) == 0 {
-		return nil, fmt.Errorf("shard: view %s: %d values, %d gradients, scalar %t: %w", name, len(val), len(grad), scalar, errs.ErrInvalidArgument)
+// equal length), of the given shape (ViewShape; nil for a scalar
+// parameter). The view keeps val and grad.
+func NewView[T float32 | float64](name string, val, grad []T, shape []int) (*View, error) {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	if len(val) != len(grad) || len(val) != n || len(val) == 0 {
+		return nil, fmt.Errorf("shard: view %s: %d values, %d gradients, shape %v: %w", name, len(val), len(grad), shape, errs.ErrInvalidArgument)
 	}
 	v := &View{name: name}
 	switch vv := any(val).(type) {
 	case []float32:
 		gv := any(grad).([]float32)
-		if scalar {
+		if shape == nil {
 			v.val, v.grad = (*gorgonia.F32)(&vv[0]), (*gorgonia.F32)(&gv[0])
 		} else {
-			v.val = tensor.New(tensor.WithShape(len(vv)), tensor.WithBacking(vv))
-			v.grad = tensor.New(tensor.WithShape(len(gv)), tensor.WithBacking(gv))
+			v.val = tensor.New(tensor.WithShape(shape...), tensor.WithBacking(vv))
+			v.grad = tensor.New(tensor.WithShape(shape...), tensor.WithBacking(gv))
 		}
 	case []float64:
 		gv := any(grad).([]float64)
-		if scalar {
+		if shape == nil {
 			v.val, v.grad = (*gorgonia.F64)(&vv[0]), (*gorgonia.F64)(&gv[0])
 		} else {
-			v.val = tensor.New(tensor.WithShape(len(vv)), tensor.WithBacking(vv))
-			v.grad = tensor.New(tensor.WithShape(len(gv)), tensor.WithBacking(gv))
+			v.val = tensor.New(tensor.WithShape(shape...), tensor.WithBacking(vv))
+			v.grad = tensor.New(tensor.WithShape(shape...), tensor.WithBacking(gv))
 		}
 	}
 	return v, nil
+}
+
+// ViewShape is the shape of the view of elements [off, off+n) of p: nil
+// for a scalar parameter, p's own shape when the view covers p whole (so
+// that a solver's state for it is the state a solver of the whole
+// parameter keeps), a vector of n otherwise.
+func ViewShape(p *gorgonia.Node, off, n int) []int {
+	switch {
+	case p.IsScalar():
+		return nil
+	case off == 0 && n == Numel(p):
+		return []int(p.Shape().Clone())
+	}
+	return []int{n}
 }
 
 // Value returns the segment's values.

@@ -53,7 +53,7 @@ func TestSegmentsCover(t *testing.T) {
 
 func TestViews(t *testing.T) {
 	val, grad := []float32{1, 2, 3}, []float32{4, 5, 6}
-	v, err := NewView("w[0:3]", val, grad, false)
+	v, err := NewView("w[0:3]", val, grad, []int{3})
 	require.NoError(t, err)
 	require.Equal(t, "w[0:3]", v.Name())
 	require.Equal(t, tensor.Shape{3}, v.Value().Shape())
@@ -63,12 +63,12 @@ func TestViews(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []float32{4, 5, 6}, g.Data())
 
-	s, err := NewView("s[0:1]", []float64{2}, []float64{3}, true)
+	s, err := NewView("s[0:1]", []float64{2}, []float64{3}, nil)
 	require.NoError(t, err)
 	require.IsType(t, (*gorgonia.F64)(nil), s.Value())
-	_, err = NewView("bad", []float64{1, 2}, []float64{3}, false)
+	_, err = NewView("bad", []float64{1, 2}, []float64{3}, []int{2})
 	require.Error(t, err)
-	_, err = NewView("bad", []float64{1, 2}, []float64{3, 4}, true)
+	_, err = NewView("bad", []float64{1, 2}, []float64{3, 4}, nil)
 	require.Error(t, err)
 }
 
