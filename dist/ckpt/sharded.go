@@ -74,7 +74,8 @@ func (e *IncompatibleError) Unwrap() error { return ErrIncompatible }
 // the parameters and of solver's state (the inner solver of w's Solver),
 // rank 0 also the rest of st (Config, Epoch, Sampler, RNG, Meta; st.Params
 // and st.Optimizer are ignored) and, once every rank's file is written, the
-// index; it then keeps the keep newest (keep >= 1). It is a collective:
+// index; it then keeps the keep newest (keep >= 1). Every rank saves its
+// own st.RNG (ranks that draw their own random numbers each have one). It is a collective:
 // every rank calls it with the same step and keep, and it returns, on every
 // rank, once the checkpoint is complete or has failed. st is only read.
 func SaveSharded(ctx context.Context, w Sharded, solver optim.Solver, dir string, st *checkpoint.State, keep int) error {
@@ -128,9 +129,9 @@ func writeRankFile(w Sharded, solver optim.Solver, path string, st *checkpoint.S
 	if len(ost.Params) != len(views) {
 		return fmt.Errorf("ckpt: %w: the solver holds state for %d values, the wrapper hands it %d (step it through the wrapper's Solver)", ErrInvalidArgument, len(ost.Params), len(views))
 	}
-	rec := &checkpoint.State{Step: st.Step, Optimizer: optim.State{Kind: ost.Kind, Hyper: ost.Hyper, Iter: ost.Iter}.Checkpoint()}
+	rec := &checkpoint.State{Step: st.Step, RNG: st.RNG, Optimizer: optim.State{Kind: ost.Kind, Hyper: ost.Hyper, Iter: ost.Iter}.Checkpoint()}
 	if w.ProcessGroup().Rank() == 0 {
-		rec.Config, rec.Epoch, rec.Sampler, rec.RNG, rec.Meta = st.Config, st.Epoch, st.Sampler, st.RNG, st.Meta
+		rec.Config, rec.Epoch, rec.Sampler, rec.Meta = st.Config, st.Epoch, st.Sampler, st.Meta
 	}
 	if rec.Config == nil {
 		rec.Config = struct{}{}
@@ -273,8 +274,9 @@ type ShardedResumed struct {
 	// Path is the checkpoint's directory.
 	Path string
 	// State is the rest of the state rank 0 saved: Config (the raw JSON),
-	// Epoch, Sampler, RNG, Meta and the optimizer's kind, iteration count
-	// and hyper-parameters. Nil for a fresh start.
+	// Epoch, Sampler, Meta and the optimizer's kind, iteration count and
+	// hyper-parameters; and RNG, this rank's own RNG state if the world
+	// size is the one that saved (nil otherwise). Nil for a fresh start.
 	State *checkpoint.State
 	// World and Layout are those of the job that saved.
 	World  int
@@ -436,6 +438,18 @@ func loadSharded(w Sharded, solver optim.Solver, path string) (*ShardedResumed, 
 		return nil, fmt.Errorf("ckpt: %s: restoring the solver: %w", path, err)
 	}
 	rec.Optimizer.Slots = nil
+	rng := rec.RNG // rank 0's
+	rec.RNG = nil
+	if r := w.ProcessGroup().Rank(); x.World == w.ProcessGroup().WorldSize() {
+		if r > 0 {
+			f, err := checkpoint.LoadSubset(filepath.Join(path, x.Files[r]), func(string) bool { return false })
+			if err != nil {
+				return nil, err
+			}
+			rng = f.RNG
+		}
+		rec.RNG = rng
+	}
 	return &ShardedResumed{Step: x.Step, Path: path, State: rec, World: x.World, Layout: x.Layout}, nil
 }
 

@@ -150,8 +150,8 @@ func bitsOf(ctx context.Context, w ckpt.Sharded, s optim.Solver) (fullBits, erro
 	return fb, nil
 }
 
-// TestReshard saves at 2 ranks under each layout and loads at 1, 3 and 4
-// ranks under every layout: the whole state gathered after the load is
+// TestReshard saves at 2 ranks under each layout and loads at 1, 2, 3 and
+// 4 ranks under every layout: the whole state gathered after the load is
 // bitwise the state gathered before the save.
 func TestReshard(t *testing.T) {
 	sizes := []int{11, 16, 12, 7, 5}
@@ -175,13 +175,13 @@ func TestReshard(t *testing.T) {
 				if err != nil {
 					return fullBits{}, err
 				}
-				st := &checkpoint.State{Step: 3, Epoch: 1, Sampler: []byte("pos"), Meta: map[string]string{"k": "v"}}
+				st := &checkpoint.State{Step: 3, Epoch: 1, Sampler: []byte("pos"), Meta: map[string]string{"k": "v"}, RNG: []byte{byte('a' + rank)}}
 				return fb, ckpt.SaveSharded(ctx, j.w, j.adam, dir, st, 2)
 			})
 			require.NoError(t, errors.Join(errs...), "%v save under %s", dt, saver)
 			require.Equal(t, saved[0], saved[1])
 			require.Equal(t, 3, saved[0].iter)
-			for _, n := range []int{1, 3, 4} {
+			for _, n := range []int{1, 2, 3, 4} {
 				for _, loader := range layouts {
 					groups := disttest.Cluster(t, n, dist.WithTimeout(30*time.Second))
 					got, errs := disttest.Results(t, groups, func(rank int, pg *dist.ProcessGroup) (fullBits, error) {
@@ -196,6 +196,11 @@ func TestReshard(t *testing.T) {
 						}
 						if r.Step != 3 || r.World != 2 || r.Layout != saver || r.State.Epoch != 1 || string(r.State.Sampler) != "pos" || r.State.Meta["k"] != "v" {
 							return fullBits{}, fmt.Errorf("resumed %+v, state %+v", r, r.State)
+						}
+						// Each rank's own RNG state comes back when the world
+						// size is the one that saved.
+						if wantRNG := []byte{byte('a' + rank)}; (n == 2) != (string(r.State.RNG) == string(wantRNG)) || (n != 2 && r.State.RNG != nil) {
+							return fullBits{}, fmt.Errorf("rank %d of %d: RNG %q", rank, n, r.State.RNG)
 						}
 						return bitsOf(ctx, j.w, j.adam)
 					})

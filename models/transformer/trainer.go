@@ -29,6 +29,7 @@ type trainerOptions struct {
 	solver  gorgonia.Solver
 	weights []checkpoint.Named
 	hook    Hook
+	noDual  bool
 }
 
 // invalidOption is the error of an option that refuses its value.
@@ -95,6 +96,19 @@ func WithHook(h Hook) TrainerOption {
 			return invalidOption("WithHook(nil)")
 		}
 		o.hook = h
+		return nil
+	}
+}
+
+// WithDualValues chooses whether the trainer's machine binds the
+// parameters' dual values (gorgonia.BindDualValues), where Gorgonia's
+// solvers read the gradients: on by default. A sharded data-parallel
+// wrapper that hands its solver gradient pieces of its own (dist/ddp under
+// ZeRO, dist/fsdp) needs none, and a dual value would hold a whole gradient
+// per parameter.
+func WithDualValues(on bool) TrainerOption {
+	return func(o *trainerOptions) error {
+		o.noDual = !on
 		return nil
 	}
 }
@@ -198,7 +212,11 @@ func newTrainer(st *Stage, o trainerOptions) (*Trainer, error) {
 	if _, err = gorgonia.Grad(t.Loss, st.Learnables()...); err != nil {
 		return nil, fmt.Errorf("transformer: gradients: %w", err)
 	}
-	t.vm = gorgonia.NewTapeMachine(st.Graph(), gorgonia.BindDualValues(st.Learnables()...))
+	var vmOpts []gorgonia.VMOpt
+	if !o.noDual {
+		vmOpts = append(vmOpts, gorgonia.BindDualValues(st.Learnables()...))
+	}
+	t.vm = gorgonia.NewTapeMachine(st.Graph(), vmOpts...)
 	t.solver = o.solver
 	if t.solver == nil {
 		sopts := []gorgonia.SolverOpt{gorgonia.WithLearnRate(o.lr)}
