@@ -40,8 +40,10 @@
 // multiple of the world size, and keeps this rank's piece of it (torch's
 // FlatParameter). Two gather buffers, each the size of the largest unit of
 // its parity, hold the units whole: the units at even positions of the
-// forward pass take turns in one, those at odd positions in the other.
-// Every parameter node is bound to its place in its unit's gather buffer.
+// forward pass take turns in one, those at odd positions in the other
+// (with WithPrefetch(false), one buffer the size of the largest unit serves
+// them all). Every parameter node is bound to its place in its unit's
+// gather buffer.
 //
 // The forward pass uses Hook(p) in place of every parameter p. When the
 // machine runs a unit's first hook, the unit's all-gather (started earlier)
@@ -74,9 +76,10 @@
 //
 //   - Parameters: the hooks return tensors over the two gather buffers, so
 //     between units a rank holds its pieces (1/WorldSize of the model) plus
-//     at most two gathered units; each unit's parameters are overwritten by
-//     the unit after next as soon as the unit's forward (or backward) is
-//     done. The parameters' own tensors are released at Wrap. To keep
+//     at most two gathered units (one without prefetching): the resident
+//     parameters approach 1/WorldSize of the model as it has more, smaller
+//     units. Each unit's parameters are overwritten by the unit after next
+//     as soon as the unit's forward (or backward) is done. The parameters' own tensors are released at Wrap. To keep
 //     Gorgonia from writing another op's result over a gather buffer in
 //     place, each hook's gradient op also reads the hook's output, which
 //     keeps that register alive until the unit's backward is over.
