@@ -47,7 +47,7 @@ type options struct {
 	memSteps  int
 	timeSizes [][]int
 	timeBatch int
-	steps     int
+	rounds    int
 	warmup    int
 	reps      int
 	bucket    int
@@ -67,9 +67,9 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.memSteps, "mem-steps", 3, "memory: steps probed (a garbage collection and a heap reading after every pass and every step)")
 	timeSizes := fs.String("time-sizes", "784,256,128,10;1024,1024,1024,1024,1024,10", "time: the MLPs' layer widths, models separated by semicolons")
 	fs.IntVar(&o.timeBatch, "time-batch", 64, "time: batch per rank")
-	fs.IntVar(&o.steps, "steps", 60, "time: timed steps per run")
-	fs.IntVar(&o.warmup, "warmup", 10, "time: untimed steps first")
-	fs.IntVar(&o.reps, "reps", 5, "time: runs per mode, the modes interleaved; medians are reported")
+	fs.IntVar(&o.rounds, "rounds", 100, "time: rounds per run, each one timed step of every mode (in a rotating order)")
+	fs.IntVar(&o.warmup, "warmup", 10, "time: untimed steps of every mode first")
+	fs.IntVar(&o.reps, "reps", 3, "time: runs (fresh processes); their rounds are pooled")
 	fs.IntVar(&o.bucket, "bucket-cap", 1<<20, "DDP and ZeRO bucket cap in bytes (0: package ddp's defaults, 25 MiB with a 1 MiB first bucket)")
 	fs.StringVar(&o.transport, "transport", "auto", "transport between the ranks: auto (shared memory on one host), tcp or shm")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
@@ -96,8 +96,11 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		o.timeSizes = append(o.timeSizes, sz)
 	}
-	if o.reps < 1 || o.steps < 1 || o.warmup < 0 || o.memSteps < 1 {
-		return cli.Usagef(fs, errUsage, "-reps, -steps and -mem-steps must be positive, -warmup not negative")
+	if o.reps < 1 || o.rounds < 1 || o.warmup < 0 || o.memSteps < 1 {
+		return cli.Usagef(fs, errUsage, "-reps, -rounds and -mem-steps must be positive, -warmup not negative")
+	}
+	if o.part != "memory" && !slices.Contains(o.modes, "ddp") {
+		return cli.Usagef(fs, errUsage, "-modes must include ddp, against which the others are measured")
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
@@ -154,7 +157,7 @@ func memory(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	for _, n := range o.ranks {
 		var base *outcome
 		for _, mode := range o.modes {
-			j := job{Mode: mode, Sizes: o.memSizes, Batch: o.memBatch, Steps: o.memSteps, BucketCap: o.bucket, Probe: true, Transport: o.transport}
+			j := job{Mode: mode, Sizes: o.memSizes, Batch: o.memBatch, Steps: o.memSteps, BucketCap: o.bucket, Transport: o.transport}
 			res, err := run(ctx, n, j, stderr)
 			if err != nil {
 				return fmt.Errorf("memory, %d ranks, %s: %w", n, mode, err)
@@ -196,54 +199,66 @@ func baseOf(b *outcome, f func(*outcome) int64) int64 {
 	return f(b)
 }
 
-// stepTime is part (b): the step time of every mode on 2 ranks, the modes
-// interleaved, against DDP's in the same run.
+// stepTime is part (b): the step time of every mode on 2 ranks, paired
+// with DDP's: every rank process builds the model under every mode and
+// runs rounds of one step of each (see timeJob), so that a step and the
+// DDP step it is compared with run under the same load.
 func stepTime(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	for _, sizes := range o.timeSizes {
 		fmt.Fprintf(stdout, "\nStep time on 2 ranks (GOMAXPROCS 1 each, -transport %s): MLP %v (float32), batch %d per rank, Adam, bucket cap %d B;\n", o.transport, sizes, o.timeBatch, o.bucket)
-		fmt.Fprintf(stdout, "%d timed steps after %d, %d runs per mode interleaved; ratio: the median over runs of the run's step time over the DDP run's just before it\n\n", o.steps, o.warmup, o.reps)
-		times := make(map[string][]float64)
-		ratios := make(map[string][]float64)
+		fmt.Fprintf(stdout, "%d run(s) of %d rounds, each round one step of every mode (after %d untimed steps each); a step's time is the slower rank's;\n", o.reps, o.rounds, o.warmup)
+		fmt.Fprintf(stdout, "ratio: the step's time over the DDP step's of the same round (median and quartiles over the rounds); CPU: the same of the CPU time the ranks used\n\n")
+		wall := make(map[string][]float64)
+		ratio := make(map[string][]float64)
+		cpu := make(map[string][]float64)
 		for rep := range o.reps {
-			var ddpMs float64
-			for _, mode := range o.modes {
-				j := job{Mode: mode, Sizes: sizes, Batch: o.timeBatch, Steps: o.steps, Warmup: o.warmup, BucketCap: o.bucket, Transport: o.transport}
-				res, err := run(ctx, 2, j, stderr)
-				if err != nil {
-					return fmt.Errorf("time, %s, run %d: %w", mode, rep+1, err)
+			j := job{Modes: o.modes, Sizes: sizes, Batch: o.timeBatch, Rounds: o.rounds, Warmup: o.warmup, BucketCap: o.bucket, Transport: o.transport}
+			res, err := run(ctx, 2, j, stderr)
+			if err != nil {
+				return fmt.Errorf("time, run %d: %w", rep+1, err)
+			}
+			for r := range o.rounds {
+				at := func(m string, f func(outcome) []float64) float64 {
+					v := 0.0
+					for _, rk := range res {
+						v = max(v, f(rk)[r])
+					}
+					return v
 				}
-				var e float64
-				for _, r := range res {
-					e = max(e, r.Elapsed)
+				base := at("ddp", func(x outcome) []float64 { return x.Wall["ddp"] })
+				baseCPU := 0.0
+				for _, rk := range res {
+					baseCPU += rk.CPU["ddp"][r]
 				}
-				ms := 1e3 * e / float64(o.steps)
-				times[mode] = append(times[mode], ms)
-				if mode == "ddp" {
-					ddpMs = ms
-				} else if ddpMs > 0 {
-					ratios[mode] = append(ratios[mode], ms/ddpMs)
+				for _, m := range o.modes {
+					w := at(m, func(x outcome) []float64 { return x.Wall[m] })
+					c := 0.0
+					for _, rk := range res {
+						c += rk.CPU[m][r]
+					}
+					wall[m] = append(wall[m], w)
+					ratio[m] = append(ratio[m], w/base)
+					cpu[m] = append(cpu[m], c/baseCPU)
 				}
 			}
 		}
 		w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(w, "mode\tstep ms (median)\tmin\tmax\tratio to DDP (median)\truns' ratios\t")
-		for _, mode := range o.modes {
-			ts := slices.Sorted(slices.Values(times[mode]))
-			rs := slices.Sorted(slices.Values(ratios[mode]))
-			ratio, each := "1", ""
-			if mode != "ddp" && len(rs) > 0 {
-				ratio = fmt.Sprintf("%.3f", rs[len(rs)/2])
-				var parts []string
-				for _, r := range ratios[mode] {
-					parts = append(parts, fmt.Sprintf("%.2f", r))
-				}
-				each = strings.Join(parts, " ")
-			}
-			fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", mode, ts[len(ts)/2], ts[0], ts[len(ts)-1], ratio, each)
+		fmt.Fprintln(w, "mode\tstep ms (median)\tratio to DDP (median)\tquartiles\tCPU ratio (median)\t")
+		for _, m := range o.modes {
+			q := quartiles(ratio[m])
+			fmt.Fprintf(w, "%s\t%.2f\t%.3f\t%.3f-%.3f\t%.3f\t\n", m, quartiles(wall[m])[1], q[1], q[0], q[2], quartiles(cpu[m])[1])
 		}
 		w.Flush()
 	}
 	return nil
+}
+
+// quartiles returns the first quartile, the median and the third quartile
+// of v.
+func quartiles(v []float64) [3]float64 {
+	s := slices.Sorted(slices.Values(v))
+	n := len(s)
+	return [3]float64{s[n/4], s[n/2], s[(3*n)/4]}
 }
 
 // rankMain is a rank: it joins the job and runs the job's spec.

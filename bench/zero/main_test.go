@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 func TestJobCounts(t *testing.T) {
 	got := make(map[string]outcome)
 	for _, mode := range modes {
-		j := job{Mode: mode, Sizes: []int{64, 64, 64, 10}, Batch: 4, Steps: 2, BucketCap: 4 << 10, Probe: true}
+		j := job{Mode: mode, Sizes: []int{64, 64, 64, 10}, Batch: 4, Steps: 2, BucketCap: 4 << 10}
 		res, errs := disttest.Results(t, disttest.Cluster(t, 4, dist.WithTimeout(time.Minute)), func(_ int, pg *dist.ProcessGroup) (outcome, error) {
 			return runJob(context.Background(), pg, j)
 		})
@@ -64,10 +64,26 @@ func TestBench(t *testing.T) {
 	}
 	var out, errOut bytes.Buffer
 	err := program(context.Background(), []string{"-ranks", "1,2", "-mem-sizes", "32,32,10", "-mem-steps", "1",
-		"-time-sizes", "32,32,10", "-steps", "3", "-warmup", "1", "-reps", "1"}, &out, &errOut)
+		"-time-sizes", "32,32,10", "-rounds", "3", "-warmup", "1", "-reps", "1"}, &out, &errOut)
 	require.NoError(t, err, "stderr:\n%s", errOut.String())
 	for _, want := range []string{"Memory per rank", "Step time on 2 ranks", "zero1", "zero2", "full"} {
 		assert.Contains(t, out.String(), want)
 	}
 	assert.Equal(t, 8, strings.Count(out.String(), "\n      1")+strings.Count(out.String(), "\n      2"), out.String())
+}
+
+// TestTimeJob: a time job returns, on every rank, one wall and one CPU time
+// per round for every mode.
+func TestTimeJob(t *testing.T) {
+	j := job{Modes: modes, Sizes: []int{16, 16, 4}, Batch: 2, Rounds: 4, Warmup: 1}
+	res, errs := disttest.Results(t, disttest.Cluster(t, 2, dist.WithTimeout(time.Minute)), func(_ int, pg *dist.ProcessGroup) (outcome, error) {
+		return runJob(context.Background(), pg, j)
+	})
+	require.NoError(t, errors.Join(errs...))
+	for _, o := range res {
+		for _, m := range modes {
+			assert.Len(t, o.Wall[m], 4, m)
+			assert.Len(t, o.CPU[m], 4, m)
+		}
+	}
 }
