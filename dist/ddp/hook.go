@@ -3,7 +3,6 @@ package ddp
 import (
 	"fmt"
 	"hash"
-	"hash/fnv"
 	"runtime"
 
 	"github.com/chewxy/hm"
@@ -100,7 +99,7 @@ func (op *hookOp) Type() hm.Type {
 }
 
 func (op *hookOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
-	return identityShape(inputs)
+	return shard.FirstShape(inputs)
 }
 
 // Do returns a copy of the parameter's value: returning the value itself
@@ -121,7 +120,7 @@ func (op *hookOp) OverwritesInput() int { return -1 }
 
 func (op *hookOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "gdist.ddp.Hook#%d.%d", op.d.id, op.i) }
 
-func (op *hookOp) Hashcode() uint32 { return hashOf(op) }
+func (op *hookOp) Hashcode() uint32 { return shard.HashOf(op) }
 
 func (op *hookOp) String() string { return fmt.Sprintf("DDPHook(%s)", op.d.params[op.i].Name()) }
 
@@ -168,7 +167,7 @@ func (op *hookGradOp) Type() hm.Type {
 }
 
 func (op *hookGradOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
-	return identityShape(inputs)
+	return shard.FirstShape(inputs)
 }
 
 // Do hands the gradient to the DDP and returns a copy of it: this rank's
@@ -229,27 +228,10 @@ func (op *hookGradOp) WriteHash(h hash.Hash) {
 	fmt.Fprintf(h, "gdist.ddp.HookGrad#%d.%d", op.d.id, op.i)
 }
 
-func (op *hookGradOp) Hashcode() uint32 { return hashOf(op) }
+func (op *hookGradOp) Hashcode() uint32 { return shard.HashOf(op) }
 
 func (op *hookGradOp) String() string {
 	return fmt.Sprintf("DDPHookGrad(%s)", op.d.params[op.i].Name())
-}
-
-func identityShape(inputs []gorgonia.DimSizer) (tensor.Shape, error) {
-	if len(inputs) != 1 {
-		return nil, fmt.Errorf("ddp: hook: want 1 input shape, got %d: %w", len(inputs), dist.ErrInvalidArgument)
-	}
-	s, ok := inputs[0].(tensor.Shape)
-	if !ok {
-		return nil, fmt.Errorf("ddp: hook: input shape is a %T: %w", inputs[0], dist.ErrInvalidArgument)
-	}
-	return s.Clone(), nil
-}
-
-func hashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
-	h := fnv.New32a()
-	op.WriteHash(h)
-	return h.Sum32()
 }
 
 // reuseCopy copies v into *buf and returns *buf, allocating *buf (a clone

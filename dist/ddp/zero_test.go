@@ -18,7 +18,6 @@ import (
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/dist/internal/dptest"
 	"github.com/gdist/gdist/models/mlp"
-	"github.com/gdist/gdist/train/optim"
 )
 
 // zeroRun returns a dptest run under DDP with WithZeRO(stage) and opts.
@@ -189,71 +188,31 @@ func TestZeROMemory(t *testing.T) {
 		staging int64 // the largest even and the largest odd bucket, padded
 	}
 	measureStage := func(stage int) []measure {
-		groups := disttest.Cluster(t, ranks, dist.WithTimeout(30*time.Second))
-		out, errs := disttest.Results(t, groups, func(rank int, pg *dist.ProcessGroup) (measure, error) {
-			dptest.BuildMu.Lock()
-			g := gorgonia.NewGraph()
-			m, err := mlp.New(g, mlp.Config{Sizes: sizes, Batch: 2, Seed: 1})
-			dptest.BuildMu.Unlock()
-			if err != nil {
-				return measure{}, err
-			}
-			params := m.Learnables()
-			d, err := ddp.Wrap(context.Background(), pg, params, ddp.WithZeRO(stage), ddp.WithBucketCap(8<<10), ddp.WithFirstBucketCap(4<<10))
-			if err != nil {
-				return measure{}, err
-			}
-			defer d.Close()
-			dptest.BuildMu.Lock()
-			x, y := m.NewInputs()
-			logits, err := m.ForwardHooked(x, d.Hook)
-			var loss *gorgonia.Node
-			if err == nil {
-				loss, err = mlp.Loss(logits, y)
-			}
-			if err == nil {
-				_, err = gorgonia.Grad(loss, params...)
-			}
-			dptest.BuildMu.Unlock()
-			if err != nil {
-				return measure{}, err
-			}
-			xv, yv := dptest.Batch(tensor.Float32, 0, 2*rank, 2*rank+2, sizes[0], sizes[len(sizes)-1])
-			if err := gorgonia.Let(x, xv); err != nil {
-				return measure{}, err
-			}
-			if err := gorgonia.Let(y, yv); err != nil {
-				return measure{}, err
-			}
-			vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(params...))
-			defer vm.Close()
-			adam, err := optim.NewAdam()
-			if err != nil {
-				return measure{}, err
-			}
-			if err := vm.RunAll(); err != nil {
-				return measure{}, err
-			}
-			if err := d.Solver(adam).Step(gorgonia.NodesToValueGrads(params)); err != nil {
-				return measure{}, err
-			}
-			var opt int64
-			for _, p := range adam.State().Params {
-				for _, s := range p.Slots {
-					opt += int64(4*len(s.F32) + 8*len(s.F64))
+		out := make([]measure, ranks)
+		z := dptest.Run{Ranks: ranks, Rows: 2, Steps: 1, Dtype: tensor.Float32, Sizes: sizes, Solver: "adam",
+			Wrap: func(ctx context.Context, pg *dist.ProcessGroup, m *mlp.Model) (*dptest.Wrapped, error) {
+				params := m.Learnables()
+				d, err := ddp.Wrap(ctx, pg, params, ddp.WithZeRO(stage), ddp.WithBucketCap(8<<10), ddp.WithFirstBucketCap(4<<10))
+				if err != nil {
+					return nil, err
 				}
-			}
-			var big [2]int64
-			for bi, b := range d.Buckets() {
-				n := 0
-				for _, i := range b {
-					n += params[i].Shape().TotalSize()
-				}
-				big[bi%2] = max(big[bi%2], int64(4*ranks*((n+ranks-1)/ranks)))
-			}
-			return measure{opt: opt, mem: d.Memory(), staging: big[0] + big[1]}, nil
-		})
-		require.NoError(t, errors.Join(errs...))
+				var inner gorgonia.Solver
+				return &dptest.Wrapped{Hook: d.Hook, BindDual: stage == 0,
+					Solver: func(s gorgonia.Solver) gorgonia.Solver { inner = s; return d.Solver(s) },
+					Close: func() error {
+						var big [2]int64
+						for bi, b := range d.Buckets() {
+							n := 0
+							for _, i := range b {
+								n += params[i].Shape().TotalSize()
+							}
+							big[bi%2] = max(big[bi%2], int64(4*ranks*((n+ranks-1)/ranks)))
+						}
+						out[pg.Rank()] = measure{opt: dptest.StateBytes(inner), mem: d.Memory(), staging: big[0] + big[1]}
+						return d.Close()
+					}}, nil
+			}}
+		z.Train(t)
 		return out
 	}
 	plain := measureStage(0)

@@ -166,64 +166,26 @@ func TestUnitOrder(t *testing.T) {
 func TestMemory(t *testing.T) {
 	const ranks = 4
 	big := []int{32, 48, 48, 48, 48, 10} // five units of similar size
-	groups := disttest.Cluster(t, ranks, dist.WithTimeout(30*time.Second))
 	type measure struct {
 		mem fsdp.Memory
 		opt int64
 	}
-	out, errs := disttest.Results(t, groups, func(rank int, pg *dist.ProcessGroup) (measure, error) {
-		dptest.BuildMu.Lock()
-		g := gorgonia.NewGraph()
-		m, err := mlp.New(g, mlp.Config{Sizes: big, Batch: 2, Seed: 1})
-		dptest.BuildMu.Unlock()
-		if err != nil {
-			return measure{}, err
-		}
-		ps := m.Learnables()
-		f, err := fsdp.Wrap(context.Background(), pg, layers(ps))
-		if err != nil {
-			return measure{}, err
-		}
-		defer f.Close()
-		dptest.BuildMu.Lock()
-		x, y := m.NewInputs()
-		logits, err := m.ForwardHooked(x, f.Hook)
-		var loss *gorgonia.Node
-		if err == nil {
-			loss, err = mlp.Loss(logits, y)
-		}
-		if err == nil {
-			_, err = gorgonia.Grad(loss, ps...)
-		}
-		dptest.BuildMu.Unlock()
-		if err != nil {
-			return measure{}, err
-		}
-		xv, yv := dptest.Batch(tensor.Float32, 0, 2*rank, 2*rank+2, big[0], big[len(big)-1])
-		if err := errors.Join(gorgonia.Let(x, xv), gorgonia.Let(y, yv)); err != nil {
-			return measure{}, err
-		}
-		vm := gorgonia.NewTapeMachine(g)
-		defer vm.Close()
-		adam, err := optim.NewAdam()
-		if err != nil {
-			return measure{}, err
-		}
-		if err := vm.RunAll(); err != nil {
-			return measure{}, err
-		}
-		if err := f.Solver(adam).Step(gorgonia.NodesToValueGrads(ps)); err != nil {
-			return measure{}, err
-		}
-		var opt int64
-		for _, p := range adam.State().Params {
-			for _, s := range p.Slots {
-				opt += int64(4*len(s.F32) + 8*len(s.F64))
+	out := make([]measure, ranks)
+	z := dptest.Run{Ranks: ranks, Rows: 2, Steps: 1, Dtype: tensor.Float32, Sizes: big, Solver: "adam",
+		Wrap: func(ctx context.Context, pg *dist.ProcessGroup, m *mlp.Model) (*dptest.Wrapped, error) {
+			f, err := fsdp.Wrap(ctx, pg, layers(m.Learnables()))
+			if err != nil {
+				return nil, err
 			}
-		}
-		return measure{mem: f.Memory(), opt: opt}, nil
-	})
-	require.NoError(t, errors.Join(errs...))
+			var inner gorgonia.Solver
+			return &dptest.Wrapped{Hook: f.Hook, Params: f.FullParams,
+				Solver: func(s gorgonia.Solver) gorgonia.Solver { inner = s; return f.Solver(s) },
+				Close: func() error {
+					out[pg.Rank()] = measure{mem: f.Memory(), opt: dptest.StateBytes(inner)}
+					return f.Close()
+				}}, nil
+		}}
+	z.Train(t)
 	var model int64
 	var unit []int64
 	for l := 0; l+1 < len(big); l++ {

@@ -3,7 +3,6 @@ package fsdp
 import (
 	"fmt"
 	"hash"
-	"hash/fnv"
 
 	"github.com/chewxy/hm"
 	"gorgonia.org/gorgonia"
@@ -82,14 +81,7 @@ func (op *hookOp) Type() hm.Type {
 }
 
 func (op *hookOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
-	if len(inputs) < 1 {
-		return nil, fmt.Errorf("fsdp: hook: no input shape: %w", ErrInvalidArgument)
-	}
-	s, ok := inputs[0].(tensor.Shape)
-	if !ok {
-		return nil, fmt.Errorf("fsdp: hook: input shape is a %T: %w", inputs[0], ErrInvalidArgument)
-	}
-	return s.Clone(), nil
+	return shard.FirstShape(inputs)
 }
 
 // Do makes sure the parameter's unit is gathered and returns the
@@ -108,7 +100,7 @@ func (op *hookOp) OverwritesInput() int { return -1 }
 
 func (op *hookOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "gdist.fsdp.Hook#%d.%d", op.f.id, op.i) }
 
-func (op *hookOp) Hashcode() uint32 { return hashOf(op) }
+func (op *hookOp) Hashcode() uint32 { return shard.HashOf(op) }
 
 func (op *hookOp) String() string { return fmt.Sprintf("FSDPHook(%s)", op.f.params[op.i].Name()) }
 
@@ -153,7 +145,7 @@ func (op *hookGradOp) Type() hm.Type {
 }
 
 func (op *hookGradOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
-	return (&hookOp{}).InferShape(inputs...)
+	return shard.FirstShape(inputs)
 }
 
 // Do hands the gradient over and returns it. Like DDP's hook, it passes
@@ -189,14 +181,8 @@ func (op *hookGradOp) WriteHash(h hash.Hash) {
 	fmt.Fprintf(h, "gdist.fsdp.HookGrad#%d.%d", op.f.id, op.i)
 }
 
-func (op *hookGradOp) Hashcode() uint32 { return hashOf(op) }
+func (op *hookGradOp) Hashcode() uint32 { return shard.HashOf(op) }
 
 func (op *hookGradOp) String() string {
 	return fmt.Sprintf("FSDPHookGrad(%s)", op.f.params[op.i].Name())
-}
-
-func hashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
-	h := fnv.New32a()
-	op.WriteHash(h)
-	return h.Sum32()
 }

@@ -161,6 +161,23 @@ func (z Run) train(pg *dist.ProcessGroup) (_ []float64, err error) {
 	return Flatten(ts), nil
 }
 
+// StateBytes is the bytes of the per-parameter state (Adam's moments, a
+// velocity) an optim.Solver holds, counted from its tensors; 0 for another
+// solver.
+func StateBytes(s gorgonia.Solver) int64 {
+	o, ok := s.(optim.Solver)
+	if !ok {
+		return 0
+	}
+	var n int64
+	for _, p := range o.State().Params {
+		for _, sl := range p.Slots {
+			n += int64(4*len(sl.F32) + 8*len(sl.F64))
+		}
+	}
+	return n
+}
+
 // Flatten returns the elements of ts, in order, in float64.
 func Flatten(ts []tensor.Tensor) []float64 {
 	var out []float64

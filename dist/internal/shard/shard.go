@@ -12,6 +12,8 @@ package shard
 
 import (
 	"fmt"
+	"hash"
+	"hash/fnv"
 	"math"
 	"unsafe"
 
@@ -100,6 +102,26 @@ func Clone(v gorgonia.Value) (gorgonia.Value, error) {
 		}
 	}
 	return nil, fmt.Errorf("cannot copy a %T: %w", v, ErrUnsupported)
+}
+
+// FirstShape returns a copy of the first input shape: the shape of a hook
+// op, the identity on its first input.
+func FirstShape(inputs []gorgonia.DimSizer) (tensor.Shape, error) {
+	if len(inputs) < 1 {
+		return nil, fmt.Errorf("shard: hook: no input shape: %w", errs.ErrInvalidArgument)
+	}
+	s, ok := inputs[0].(tensor.Shape)
+	if !ok {
+		return nil, fmt.Errorf("shard: hook: input shape is a %T: %w", inputs[0], errs.ErrInvalidArgument)
+	}
+	return s.Clone(), nil
+}
+
+// HashOf is the Hashcode of an op: FNV-1a of what its WriteHash writes.
+func HashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
+	h := fnv.New32a()
+	op.WriteHash(h)
+	return h.Sum32()
 }
 
 // Numel returns the number of elements of n (1 for a scalar).
