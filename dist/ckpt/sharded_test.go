@@ -75,17 +75,7 @@ func newShardJob(ctx context.Context, pg *dist.ProcessGroup, layout string, size
 		j.w, j.hook, j.solver, j.close = d, d.Hook, d.Solver(j.adam), d.Close
 		bind = stage == 0
 	}
-	dptest.BuildMu.Lock()
-	x, y := m.NewInputs()
-	logits, err := m.ForwardHooked(x, j.hook)
-	var loss *gorgonia.Node
-	if err == nil {
-		loss, err = mlp.Loss(logits, y)
-	}
-	if err == nil {
-		_, err = gorgonia.Grad(loss, ps...)
-	}
-	dptest.BuildMu.Unlock()
+	x, y, _, err := dptest.Build(m, j.hook)
 	if err != nil {
 		return nil, errors.Join(err, j.close())
 	}

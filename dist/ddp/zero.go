@@ -12,7 +12,6 @@ package ddp
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 	"unsafe"
 
@@ -156,22 +155,17 @@ func (d *DDP) averageShardsLocked() {
 // rank's segments are summed and all-reduced (padding is left out);
 // otherwise every rank holds every gradient and computes the norm alone.
 func (d *DDP) clipLocked(ctx context.Context) error {
-	var sq float64
-	type grad struct {
-		f32 []float32
-		f64 []float64
-	}
-	var grads []grad
+	var grads []shard.Grad
+	var pg *dist.ProcessGroup
 	if d.cfg.zero > 0 {
+		pg = d.pg
 		for _, s := range d.segs {
 			b := d.bkts[s.bucket]
-			g := grad{}
 			if b.g32 != nil {
-				g.f32 = b.g32[s.Off : s.Off+s.Len]
+				grads = append(grads, shard.Grad{F32: b.g32[s.Off : s.Off+s.Len]})
 			} else {
-				g.f64 = b.g64[s.Off : s.Off+s.Len]
+				grads = append(grads, shard.Grad{F64: b.g64[s.Off : s.Off+s.Len]})
 			}
-			grads = append(grads, g)
 		}
 	} else {
 		for i, p := range d.params {
@@ -186,27 +180,14 @@ func (d *DDP) clipLocked(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("ddp: gradient of %s: %w", p.Name(), err)
 			}
-			grads = append(grads, grad{f32, f64})
+			grads = append(grads, shard.Grad{F32: f32, F64: f64})
 		}
 	}
-	for _, g := range grads {
-		sq += shard.SumSquares(g.f32) + shard.SumSquares(g.f64)
+	norm, err := shard.ClipByGlobalNorm(ctx, pg, grads, d.cfg.maxGradNorm)
+	if err != nil {
+		return fmt.Errorf("ddp: %w", err)
 	}
-	if d.cfg.zero > 0 && d.pg.WorldSize() > 1 {
-		buf := []float64{sq}
-		if err := d.pg.AllReduce(ctx, dist.F64(buf), dist.Sum); err != nil {
-			return fmt.Errorf("ddp: gradient norm: %w", err)
-		}
-		sq = buf[0]
-	}
-	norm := math.Sqrt(sq)
 	d.gradNorm = norm
-	if c := shard.ClipCoef(norm, d.cfg.maxGradNorm); c < 1 {
-		for _, g := range grads {
-			shard.MulInto(g.f32, g.f32, float32(c))
-			shard.MulInto(g.f64, g.f64, c)
-		}
-	}
 	return nil
 }
 
@@ -236,12 +217,11 @@ func (d *DDP) viewsLocked() ([]gorgonia.ValueGrad, error) {
 			continue
 		}
 		b := d.bkts[s.bucket]
-		name := shard.SegmentName(p.Name(), s.Segment)
 		var v *shard.View
 		if f32 != nil {
-			v, err = shard.NewView(name, f32[s.ParamOff:s.ParamOff+s.Len], b.g32[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
+			v, err = shard.SegmentView(p, s.Segment, f32[s.ParamOff:s.ParamOff+s.Len], b.g32[s.Off:s.Off+s.Len], nil, nil)
 		} else {
-			v, err = shard.NewView(name, f64[s.ParamOff:s.ParamOff+s.Len], b.g64[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
+			v, err = shard.SegmentView(p, s.Segment, nil, nil, f64[s.ParamOff:s.ParamOff+s.Len], b.g64[s.Off:s.Off+s.Len])
 		}
 		if err != nil {
 			return nil, err

@@ -122,17 +122,7 @@ func TestZeROAccumulation(t *testing.T) {
 			return err
 		}
 		defer d.Close()
-		dptest.BuildMu.Lock()
-		x, y := m.NewInputs()
-		logits, err := m.ForwardHooked(x, d.Hook)
-		var loss *gorgonia.Node
-		if err == nil {
-			loss, err = mlp.Loss(logits, y)
-		}
-		if err == nil {
-			_, err = gorgonia.Grad(loss, m.Learnables()...)
-		}
-		dptest.BuildMu.Unlock()
+		x, y, _, err := dptest.Build(m, d.Hook)
 		if err != nil {
 			return err
 		}

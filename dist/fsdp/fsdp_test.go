@@ -263,17 +263,7 @@ func TestMisuse(t *testing.T) {
 		}
 		solver := f.Solver(sgd)
 		assert.ErrorIs(t, solver.Step(gorgonia.NodesToValueGrads(ps)), fsdp.ErrNoGradients)
-		dptest.BuildMu.Lock()
-		x, y := m.NewInputs()
-		logits, err := m.ForwardHooked(x, f.Hook)
-		var loss *gorgonia.Node
-		if err == nil {
-			loss, err = mlp.Loss(logits, y)
-		}
-		if err == nil {
-			_, err = gorgonia.Grad(loss, ps...)
-		}
-		dptest.BuildMu.Unlock()
+		x, y, _, err := dptest.Build(m, f.Hook)
 		if err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package fsdp
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	"gorgonia.org/gorgonia"
@@ -149,30 +148,21 @@ func (f *FSDP) sync(ctx context.Context) ([]gorgonia.ValueGrad, error) {
 // clipLocked clips the gradient pieces to the global norm: each rank sums
 // the squares of its segments (not the padding) and all-reduces the sum.
 func (f *FSDP) clipLocked(ctx context.Context) error {
-	var sq float64
+	var grads []shard.Grad
 	for _, u := range f.units {
 		for _, s := range u.segs {
 			if u.g32 != nil {
-				sq += shard.SumSquares(u.g32[s.Off : s.Off+s.Len])
+				grads = append(grads, shard.Grad{F32: u.g32[s.Off : s.Off+s.Len]})
 			} else {
-				sq += shard.SumSquares(u.g64[s.Off : s.Off+s.Len])
+				grads = append(grads, shard.Grad{F64: u.g64[s.Off : s.Off+s.Len]})
 			}
 		}
 	}
-	if f.pg.WorldSize() > 1 {
-		buf := []float64{sq}
-		if err := f.pg.AllReduce(ctx, dist.F64(buf), dist.Sum); err != nil {
-			return fmt.Errorf("fsdp: gradient norm: %w", err)
-		}
-		sq = buf[0]
+	norm, err := shard.ClipByGlobalNorm(ctx, f.pg, grads, f.cfg.maxGradNorm)
+	if err != nil {
+		return fmt.Errorf("fsdp: %w", err)
 	}
-	f.gradNorm = math.Sqrt(sq)
-	if c := shard.ClipCoef(f.gradNorm, f.cfg.maxGradNorm); c < 1 {
-		for _, u := range f.units {
-			shard.MulInto(u.g32, u.g32, float32(c))
-			shard.MulInto(u.g64, u.g64, c)
-		}
-	}
+	f.gradNorm = norm
 	return nil
 }
 
@@ -194,14 +184,7 @@ func (f *FSDP) viewsLocked() ([]gorgonia.ValueGrad, error) {
 	for _, u := range f.units {
 		for _, s := range u.segs {
 			p := f.params[s.Param]
-			name := shard.SegmentName(p.Name(), s)
-			var v *shard.View
-			var err error
-			if u.dt == tensor.Float32 {
-				v, err = shard.NewView(name, u.w32[s.Off:s.Off+s.Len], u.g32[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
-			} else {
-				v, err = shard.NewView(name, u.w64[s.Off:s.Off+s.Len], u.g64[s.Off:s.Off+s.Len], shard.ViewShape(p, s.ParamOff, s.Len))
-			}
+			v, err := shard.SegmentView(p, s, sliceOrNil(u.w32, s), sliceOrNil(u.g32, s), sliceOrNil(u.w64, s), sliceOrNil(u.g64, s))
 			if err != nil {
 				return nil, err
 			}
@@ -210,6 +193,15 @@ func (f *FSDP) viewsLocked() ([]gorgonia.ValueGrad, error) {
 	}
 	f.views = views
 	return views, nil
+}
+
+// sliceOrNil returns segment s of a piece, nil for a nil piece (of the
+// other dtype).
+func sliceOrNil[T float32 | float64](piece []T, s shard.Segment) []T {
+	if piece == nil {
+		return nil
+	}
+	return piece[s.Off : s.Off+s.Len]
 }
 
 // FullParams gathers every unit and returns copies of the whole parameters,

@@ -102,17 +102,7 @@ func (z Run) train(pg *dist.ProcessGroup) (_ []float64, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, w.Close()) }()
-	BuildMu.Lock()
-	x, y := m.NewInputs()
-	var loss *gorgonia.Node
-	logits, err := m.ForwardHooked(x, w.Hook)
-	if err == nil {
-		loss, err = mlp.Loss(logits, y)
-	}
-	if err == nil {
-		_, err = gorgonia.Grad(loss, params...)
-	}
-	BuildMu.Unlock()
+	x, y, _, err := Build(m, w.Hook)
 	if err != nil {
 		return nil, err
 	}
@@ -176,6 +166,26 @@ func StateBytes(s gorgonia.Solver) int64 {
 		}
 	}
 	return n
+}
+
+// Build adds to m's graph, under BuildMu, the inputs, the forward pass with
+// hook at every use of a parameter, the mean cross-entropy loss and its
+// gradients with respect to the parameters.
+func Build(m *mlp.Model, hook func(*gorgonia.Node) (*gorgonia.Node, error)) (x, y, loss *gorgonia.Node, err error) {
+	BuildMu.Lock()
+	defer BuildMu.Unlock()
+	x, y = m.NewInputs()
+	logits, err := m.ForwardHooked(x, hook)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if loss, err = mlp.Loss(logits, y); err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err = gorgonia.Grad(loss, m.Learnables()...); err != nil {
+		return nil, nil, nil, err
+	}
+	return x, y, loss, nil
 }
 
 // Flatten returns the elements of ts, in order, in float64.

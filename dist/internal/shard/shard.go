@@ -11,6 +11,7 @@
 package shard
 
 import (
+	"context"
 	"fmt"
 	"hash"
 	"hash/fnv"
@@ -20,6 +21,7 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/errs"
 )
 
@@ -177,6 +179,17 @@ func NewView[T float32 | float64](name string, val, grad []T, shape []int) (*Vie
 	return v, nil
 }
 
+// SegmentView returns the view of segment s of parameter p over the
+// segment's values and gradient: v32 and g32 for a float32 parameter, v64
+// and g64 for a float64 one. It is named SegmentName and shaped ViewShape.
+func SegmentView(p *gorgonia.Node, s Segment, v32, g32 []float32, v64, g64 []float64) (*View, error) {
+	name, shape := SegmentName(p.Name(), s), ViewShape(p, s.ParamOff, s.Len)
+	if v32 != nil {
+		return NewView(name, v32, g32, shape)
+	}
+	return NewView(name, v64, g64, shape)
+}
+
 // ViewShape is the shape of the view of elements [off, off+n) of p: nil
 // for a scalar parameter, p's own shape when the view covers p whole (so
 // that a solver's state for it is the state a solver of the whole
@@ -257,6 +270,39 @@ func SumSquares[T float32 | float64](x []T) float64 {
 		s += f * f
 	}
 	return s
+}
+
+// Grad is one gradient slice of a global norm: F32 or F64.
+type Grad struct {
+	F32 []float32
+	F64 []float64
+}
+
+// ClipByGlobalNorm computes the L2 norm of grads, the squares summed in
+// float64 and, if pg is not nil, all-reduced over pg (every member holding
+// other gradients), and, when the norm exceeds max, multiplies every
+// gradient by ClipCoef(norm, max). It returns the norm before clipping.
+// With pg it is a collective.
+func ClipByGlobalNorm(ctx context.Context, pg *dist.ProcessGroup, grads []Grad, max float64) (float64, error) {
+	var sq float64
+	for _, g := range grads {
+		sq += SumSquares(g.F32) + SumSquares(g.F64)
+	}
+	if pg != nil && pg.WorldSize() > 1 {
+		buf := []float64{sq}
+		if err := pg.AllReduce(ctx, dist.F64(buf), dist.Sum); err != nil {
+			return 0, fmt.Errorf("gradient norm: %w", err)
+		}
+		sq = buf[0]
+	}
+	norm := math.Sqrt(sq)
+	if c := ClipCoef(norm, max); c < 1 {
+		for _, g := range grads {
+			MulInto(g.F32, g.F32, float32(c))
+			MulInto(g.F64, g.F64, c)
+		}
+	}
+	return norm, nil
 }
 
 // ClipCoef returns the factor by which gradients of global L2 norm norm are
