@@ -19,6 +19,7 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/internal/benchutil"
 	"github.com/gdist/gdist/internal/cli"
+	"github.com/gdist/gdist/internal/launch"
 )
 
 // envJob carries a rank's job (JSON) from the parent to the re-executed
@@ -142,7 +143,8 @@ func run(ctx context.Context, world int, j job, stderr io.Writer) ([]outcome, er
 	if err != nil {
 		return nil, err
 	}
-	return benchutil.RunRanks[outcome](ctx, world, 1, func(int) []string { return []string{envJob + "=" + string(spec)} }, stderr)
+	return benchutil.RunRanks[outcome](ctx, launch.Job{Spec: launch.Spec{NProc: world}, Procs: 1,
+		RankEnv: func(int) []string { return []string{envJob + "=" + string(spec)} }}, stderr)
 }
 
 const mb = 1 << 20

@@ -28,24 +28,23 @@ func Report(w io.Writer, v any) error {
 	return err
 }
 
-// RunRanks re-executes the running program as world ranks, GOMAXPROCS
-// procs each (0: inherited), each with the variables env(rank) added, and
-// returns every rank's result: the JSON its Report printed, decoded into a
-// T. Ranks' stderr goes to stderr, prefixed by rank; a rank that fails, or
-// prints no result, fails the run.
-func RunRanks[T any](ctx context.Context, world, procs int, env func(rank int) []string, stderr io.Writer) ([]T, error) {
+// RunRanks starts the ranks of job (by default re-executing the running
+// program: see launch.Job) and returns every rank's result: the JSON its
+// Report printed, decoded into a T. RunRanks sets job.Output: the ranks'
+// stderr goes to stderr, prefixed by rank; a rank that fails, or prints no
+// result, fails the run. A zero job.KillGrace becomes 5 s.
+func RunRanks[T any](ctx context.Context, job launch.Job, stderr io.Writer) ([]T, error) {
+	world := job.NProc
 	outs := make([]bytes.Buffer, world)
 	prefixed := launch.Prefixed(nil, stderr)
-	l, err := launch.Start(ctx, launch.Job{
-		Spec:    launch.Spec{NProc: world},
-		Procs:   procs,
-		RankEnv: env,
-		Output: func(r int) (io.Writer, io.Writer) {
-			_, e := prefixed(r)
-			return &outs[r], e
-		},
-		KillGrace: 5 * time.Second,
-	})
+	job.Output = func(r int) (io.Writer, io.Writer) {
+		_, e := prefixed(r)
+		return &outs[r], e
+	}
+	if job.KillGrace == 0 {
+		job.KillGrace = 5 * time.Second
+	}
+	l, err := launch.Start(ctx, job)
 	if err != nil {
 		return nil, err
 	}
