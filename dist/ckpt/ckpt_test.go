@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -145,7 +146,8 @@ func TestRankRNG(t *testing.T) {
 		// The RNG states differ by design: Verify does not compare them.
 		return m.Verify(ctx, r.State)
 	})
-	// A bigger world finds no RNG state for its new rank.
+	// A bigger world is refused on every rank: it would find no RNG state
+	// for its new rank, and a Manager does not reshard.
 	errs := disttest.Run(t, disttest.Cluster(t, 4), func(rank int, pg *dist.ProcessGroup) error {
 		m, err := ckpt.New(pg, dir, ckpt.WithRankRNG())
 		if err != nil {
@@ -155,10 +157,29 @@ func TestRankRNG(t *testing.T) {
 		_, err = m.Resume(ctx)
 		return err
 	})
-	for r := range 3 {
-		assert.NoError(t, errs[r], "rank %d", r)
+	for r, err := range errs {
+		assert.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
 	}
-	assert.ErrorIs(t, errs[3], ckpt.ErrRankState)
+	// A checkpoint saved without every rank's RNG state has none for rank 1.
+	dir = t.TempDir()
+	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
+		if err != nil {
+			return err
+		}
+		return train(ctx, m, rank, 2)
+	})
+	errs = disttest.Run(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithRankRNG())
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		_, err = m.Resume(ctx)
+		return err
+	})
+	assert.NoError(t, errs[0])
+	assert.ErrorIs(t, errs[1], ckpt.ErrRankState)
 }
 
 func TestVerifyMismatch(t *testing.T) {
@@ -430,5 +451,165 @@ func TestOnlyWritersCopy(t *testing.T) {
 			want = []int{2, 2}
 		}
 		assert.Equal(t, want, calls, "rank RNG %v", rankRNG)
+	}
+}
+
+// damageAll truncates every checkpoint file in dir and returns their names.
+func damageAll(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		if filepath.Ext(e.Name()) == ".gdc" {
+			require.NoError(t, os.Truncate(filepath.Join(dir, e.Name()), 100))
+			names = append(names, e.Name())
+		}
+	}
+	require.NotEmpty(t, names)
+	return names
+}
+
+// TestResumeAllDamaged is issue 21's first scenario: every checkpoint in the
+// directory fails verification. Resuming is an error on every rank that
+// lists each file and why, and touches nothing; starting afresh over them
+// takes WithStartFreshOverDamaged, which sets them aside.
+func TestResumeAllDamaged(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
+		if err != nil {
+			return err
+		}
+		return train(ctx, m, rank, 6) // steps 2, 4, 6 (3 kept)
+	})
+	names := damageAll(t, dir)
+	resume := func(opts ...ckpt.Option) ([]*ckpt.Resumed, []error) {
+		return disttest.Results(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) (*ckpt.Resumed, error) {
+			m, err := ckpt.New(pg, dir, opts...)
+			if err != nil {
+				return nil, err
+			}
+			defer m.Close()
+			return m.Resume(ctx)
+		})
+	}
+	_, errs := resume()
+	for r, err := range errs {
+		require.ErrorIs(t, err, ckpt.ErrDamaged, "rank %d", r)
+		assert.ErrorIs(t, err, checkpoint.ErrCorrupt, "rank %d: the reasons are in the chain", r)
+		var de *ckpt.DamagedError
+		require.ErrorAs(t, err, &de)
+		assert.Len(t, de.Files, len(names))
+		for _, n := range names {
+			assert.Contains(t, err.Error(), n, "rank %d names every file", r)
+		}
+		assert.Contains(t, err.Error(), "WithStartFreshOverDamaged")
+	}
+	for _, n := range names {
+		_, err := os.Stat(filepath.Join(dir, n))
+		assert.NoError(t, err, "%s is left in place by the refusal", n)
+	}
+
+	res, errs := resume(ckpt.WithStartFreshOverDamaged())
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.True(t, res[r].Fresh())
+		assert.Len(t, res[r].Skipped, len(names), "rank %d lists what it passed over", r)
+	}
+	for _, n := range names {
+		_, err := os.Stat(filepath.Join(dir, n+".corrupt"))
+		assert.NoError(t, err, "%s set aside", n)
+	}
+	// Nothing left to pass over: a fresh start without the option.
+	res, errs = resume()
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.True(t, res[r].Fresh())
+		assert.Empty(t, res[r].Skipped)
+	}
+}
+
+// TestResumePastDamagedNewerFiles: issue 21's second scenario through a
+// Manager. Damaged files at steps above the run's (ckpt-100050, -100100,
+// -100150) are set aside by the resume, and the run that then saves ten
+// checkpoints keeps its newest good ones.
+func TestResumePastDamagedNewerFiles(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	for _, step := range []int64{100050, 100100, 100150} {
+		require.NoError(t, checkpoint.SaveState(filepath.Join(dir, "ckpt-"+strconv.FormatInt(step, 10)+".gdc"), state(step, 0, "")))
+	}
+	damageAll(t, dir)
+	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithEvery(50), ckpt.WithStartFreshOverDamaged())
+		if err != nil {
+			return err
+		}
+		r, err := m.Resume(ctx)
+		if err != nil {
+			return err
+		}
+		assert.True(t, r.Fresh())
+		return train(ctx, m, rank, 500) // 10 saves
+	})
+	d, err := checkpoint.OpenDir(dir)
+	require.NoError(t, err)
+	steps, err := d.Steps()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{500, 450, 400}, steps)
+}
+
+// TestResumeOtherWorld is issue 21's third scenario: a checkpoint saved on
+// 2 ranks, resumed on 3 by a program that uses dist/ckpt alone, is refused
+// on every rank with an error naming both world sizes; so is one saved by
+// a pipeline stage read as data-parallel.
+func TestResumeOtherWorld(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
+		if err != nil {
+			return err
+		}
+		return train(ctx, m, rank, 4)
+	})
+	errs := disttest.Run(t, disttest.Cluster(t, 3), func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		_, err = m.Resume(ctx)
+		return err
+	})
+	for r, err := range errs {
+		require.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
+		var le *ckpt.LayoutError
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, []int{2, 3}, []int{le.SavedWorld, le.World})
+		assert.Contains(t, err.Error(), "saved on 2 ranks, resuming on 3: not supported by ckpt.Manager")
+	}
+
+	// Stage 0's files of a 2-stage job, copied where a data-parallel job
+	// of 2 looks for them.
+	dir = t.TempDir()
+	saveStages(t, dir, 2, 2)
+	b, err := os.ReadFile(filepath.Join(ckpt.StageDir(dir, 0), "ckpt-2.gdc"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "ckpt-2.gdc"), b, 0o644))
+	errs = disttest.Run(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		_, err = m.Resume(ctx)
+		return err
+	})
+	for r, err := range errs {
+		require.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
+		assert.Contains(t, err.Error(), "pipeline stage 0")
 	}
 }
