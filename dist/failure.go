@@ -203,6 +203,41 @@ type ownError struct {
 func (e *ownError) Error() string   { return e.err.Error() }
 func (e *ownError) Unwrap() []error { return []error{e.err, e.a} }
 
+// ownCtxEnded makes err, the error of a collective whose own context ctx
+// has ended, match ctx.Err(): the group may have failed first because of a
+// peer's notice (typically the peer's own cancellation, which arrived
+// before this rank's), but a caller that cancelled must find its
+// cancellation (errors.Is(err, context.Canceled)), and the peer's cause
+// stays in the chain. err is returned as it is when it matches already or
+// ctx has not ended.
+func ownCtxEnded(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	return withCtxErr(ctx.Err(), err)
+}
+
+// withCtxErr is ownCtxEnded for a context that ended with ctxErr (nil: it
+// has not).
+func withCtxErr(ctxErr, err error) error {
+	if ctxErr == nil || errors.Is(err, ctxErr) {
+		return err
+	}
+	return &ctxEndedError{ctx: ctxErr, err: err}
+}
+
+// ctxEndedError is the error of a collective whose context ended while
+// (or after) its group failed for another reason.
+type ctxEndedError struct {
+	ctx error // the context's error
+	err error // the group's
+}
+
+func (e *ctxEndedError) Error() string {
+	return fmt.Sprintf("%v (this rank's context ended too: %v)", e.err, e.ctx)
+}
+func (e *ctxEndedError) Unwrap() []error { return []error{e.ctx, e.err} }
+
 // failedHere reports whether this rank failed the group, for a reason of
 // its own, while collective seq ran.
 func (g *ProcessGroup) failedHere(seq uint64) bool {

@@ -86,6 +86,7 @@ func (g *ProcessGroup) runSync(ctx context.Context, c *call) error {
 // queued (zero when observability is off) is when the caller issued c.
 func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, queued time.Time) error {
 	if err := g.waitTurn(ctx, seq, c.kind); err != nil {
+		err = ownCtxEnded(ctx, err)
 		if w != nil {
 			w.finish(err)
 		}
@@ -94,7 +95,7 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	g.mu.Lock()
 	if g.cause != nil {
 		g.mu.Unlock()
-		err := g.derive(seq, c.kind.String())
+		err := ownCtxEnded(ctx, g.derive(seq, c.kind.String()))
 		if w != nil {
 			w.finish(err)
 		}
@@ -136,6 +137,7 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 		// part completed: it reports the failure too, as they do.
 		err = g.derive(seq, c.kind.String())
 	}
+	err = ownCtxEnded(ctx, err)
 	if g.obs.on() {
 		g.observe(c, seq, queued, start, time.Now(), err)
 	}
@@ -199,7 +201,7 @@ func (g *ProcessGroup) giveUp(kind opKind, seq uint64, err error) error {
 	if g.fail(a, cause) {
 		return cause
 	}
-	return g.derive(seq, kind.String())
+	return withCtxErr(err, g.derive(seq, kind.String()))
 }
 
 // abandonLocked gives up turn seq, which nobody waits for: if it has come
@@ -295,7 +297,7 @@ func (g *ProcessGroup) watchCtx(ctx context.Context) {
 // onCancel runs when the running collective's context ends.
 func (g *ProcessGroup) onCancel() {
 	g.mu.Lock()
-	if !g.running || g.runCtx == nil || g.runCtx.Err() == nil || g.cause != nil {
+	if !g.running || g.runCtx == nil || g.cause != nil || g.runCtx.Err() == nil {
 		g.mu.Unlock()
 		return
 	}

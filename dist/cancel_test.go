@@ -1,0 +1,166 @@
+package dist
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport/transporttest"
+)
+
+// cancelLen is the float32 length of the all-reduce the ranks cancel: 16 MiB.
+const cancelLen = 4 << 20
+
+// cancelTrials is how many times each transport's both-sides cancellation
+// runs: enough that, before the fix, one rank's notice regularly beat that
+// rank's own cancellation.
+func cancelTrials(t *testing.T, full int) int {
+	if testing.Short() {
+		return full / 10
+	}
+	return full
+}
+
+// seenCtx is a context that records whether its Err was ever seen
+// non-nil: whether the call it was passed to saw it end. A call that saw
+// its own context end must report that, whatever else happened; a call
+// that returned before its context ended need not. (Checking ctx.Err()
+// after the call returns would blame a call whose context ended between
+// its last look and the check.)
+type seenCtx struct {
+	context.Context
+	seen atomic.Bool
+}
+
+func (c *seenCtx) Err() error {
+	err := c.Context.Err()
+	if err != nil {
+		c.seen.Store(true)
+	}
+	return err
+}
+
+// bothCancel runs one trial on gs: every rank starts an all-reduce of
+// cancelLen float32 from bufs and cancels its own context a random time
+// within the first 2 ms. It returns each rank's error and whether that
+// rank's call saw its context end.
+func bothCancel(gs []*ProcessGroup, bufs [][]float32, rng *rand.Rand) ([]error, []bool) {
+	errs := make([]error, len(gs))
+	ended := make([]bool, len(gs))
+	delays := make([]time.Duration, len(gs))
+	for r := range gs {
+		delays[r] = time.Duration(rng.Int64N(int64(2 * time.Millisecond)))
+	}
+	var wg sync.WaitGroup
+	for r, g := range gs {
+		wg.Go(func() {
+			inner, cancel := context.WithCancel(bg)
+			defer cancel()
+			ctx := &seenCtx{Context: inner}
+			stop := time.AfterFunc(delays[r], cancel)
+			defer stop.Stop()
+			errs[r] = g.AllReduce(ctx, bufs[r], Sum)
+			ended[r] = ctx.seen.Load()
+		})
+	}
+	wg.Wait()
+	return errs, ended
+}
+
+// requireOwnCancel checks a trial: a rank whose call saw its context end
+// must report its own cancellation (errors.Is(err,
+// context.Canceled)), whatever notice came first; the peer's cause stays
+// in the chain. It returns how many ranks were in that case.
+func requireOwnCancel(t *testing.T, trial int, errs []error, ended []bool) int {
+	t.Helper()
+	n := 0
+	for r, err := range errs {
+		if !ended[r] {
+			continue
+		}
+		n++
+		require.Error(t, err, "trial %d rank %d", trial, r)
+		require.ErrorIs(t, err, context.Canceled, "trial %d rank %d: %v", trial, r, err)
+		if a := (*AbortError)(nil); errors.As(err, &a) { // unless the call never started
+			assert.Equal(t, KindCancelled, a.Kind, "trial %d rank %d: the group's cause is in the chain", trial, r)
+		}
+	}
+	return n
+}
+
+// runBothCancel runs trials of bothCancel on the groups newGroups makes
+// (two ranks, a fresh pair each trial: a cancelled group stays failed).
+func runBothCancel(t *testing.T, trials int, newGroups func(t *testing.T) []*ProcessGroup) {
+	rng := rand.New(rand.NewPCG(21, 4))
+	bufs := [][]float32{make([]float32, cancelLen), make([]float32, cancelLen)}
+	cancelled := 0
+	for trial := range trials {
+		var gs []*ProcessGroup
+		t.Run("", func(t *testing.T) { // each trial's groups closed at its end
+			gs = newGroups(t)
+			errs, ended := bothCancel(gs, bufs, rng)
+			cancelled += requireOwnCancel(t, trial, errs, ended)
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d trials, %d calls returned after their own context ended", trials, cancelled)
+	assert.Greater(t, cancelled, trials/2, "most calls were cancelled mid-way")
+}
+
+// TestBothCancelLocal: both ranks cancel their own context during a 16 MiB
+// all-reduce over the in-process transport; each reports its own
+// cancellation, whichever rank's notice arrived first (issue 21: 1 in 600
+// did not).
+func TestBothCancelLocal(t *testing.T) {
+	runBothCancel(t, cancelTrials(t, 300), func(t *testing.T) []*ProcessGroup {
+		return newCluster(t, 2).gs
+	})
+}
+
+// TestBothCancelTCP is TestBothCancelLocal over loopback TCP (issue 21: 24
+// in 600 did not).
+func TestBothCancelTCP(t *testing.T) {
+	runBothCancel(t, cancelTrials(t, 150), func(t *testing.T) []*ProcessGroup {
+		c, _ := newTCPCluster(t, 2)
+		return c.gs
+	})
+}
+
+// TestBothCancelAsync: the same through AllReduceAsync, whose Work reports
+// the collective's error.
+func TestBothCancelAsync(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 5))
+	bufs := [][]float32{make([]float32, cancelLen), make([]float32, cancelLen)}
+	for trial := range cancelTrials(t, 100) {
+		c := localCluster(t, transporttest.NewLocal(t, 2))
+		errs := make([]error, 2)
+		ended := make([]bool, 2)
+		var wg sync.WaitGroup
+		for r, g := range c.gs {
+			d := time.Duration(rng.Int64N(int64(2 * time.Millisecond)))
+			wg.Go(func() {
+				inner, cancel := context.WithCancel(bg)
+				defer cancel()
+				ctx := &seenCtx{Context: inner}
+				w := g.AllReduceAsync(ctx, bufs[r], Sum)
+				time.AfterFunc(d, cancel)
+				<-w.Done()
+				errs[r], ended[r] = w.Err(), ctx.seen.Load()
+			})
+		}
+		wg.Wait()
+		requireOwnCancel(t, trial, errs, ended)
+		if t.Failed() {
+			return
+		}
+	}
+}
