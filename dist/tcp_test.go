@@ -25,8 +25,9 @@ func newTCPCluster(t testing.TB, n int, opts ...Option) (*cluster, []*tcp.Transp
 	return tcpCluster(t, ts, opts...), ts
 }
 
-// tcpMesh is n TCP transports in this process, connected over loopback.
-func tcpMesh(t testing.TB, n int) []*tcp.Transport {
+// tcpMesh is n TCP transports in this process, connected over loopback,
+// with opts.
+func tcpMesh(t testing.TB, n int, opts ...tcp.Option) []*tcp.Transport {
 	t.Helper()
 	lns := make([]net.Listener, n)
 	addrs := make([]string, n)
@@ -42,7 +43,7 @@ func tcpMesh(t testing.TB, n int) []*tcp.Transport {
 	var wg sync.WaitGroup
 	for r := range n {
 		wg.Go(func() {
-			ts[r], errs[r] = tcp.New(ctx, r, n, lns[r], addrs, tcp.WithToken(testToken))
+			ts[r], errs[r] = tcp.New(ctx, r, n, lns[r], addrs, append([]tcp.Option{tcp.WithToken(testToken)}, opts...)...)
 		})
 	}
 	wg.Wait()

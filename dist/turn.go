@@ -255,7 +255,7 @@ func (g *ProcessGroup) onTimer() {
 // none).
 func (g *ProcessGroup) timedOut(cur opState, started time.Time) bool {
 	te := &TimeoutError{Op: cur.kind.String(), Seq: cur.seq, After: time.Since(started),
-		Waiting: g.waitingFor(cur.seq)}
+		Waiting: g.waitingFor(cur.seq), Queued: g.queued()}
 	a := &AbortError{Kind: KindTimeout, Rank: g.rank, Reporter: g.rank, Op: te.Op, Seq: cur.seq, Msg: te.Error(), Err: te}
 	if len(te.Waiting) > 0 {
 		a.Rank = te.Waiting[0].Rank

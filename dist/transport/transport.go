@@ -141,3 +141,26 @@ func CheckHosts(hosts []int) error {
 	}
 	return nil
 }
+
+// Queued describes messages that arrived at rank To from rank From under
+// Tag and that nobody has received yet.
+type Queued struct {
+	From, To int
+	Tag      uint32
+	Messages int
+	Bytes    int // their payloads'
+}
+
+// Backlog is implemented by transports that can list the messages they
+// hold unreceived. The layer above uses it to explain a stall: a message
+// nobody receives fills its sender's share of the receive queue, and what
+// that sender sends next waits behind it (dist names them when a
+// collective times out).
+type Backlog interface {
+	// Queued returns the messages queued at this rank and not received
+	// yet, one entry per (source, tag), ordered by source and tag. A
+	// transport that sees its peers' queues too (the in-process one) adds
+	// the messages this rank sent that wait unreceived at a peer. The
+	// caller owns the slice.
+	Queued() []Queued
+}

@@ -277,6 +277,16 @@ func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []
 // Release implements transport.Transport.
 func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
 
+// Queued implements transport.Backlog: the messages that arrived at this
+// rank and that nobody has received yet.
+func (t *Transport) Queued() []transport.Queued {
+	var out []transport.Queued
+	for _, q := range t.box.Backlog() {
+		out = append(out, transport.Queued{From: q.Src, To: t.rank, Tag: q.Tag, Messages: q.Msgs, Bytes: q.Bytes})
+	}
+	return out
+}
+
 // Close implements transport.Transport: it tells every peer goodbye (they
 // see this rank as closed, not lost, once they have read what it sent —
 // which stays readable in their mapping after this process unmaps or

@@ -242,6 +242,16 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 // Release implements transport.Transport.
 func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
 
+// Queued implements transport.Backlog: the messages that arrived at this
+// rank and that nobody has received yet.
+func (t *Transport) Queued() []transport.Queued {
+	var out []transport.Queued
+	for _, q := range t.box.Backlog() {
+		out = append(out, transport.Queued{From: q.Src, To: t.rank, Tag: q.Tag, Messages: q.Msgs, Bytes: q.Bytes})
+	}
+	return out
+}
+
 // Close implements transport.Transport: it tells every peer goodbye (they
 // see this rank as closed, not lost, once they have drained its messages),
 // waits for each peer's goodbye in turn, at most min(5 s, heartbeat
