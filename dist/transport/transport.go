@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Errors shared by every transport. The dist package re-exports them.
@@ -100,6 +101,31 @@ type Transport interface {
 	// left. It is idempotent and waits for the goroutines the transport owns.
 	Close() error
 }
+
+// DefaultHeartbeatTimeout is every transport's default heartbeat timeout:
+// how long a peer may stay silent (nothing received from it over TCP, its
+// heartbeat counter still in shared memory) before it is reported
+// unresponsive and its job fails.
+//
+// Silence is not always death. A long garbage-collection pause, a debugger
+// stopped at a breakpoint, a swap storm or a host short of memory stops a
+// process for seconds, and then it goes on. The timeout is long enough that
+// a pause shorter than it by PauseMargin — 8 s by default — is never taken
+// for a death on any transport, on either side of the pause, and short
+// enough that a rank frozen for good is named at most half a heartbeat
+// interval after the timeout (10.25 s from its last heartbeat over TCP and
+// from its freeze over shared memory). A job that prefers quicker detection
+// to that tolerance sets GDIST_HEARTBEAT_TIMEOUT (gdistrun
+// -heartbeat-timeout).
+const DefaultHeartbeatTimeout = 10 * time.Second
+
+// PauseMargin is how much shorter than the heartbeat timeout a pause must
+// be to be survived, with the transports' default heartbeat intervals (1 s
+// over TCP, 500 ms over shared memory) or one derived from the timeout
+// (at most 1 s): one interval, since the last heartbeat before the pause
+// may have gone out that long before it, plus a second for scheduling and
+// the time a resumed process takes to read what queued up meanwhile.
+const PauseMargin = 2 * time.Second
 
 // CheckRank returns an error wrapping ErrInvalidRank unless 0 <= r < world.
 func CheckRank(r, world int) error {

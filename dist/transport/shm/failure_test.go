@@ -152,6 +152,53 @@ func TestFrozenPeer(t *testing.T) {
 	requireShmClean(t, before)
 }
 
+// TestPauseSurvivedFreezeNamed: with the default heartbeat on both sides, a
+// peer stopped (SIGSTOP) for the heartbeat timeout less
+// transport.PauseMargin and then resumed (SIGCONT) is not taken for dead,
+// by rank 0 or, once resumed, by itself; stopped for good, it is named
+// unresponsive after the timeout.
+func TestPauseSurvivedFreezeNamed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 8 s of pause and a 10 s freeze (the default heartbeat timeout)")
+	}
+	require.Equal(t, transport.DefaultHeartbeatTimeout, DefaultHeartbeatTimeout, "one default across transports")
+	tr, cmd, _ := child(t, childPause)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := tr.Recv(ctx, 1, 1)
+	require.NoError(t, err)
+	require.Equal(t, "ready", string(m.Payload))
+	pending := make(chan error, 1)
+	go func() { _, err := tr.Recv(ctx, 1, 5); pending <- err }()
+
+	pause := DefaultHeartbeatTimeout - transport.PauseMargin
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	time.Sleep(pause)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
+	select {
+	case err := <-pending:
+		t.Fatalf("a pause of %v was taken for a death: %v", pause, err)
+	case <-time.After(transport.PauseMargin + time.Second):
+		// Had the resumed child taken rank 0 for dead, it would have left
+		// and the receive would have failed.
+	}
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	select {
+	case err := <-pending:
+		el := time.Since(stopped)
+		requirePeerErr(t, err, 1, transport.ErrPeerUnresponsive)
+		t.Logf("survived a %v pause; a freeze named after %v: %v", pause, el.Round(time.Millisecond), err)
+		assert.GreaterOrEqual(t, el, DefaultHeartbeatTimeout-DefaultHeartbeatInterval, "not before the timeout")
+		assert.Less(t, el, DefaultHeartbeatTimeout+time.Second)
+	case <-time.After(DefaultHeartbeatTimeout + 5*time.Second):
+		t.Fatal("a frozen peer was not named")
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	cmd.Wait()
+}
+
 // TestPeerExits: a peer that closes and exits normally is seen as closed
 // after what it sent is delivered; nothing is left in /dev/shm.
 func TestPeerExits(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 	"github.com/gdist/gdist/internal/options"
 )
@@ -16,10 +17,11 @@ const (
 	DefaultQueueLimit        = 64 << 20 // bytes per source
 	DefaultHeartbeatInterval = time.Second
 	// DefaultHeartbeatTimeout is how long a peer may stay silent before it
-	// is reported unresponsive. With the default interval a frozen peer is
-	// named 8 to 8.25 s after the last frame it sent; a healthy idle peer
-	// sends something at least every ~1.25 s.
-	DefaultHeartbeatTimeout = 8 * time.Second
+	// is reported unresponsive: transport.DefaultHeartbeatTimeout, the same
+	// on every transport (its doc says why). With the default interval a
+	// frozen peer is named 10 to 10.25 s after the last frame it sent; a
+	// healthy idle peer sends something at least every ~1.25 s.
+	DefaultHeartbeatTimeout = transport.DefaultHeartbeatTimeout
 	// DefaultHandshakeTimeout bounds how long an incoming connection may
 	// hold one of the handshake slots before it has authenticated.
 	DefaultHandshakeTimeout = 3 * time.Second
@@ -236,7 +238,8 @@ func WithQueueLimit(n int) Option {
 
 // WithHeartbeat sets how often a link sends a heartbeat (default 1 s) and
 // after how long without receiving anything from a peer it is reported
-// unresponsive (default 8 s): calls involving it fail with a
+// unresponsive (default 10 s, transport.DefaultHeartbeatTimeout): calls
+// involving it fail with a
 // *transport.PeerError matching transport.ErrPeerUnresponsive and
 // ErrHeartbeatTimeout. Liveness is checked four times per interval, so a
 // peer that stops is named between timeout and timeout + interval/4 after
