@@ -57,6 +57,34 @@ var (
 	ErrInitTimeout = errors.New("tcp: setup timed out")
 )
 
+// ErrSelfDial is matched by the *SelfDialError of a rank whose dial
+// reached its own listener.
+var ErrSelfDial = errors.New("tcp: dialed this process's own listener")
+
+// SelfDialError is returned by New and Rendezvous when the address this
+// rank dialed to reach rank To is its own listener's: typically
+// MASTER_PORT (the rendezvous address) happened to be the ephemeral port
+// the operating system gave this rank's listener. The rank gives up at
+// once; rank 0 then fails at its init timeout naming this rank as one that
+// never joined.
+type SelfDialError struct {
+	Rank, To int
+	Addr     string
+	Master   bool // Addr is the rendezvous address, rank 0's
+}
+
+func (e *SelfDialError) Error() string {
+	if e.Master {
+		return fmt.Sprintf("tcp: rank %d: MASTER_ADDR:MASTER_PORT (%s) is this process's own listener: pick a MASTER_PORT outside the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range)",
+			e.Rank, e.Addr)
+	}
+	return fmt.Sprintf("tcp: rank %d: rank %d's address %s is this process's own listener: give every rank a port outside the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range)",
+		e.Rank, e.To, e.Addr)
+}
+
+// Unwrap returns ErrSelfDial.
+func (e *SelfDialError) Unwrap() error { return ErrSelfDial }
+
 // RejectedError is returned by New and Rendezvous when the peer they dialed
 // refused the connection (wrong token, wrong world size, rank taken, ...).
 type RejectedError struct {

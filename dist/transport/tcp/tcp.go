@@ -12,6 +12,7 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/internal/bufpool"
 	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // closeLinger bounds how long Close waits for peers to acknowledge its
@@ -70,6 +71,10 @@ type Transport struct {
 	joining    bool         // rank > 0 in a rendezvous that has not received the table (guarded by mu)
 	waiting    string       // the rendezvous step in progress, for InitTimeoutError (guarded by mu)
 	dialErr    error        // the last error of a dial being retried (guarded by mu)
+	// ownNonces holds the Hello nonces of this transport's handshakes in
+	// progress as a client, true once its own listener received one
+	// (guarded by mu).
+	ownNonces map[[wire.NonceSize]byte]bool
 }
 
 var _ transport.Transport = (*Transport)(nil)
