@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,7 +45,7 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 	}
 	opCtx, cancelOp := context.WithCancel(ctx)
 	defer cancelOp()
-	if role == "cancel" {
+	if cancels(role) {
 		// Before joining: the parent may signal as soon as this rank is
 		// ready, and SIGUSR1's default action would kill it.
 		sig := make(chan os.Signal, 1)
@@ -63,6 +65,45 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 	if err != nil {
 		return err
 	}
+	var stopAt time.Time
+	if role == "soak" {
+		ns, err := strconv.ParseInt(until, 10, 64)
+		if err != nil {
+			_ = pg.Close()
+			return fmt.Errorf("failures: %s=%q: %w", untilEnv, until, err)
+		}
+		stopAt = time.Unix(0, ns)
+	}
+	rankLoop(opCtx, o, pg, role, slices.Contains(victims, pg.Rank()), stopAt, out)
+	return nil
+}
+
+// cancels reports whether the ranks of scenario role cancel their context
+// when told (SIGUSR1, or in-process their cancel function).
+func cancels(role string) bool { return role == "cancel" || role == "cancel-all" }
+
+// seenCtx is a context that records whether its Err was ever seen
+// non-nil: whether the all-reduce it was passed to saw it end. A call that
+// returned before its context ended need not report the cancellation (a
+// check of ctx.Err() after the call could not tell).
+type seenCtx struct {
+	context.Context
+	seen atomic.Bool
+}
+
+func (c *seenCtx) Err() error {
+	err := c.Context.Err()
+	if err != nil {
+		c.seen.Store(true)
+	}
+	return err
+}
+
+// rankLoop all-reduces on pg until an error (or, in the soak, the time
+// stopAt agreed through the all-reduce) and prints how it ended; it closes
+// pg. ctx is the context of the all-reduces (the one cancellation
+// cancels).
+func rankLoop(ctx context.Context, o options, pg *dist.ProcessGroup, role string, victim bool, stopAt time.Time, out io.Writer) {
 	closed := false
 	defer func() {
 		if !closed {
@@ -70,16 +111,6 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 		}
 	}()
 	rank := pg.Rank()
-	victim := slices.Contains(victims, rank)
-	var stopAt time.Time
-	if role == "soak" {
-		ns, err := strconv.ParseInt(until, 10, 64)
-		if err != nil {
-			return fmt.Errorf("failures: %s=%q: %w", untilEnv, until, err)
-		}
-		stopAt = time.Unix(0, ns)
-	}
-
 	buf := make([]float32, o.count)
 	for i := range buf {
 		buf[i] = float32(rank*len(buf) + i)
@@ -101,19 +132,21 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 			}
 		}
 		start := time.Now()
-		err := pg.AllReduce(opCtx, data, dist.Max)
+		sc := &seenCtx{Context: ctx}
+		err := pg.AllReduce(sc, data, dist.Max)
 		at := time.Now()
 		slowest = max(slowest, at.Sub(start))
 		if err != nil {
 			typ, peer, kind := classify(err)
-			rep := report{Rank: rank, Type: typ, Peer: peer, Kind: kind, Iter: i, At: at, Msg: err.Error()}
+			rep := report{Rank: rank, Type: typ, Peer: peer, Kind: kind, Iter: i, At: at,
+				Own: sc.seen.Load(), Canceled: errors.Is(err, context.Canceled), Msg: err.Error()}
 			if role == "desync" && victim {
 				// The scenario: close at once after the failed call.
 				closed = true
 				_ = pg.Close()
 			}
 			fmt.Fprintln(out, rep)
-			return nil
+			return
 		}
 		if i == readyAfter-1 {
 			fmt.Fprintf(out, "%sready rank=%d\n", linePrefix, rank)
@@ -122,7 +155,7 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 			rep := report{Rank: rank, Type: typeNone, Peer: -1, Kind: kindNone, Iter: i + 1, At: at,
 				Msg: fmt.Sprintf("%d iterations, slowest all-reduce %v", i+1, slowest.Round(time.Millisecond))}
 			fmt.Fprintln(out, rep)
-			return nil
+			return
 		}
 	}
 }
