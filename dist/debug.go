@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gdist/gdist/internal/logx"
 )
 
 // DebugLevel selects the debug output of a group (WithDebug, GDIST_DEBUG).
@@ -60,10 +62,20 @@ func ParseDebugLevel(s string) (DebugLevel, error) {
 const (
 	EnvDebug          = "GDIST_DEBUG"
 	EnvStallThreshold = "GDIST_STALL_THRESHOLD"
+	// EnvLogFormat selects the format of everything gdist logs to stderr
+	// (its default loggers, debug output, stall reports, the transports'
+	// warnings): "text" (slog's text handler, the default) or "json"
+	// (slog's JSON handler, one object per line). gdistrun -log-format
+	// sets it for the ranks.
+	EnvLogFormat = logx.EnvFormat
 )
 
-// envConfig applies GDIST_DEBUG and GDIST_STALL_THRESHOLD to c.
+// envConfig applies GDIST_DEBUG and GDIST_STALL_THRESHOLD to c and checks
+// GDIST_LOG_FORMAT.
 func envConfig(c *config) error {
+	if _, err := logx.EnvFormatValue(); err != nil {
+		return fmt.Errorf("%w: %w", ErrEnv, err)
+	}
 	if v, ok := os.LookupEnv(EnvDebug); ok {
 		l, err := ParseDebugLevel(v)
 		if err != nil {
@@ -91,11 +103,11 @@ func finishLogging(c *config) {
 		if c.debug >= DebugDebug {
 			level = slog.LevelDebug
 		}
-		c.logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		c.logger = logx.FromEnv(os.Stderr, level)
 	}
 	c.stallLog = c.logger
 	if !c.loggerSet && c.debug == DebugOff {
-		c.stallLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		c.stallLog = logx.FromEnv(os.Stderr, slog.LevelWarn)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // TestCallSiteDesync: two ranks reach the same all-reduce (same op, dtype,
@@ -104,3 +106,20 @@ func BenchmarkDebugDetail(b *testing.B) {
 }
 
 var discardLogger = slog.New(slog.DiscardHandler)
+
+// TestEnvLogFormat: GDIST_LOG_FORMAT other than text or json is refused,
+// naming the variable; json makes the debug output JSON.
+func TestEnvLogFormat(t *testing.T) {
+	t.Setenv(EnvLogFormat, "xml")
+	ts := transporttest.NewLocal(t, 1)
+	_, err := New(ts[0])
+	require.ErrorIs(t, err, ErrEnv)
+	assert.Contains(t, err.Error(), EnvLogFormat)
+
+	t.Setenv(EnvLogFormat, "json")
+	t.Setenv(EnvDebug, "info")
+	cfg, err := newConfig(nil)
+	require.NoError(t, err)
+	assert.IsType(t, &slog.JSONHandler{}, cfg.logger.Handler())
+	require.NoError(t, ts[0].Close())
+}

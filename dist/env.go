@@ -223,7 +223,12 @@ func envOptions(opts []Option) ([]Option, error) {
 		env = append(env, WithTimeline(v))
 	}
 	if v := os.Getenv(EnvMetricsAddr); v != "" {
-		env = append(env, WithMetricsAddr(v))
+		job, _ := launchenv.FromEnv(os.LookupEnv) // its errors are InitFromEnv's to report
+		addr, err := metrics.RankAddr(v, job.LocalRank)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrEnv, EnvMetricsAddr, err)
+		}
+		env = append(env, WithMetricsAddr(addr))
 	}
 	if v := os.Getenv(EnvRestartCount); v != "" {
 		n, err := strconv.Atoi(v)

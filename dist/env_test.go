@@ -125,3 +125,24 @@ func TestInitFromEnvErrorNamesVariable(t *testing.T) {
 	require.ErrorIs(t, err, ErrEnv)
 	assert.Contains(t, err.Error(), "MASTER_ADDR")
 }
+
+// TestEnvMetricsAddrPerRank: GDIST_METRICS_ADDR's port is moved by the
+// local rank, so that the ranks of one host do not collide.
+func TestEnvMetricsAddrPerRank(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(EnvMetricsAddr, "127.0.0.1:9464")
+	for local, want := range []string{"127.0.0.1:9464", "127.0.0.1:9465"} {
+		t.Setenv(EnvRank, strconv.Itoa(local))
+		t.Setenv(EnvWorldSize, "2")
+		t.Setenv(EnvLocalRank, strconv.Itoa(local))
+		opts, err := envOptions(nil)
+		require.NoError(t, err)
+		cfg, err := newConfig(opts)
+		require.NoError(t, err)
+		assert.Equal(t, want, cfg.metricsAddr, "local rank %d", local)
+	}
+	t.Setenv(EnvMetricsAddr, "9464")
+	_, err := envOptions(nil)
+	require.ErrorIs(t, err, ErrEnv)
+	assert.Contains(t, err.Error(), EnvMetricsAddr)
+}

@@ -7,16 +7,19 @@ package dist
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"time"
 
 	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/timeline"
+	"github.com/gdist/gdist/internal/logx"
 )
 
 // Environment variables InitFromEnv reads to turn observability on.
 const (
 	EnvTimeline     = "GDIST_TIMELINE"      // path of the per-rank Chrome trace file (see WithTimeline)
-	EnvMetricsAddr  = "GDIST_METRICS_ADDR"  // host:port of the Prometheus endpoint (see WithMetricsAddr)
+	EnvMetricsAddr  = "GDIST_METRICS_ADDR"  // host:port of the Prometheus endpoint; each rank serves on port + LOCAL_RANK (port 0: a free one), see metrics.RankAddr
 	EnvRestartCount = "GDIST_RESTART_COUNT" // set by gdistrun -max-restarts; exported as gdist_restarts
 )
 
@@ -26,7 +29,11 @@ const (
 // names rank 0's file and the others': "{rank}" in it is replaced by the
 // rank, else ".rankN" goes before the extension (timeline.json ->
 // timeline.rank1.json). Timestamps share the host's clock, so the ranks'
-// files can be merged into one view (timeline.Merge).
+// files can be merged into one view (timeline.Merge). The group creates
+// the file's directory and checks that it can write there when it starts
+// (timeline.Prepare): New fails with an error naming the path if it cannot.
+// Close writes the file, logs its path at INFO (see WithMetricsAddr for
+// where), and returns the error if writing fails.
 func WithTimeline(path string) Option {
 	return func(c *config) error {
 		if path == "" {
@@ -41,7 +48,12 @@ func WithTimeline(path string) Option {
 // http://addr/metrics (addr is host:port; port 0 picks a free one, see
 // MetricsAddr) until the group closes: bytes per peer, collective counts,
 // bytes and latency histograms, DDP communication and exposed communication,
-// heartbeat round trips, restarts, and the Go runtime's own.
+// heartbeat round trips, restarts, and the Go runtime's own. The group logs
+// the address it bound at INFO: to the group's logger when WithLogger or a
+// debug level is given, else to stderr (in the format GDIST_LOG_FORMAT
+// selects). InitFromEnv takes GDIST_METRICS_ADDR with the port moved by
+// the local rank (metrics.RankAddr), so that the ranks of one host do not
+// collide; New serves on addr as given.
 func WithMetricsAddr(addr string) Option {
 	return func(c *config) error {
 		if addr == "" {
@@ -58,18 +70,33 @@ type observability struct {
 	tlPath string
 	met    *metrics.Metrics
 	srv    *metrics.Server
+	// log is where the group says what it serves and writes: the group's
+	// logger if the user chose one (WithLogger, WithDebug), else stderr at
+	// INFO, since a user who turned these on wants to know where they are.
+	log *slog.Logger
 }
 
 func (o *observability) on() bool { return o.tl != nil || o.met != nil }
 
 // startObservability turns on what cfg asks for.
 func (g *ProcessGroup) startObservability(cfg *config) error {
+	if cfg.timeline == "" && cfg.metricsAddr == "" {
+		return nil
+	}
+	g.obs.log = g.log
+	if !cfg.loggerSet && cfg.debug == DebugOff {
+		g.obs.log = logx.FromEnv(os.Stderr, slog.LevelInfo).With("rank", g.rank)
+	}
 	if cfg.timeline != "" {
 		tl, err := timeline.New(g.rank)
 		if err != nil {
 			return err
 		}
-		g.obs.tl, g.obs.tlPath = tl, timeline.RankPath(cfg.timeline, g.rank)
+		path := timeline.RankPath(cfg.timeline, g.rank)
+		if err := timeline.Prepare(path); err != nil {
+			return fmt.Errorf("dist: rank %d: %w", g.rank, err)
+		}
+		g.obs.tl, g.obs.tlPath = tl, path
 	}
 	if cfg.metricsAddr != "" {
 		names := make([]string, 0, len(opNames))
@@ -85,7 +112,7 @@ func (g *ProcessGroup) startObservability(cfg *config) error {
 		}
 		m.SetRestarts(cfg.restarts)
 		g.obs.met, g.obs.srv = m, srv
-		g.log.Info("dist: serving metrics", "addr", "http://"+srv.Addr().String()+"/metrics")
+		g.obs.log.Info("dist: serving metrics", "addr", "http://"+srv.Addr().String()+"/metrics")
 	}
 	return nil
 }
@@ -95,7 +122,10 @@ func (g *ProcessGroup) stopObservability() error {
 	var errs []error
 	if g.obs.tl != nil {
 		if err := g.obs.tl.WriteFile(g.obs.tlPath); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("dist: rank %d: %w", g.rank, err))
+		} else {
+			kept, dropped := g.obs.tl.Len()
+			g.obs.log.Info("dist: wrote timeline", "path", g.obs.tlPath, "events", kept, "dropped", dropped)
 		}
 	}
 	if g.obs.srv != nil {

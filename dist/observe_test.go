@@ -3,7 +3,9 @@ package dist
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -84,6 +86,47 @@ func TestTimeline(t *testing.T) {
 		found = found || e.Name == "my step"
 	}
 	assert.True(t, found, "a program's own events land on the same timeline")
+}
+
+// A timeline under a directory that does not exist: the group creates it
+// at start, writes the file at Close and names it in the log.
+func TestTimelineCreatesDirectory(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out", "run1", "timeline.json")
+	var logs transporttest.LogBuffer
+	ts := transporttest.NewLocal(t, 1)
+	g, err := New(ts[0], WithTimeline(path), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Dir(path))
+	require.NoError(t, err, "the directory exists from the start")
+	require.NoError(t, g.Barrier(bg))
+	require.NoError(t, g.Close())
+	p := timeline.RankPath(path, 0)
+	assert.NotEmpty(t, readTrace(t, p).TraceEvents)
+	assert.Contains(t, logs.String(), `msg="dist: wrote timeline" rank=0 path=`+p+" events=")
+}
+
+// A timeline that cannot be written fails the group at start, naming the
+// path, rather than after the work. (A path under a regular file: root,
+// which runs CI, may write into any directory.)
+func TestTimelineUnwritableFailsAtStart(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	path := filepath.Join(file, "timeline.json")
+	ts := transporttest.NewLocal(t, 1)
+	_, err := New(ts[0], WithTimeline(path))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "dist: rank 0: timeline: cannot write "+timeline.RankPath(path, 0)+": ")
+	require.NoError(t, ts[0].Close(), "the transport is still the caller's")
+}
+
+// The metrics address goes to the group's logger when the user gave one.
+func TestMetricsAddrLogged(t *testing.T) {
+	var logs transporttest.LogBuffer
+	ts := transporttest.NewLocal(t, 1)
+	g, err := New(ts[0], WithMetricsAddr("127.0.0.1:0"), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	defer g.Close()
+	assert.Contains(t, logs.String(), `msg="dist: serving metrics" rank=0 addr=http://`+g.MetricsAddr()+"/metrics")
 }
 
 func scrape(t *testing.T, addr string) map[string]float64 {

@@ -1,6 +1,6 @@
 // Command checkpoint measures what checkpointing costs a training loop:
 // for the MNIST MLP of examples/mnist and the default transformer of
-// examples/transformer train, each in a world of one with models/optim's
+// examples/transformer train, each in a world of one with train/optim's
 // Adam, it times blocks of -every steps (default 100) without a save and
 // with one (dist/ckpt on checkpoint.Async: the save copies the state and
 // the write runs on its own goroutine during the block), alternating their

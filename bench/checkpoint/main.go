@@ -43,7 +43,7 @@ type model struct {
 	close   func()
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("checkpoint", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	which := fs.String("model", "both", "mlp, transformer or both")
@@ -83,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer cli.Close(&err, pg)
 	fmt.Fprintf(stdout, "bench/checkpoint: GOMAXPROCS %d, %d CPUs; a save every %d steps; %d rounds; checkpoints in %s\n",
 		runtime.GOMAXPROCS(0), runtime.NumCPU(), *every, *rounds, dir)
 	for _, name := range names {

@@ -220,7 +220,7 @@ func routes(g *dist.ProcessGroup) string {
 }
 
 // runRank is one rank's side of the benchmark.
-func runRank(ctx context.Context, o options, out io.Writer) error {
+func runRank(ctx context.Context, o options, out io.Writer) (err error) {
 	var gopts []dist.Option
 	if o.small >= 0 {
 		gopts = append(gopts, dist.WithSmallThreshold(o.small))
@@ -235,7 +235,7 @@ func runRank(ctx context.Context, o options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer g.Close()
+	defer cli.Close(&err, g)
 	n := g.WorldSize()
 	raw, err := rawBaseline(ctx, g)
 	lat, bw := raw.LatencyUs/1e6, raw.StreamGBps*1e9

@@ -21,7 +21,7 @@
 // all-reduce of the gradients performs (two rounds of half the bytes each
 // way), against which the DDP's all-reduce time is given as a ratio.
 // -transport picks the transport of the 2-rank runs, a comma-separated list
-// of GDIST_TRANSPORT values, the ranks joining with dist.InitFromEnv: tcp
+// of GDIST_TRANSPORT values, the ranks joining with gdist.InitFromEnv: tcp
 // (the default), shm (shared memory between the ranks of this host; Linux)
 // and auto (shared memory where it sets up, InitFromEnv's default): each is
 // one more configuration, interleaved with the others in every repetition,

@@ -510,8 +510,7 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		defer pg.Close()
-		return runAndReport(ctx, pg, j, stdout)
+		return runAndClose(ctx, pg, j, stdout)
 	}
 	// One rank, or a TCP link limited by a token bucket (the overlap part).
 	if j.LinkMBps > 0 && j.Transport != "tcp" {
@@ -547,7 +546,12 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 		t.Close()
 		return err
 	}
-	defer pg.Close()
+	return runAndClose(ctx, pg, j, stdout)
+}
+
+// runAndClose is runAndReport, then pg.Close, whose error is reported too.
+func runAndClose(ctx context.Context, pg *dist.ProcessGroup, j job, stdout io.Writer) (err error) {
+	defer cli.Close(&err, pg)
 	return runAndReport(ctx, pg, j, stdout)
 }
 

@@ -498,7 +498,7 @@ func runJob(ctx context.Context, o options, ns *namespaces, args []string, m mod
 }
 
 // rank is one rank of a job.
-func rank(ctx context.Context, o options, stdout io.Writer) error {
+func rank(ctx context.Context, o options, stdout io.Writer) (err error) {
 	ictx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	// The metrics count the payload bytes sent to each peer; their
 	// endpoint is not used.
@@ -507,7 +507,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer g.Close()
+	defer cli.Close(&err, g)
 	t, ok := g.Transport().(*hybrid.Transport)
 	if !ok {
 		return fmt.Errorf("the group's transport is a %T, want a *hybrid.Transport", g.Transport())

@@ -334,12 +334,12 @@ func join(xs []int) string {
 
 // ---- worker ----
 
-func worker(ctx context.Context, o options) error {
+func worker(ctx context.Context, o options) (err error) {
 	g, err := dist.InitFromEnv(ctx)
 	if err != nil {
 		return err
 	}
-	defer g.Close()
+	defer cli.Close(&err, g)
 	p := g.WorldSize()
 	if o.layers%p != 0 {
 		return fmt.Errorf("%d layers do not split into %d equal stages", o.layers, p)

@@ -67,6 +67,9 @@ func TestMain(m *testing.M) {
 //	          appears there, the others sleep
 //	ctl-stubborn ctl, but the other ranks ignore SIGTERM, recording it in
 //	          term.COUNT
+//	vars      print TORCHELASTIC_RUN_ID and GDIST_LOG_FORMAT, and a line on
+//	          stderr
+//	dist      join the job with dist.InitFromEnv (observe_e2e_test.go)
 func childMain(mode string) int {
 	rank := os.Getenv("RANK")
 	count := os.Getenv("GDIST_RESTART_COUNT")
@@ -128,6 +131,12 @@ func childMain(mode string) int {
 		fmt.Printf("GDIST_HEARTBEAT_TIMEOUT=%s GDIST_INIT_TIMEOUT=%s\n",
 			os.Getenv("GDIST_HEARTBEAT_TIMEOUT"), os.Getenv("GDIST_INIT_TIMEOUT"))
 		return 0
+	case "vars":
+		fmt.Printf("TORCHELASTIC_RUN_ID=%s GDIST_LOG_FORMAT=%s\n", os.Getenv("TORCHELASTIC_RUN_ID"), os.Getenv("GDIST_LOG_FORMAT"))
+		fmt.Fprintln(os.Stderr, "to stderr")
+		return 0
+	case "dist":
+		return distChild(dir, rank)
 	}
 	switch mode {
 	case "sleep":

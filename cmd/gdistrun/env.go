@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/internal/launch"
+	"github.com/gdist/gdist/internal/logx"
 )
 
 // Configuration errors; main reports them with exit status 2.
@@ -59,6 +60,8 @@ func resolveJob(cfg config, environ []string) (launch.Spec, error) {
 		return j, fmt.Errorf("%w: -transport must be auto, tcp or shm, got %q", errUsage, cfg.transport)
 	case cfg.bindTo != "" && cfg.bindTo != "none" && cfg.bindTo != "core":
 		return j, fmt.Errorf("%w: -bind-to must be core or none, got %q", errUsage, cfg.bindTo)
+	case cfg.logFormat == "" && badLogFormat(environ):
+		return j, fmt.Errorf("%w: %s=%q: want text or json (or give -log-format)", errUsage, logx.EnvFormat, lookupEnv(environ, logx.EnvFormat))
 	case cfg.initTimeout < 0:
 		return j, fmt.Errorf("%w: -init-timeout must not be negative, got %v", errUsage, cfg.initTimeout)
 	case len(cfg.argv) == 0:
@@ -74,6 +77,13 @@ func resolveJob(cfg config, environ []string) (launch.Spec, error) {
 		return j, fmt.Errorf("%w: %s must be %s, got %v", errUsage, specFlags[se.Field], se.Want, se.Value)
 	}
 	return j, err
+}
+
+// badLogFormat reports whether environ's GDIST_LOG_FORMAT is neither text
+// nor json (nor empty).
+func badLogFormat(environ []string) bool {
+	_, err := logx.ParseFormat(lookupEnv(environ, logx.EnvFormat))
+	return err != nil
 }
 
 // specFlags names the flag that sets each launch.Spec field.

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -134,4 +135,128 @@ func boolValue(p *bool) flag.Value {
 
 func durationValue(p *time.Duration, def time.Duration) flag.Value {
 	return stdValue(func(fs *flag.FlagSet) { fs.DurationVar(p, "v", def, "") })
+}
+
+// nnodesValue is -nnodes: a node count N, or torchrun's range N:N. An
+// elastic range M:N with M != N is refused: gdist jobs have a fixed size.
+type nnodesValue struct{ n *int }
+
+func (v nnodesValue) String() string { return intString(v.n, 1) }
+
+// intString formats *p, or def if p is nil (flag's zero Value).
+func intString(p *int, def int) string {
+	if p == nil {
+		return strconv.Itoa(def)
+	}
+	return strconv.Itoa(*p)
+}
+
+func (v nnodesValue) Set(s string) error {
+	first, last, isRange := strings.Cut(s, ":")
+	lo, err := strconv.Atoi(first)
+	if err != nil {
+		return fmt.Errorf("want a number of nodes N (or N:N), got %q", s)
+	}
+	if isRange {
+		hi, err := strconv.Atoi(last)
+		if err != nil {
+			return fmt.Errorf("want a number of nodes N (or N:N), got %q", s)
+		}
+		if hi != lo {
+			return fmt.Errorf("the elastic range %s is not supported: gdist jobs have a fixed size (every rank "+
+				"joins at start, and a lost rank fails the job, which -max-restarts starts again); give one node count, e.g. %d or %d:%d",
+				s, hi, hi, hi)
+		}
+	}
+	*v.n = lo
+	return nil
+}
+
+// streamsValue is torchrun's --redirects and --tee: 0 (none), 1 (stdout),
+// 2 (stderr) or 3 (both). torchrun's per-rank form (0:1,1:2) is refused.
+type streamsValue struct{ n *int }
+
+func (v streamsValue) String() string { return intString(v.n, 0) }
+
+func (v streamsValue) Set(s string) error {
+	if strings.Contains(s, ":") {
+		return fmt.Errorf("per-rank values (%s) are not supported: give one of 0, 1, 2, 3 for every rank", s)
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > 3 {
+		return fmt.Errorf("want 0 (none), 1 (stdout), 2 (stderr) or 3 (both), got %q", s)
+	}
+	*v.n = n
+	return nil
+}
+
+// unknownFlag returns the first flag in args, before the program, that fs
+// does not define, scanning as package flag parses ("" if none): so that
+// the message can name it and suggest a spelling, where package flag says
+// only "flag provided but not defined".
+func (fs *flagSet) unknownFlag(args []string) string {
+	for len(args) > 0 {
+		a := args[0]
+		args = args[1:]
+		if len(a) < 2 || a[0] != '-' || a == "--" {
+			return "" // the program, or the end of the flags
+		}
+		name := strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		name, _, hasValue := strings.Cut(name, "=")
+		f := fs.Lookup(name)
+		if f == nil {
+			if name == "h" || name == "help" {
+				return ""
+			}
+			return name
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if !hasValue && len(args) > 0 {
+			args = args[1:] // the flag's value
+		}
+	}
+	return ""
+}
+
+// suggest returns the defined flag closest to name, at most two edits
+// away, else the shortest that starts with name, or "".
+func (fs *flagSet) suggest(name string) string {
+	best, bestD := "", 3
+	for n := range fs.byName {
+		if d := editDistance(name, n); d < bestD || d == bestD && n < best {
+			best, bestD = n, d
+		}
+	}
+	if best != "" {
+		return best
+	}
+	for n := range fs.byName {
+		if strings.HasPrefix(n, name) && (best == "" || len(n) < len(best) || len(n) == len(best) && n < best) {
+			best = n
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

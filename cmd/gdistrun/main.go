@@ -6,12 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/gdist/gdist/internal/logx"
 )
 
 // Flag defaults.
@@ -29,7 +32,10 @@ the rank, forwards SIGINT, SIGTERM and SIGHUP to every rank, and stops the
 whole job when one rank fails (and, with -max-restarts, starts it again).
 
 Flags take one dash or two; torchrun's spellings (--nproc-per-node,
---nproc_per_node, --master_port, ...) are accepted as well.
+--nproc_per_node, --master_port, --rdzv-backend, --nnodes N:N, ...) and
+mpirun's -np are accepted as well. gdist jobs have a fixed size: torchrun's
+elastic ranges (--nnodes 1:4) and rendezvous backends other than static
+and c10d are refused, saying why.
 
 Flags:
 `
@@ -52,6 +58,8 @@ Environment of each rank:
   GDIST_HEARTBEAT_TIMEOUT, GDIST_INIT_TIMEOUT, GDIST_TRANSPORT
                       -heartbeat-timeout, -init-timeout, -transport when
                       given (they win over the inherited environment)
+  GDIST_LOG_FORMAT    -log-format when given: text or json
+  TORCHELASTIC_RUN_ID --rdzv-id when given, as torchrun sets it
 
 Each rank runs in a process group of its own. If a rank exits non-zero or is
 killed, every other rank's group gets SIGTERM, then SIGKILL after -kill-grace,
@@ -67,7 +75,13 @@ A signal to gdistrun or -timeout (which bounds the whole job) ends the job
 without a restart.
 
 With -log-dir DIR, each rank's stdout and stderr also go to DIR/rank<N>.log
-(N the global rank), appended to, with a header line for every attempt.
+(N the global rank), appended to, with a header line for every attempt
+(torchrun's --tee 3); with --redirects 1, 2 or 3 the ranks' stdout, stderr
+or both go to those files only.
+
+With -log-format json (or GDIST_LOG_FORMAT=json in the environment), gdist
+logs JSON objects, one a line, on each rank's stderr, and gdistrun's own
+messages are JSON records too; the rank prefix stays unless -no-prefix.
 
 Examples:
   gdistrun -n 4 -- ./train -epochs 3
@@ -100,14 +114,18 @@ found (not executable), 2 on usage errors.
 type cmdFlags struct {
 	standalone   bool   // --standalone
 	rdzvEndpoint string // --rdzv-endpoint host:port
+	rdzvBackend  string // --rdzv-backend: static or c10d
+	version      bool   // -version
 }
 
 // newFlagSet returns the command's flags, bound to cfg and cf.
 func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
 	fs := newFlags("gdistrun")
 	fs.add(intValue(&cfg.nproc, defaultNProc), "number of ranks to start on this node (LOCAL_WORLD_SIZE)",
-		"n", "nproc-per-node", "nproc_per_node")
-	fs.add(intValue(&cfg.nnodes, 1), "number of nodes (hosts) in the job, each running gdistrun", "nnodes")
+		"n", "np", "nproc-per-node", "nproc_per_node")
+	cfg.nnodes = 1
+	fs.add(nnodesValue{&cfg.nnodes}, "number of nodes (hosts) in the job, each running gdistrun: `N`, or torchrun's N:N "+
+		"(an elastic range M:N is refused: gdist jobs have a fixed size)", "nnodes")
 	fs.add(intValue(&cfg.nodeRank, 0), "index of this node, 0..nnodes-1", "node-rank", "node_rank")
 	fs.add(stringValue(&cfg.masterAddr, defaultMasterAddr), "address of the node running rank 0 (MASTER_ADDR)",
 		"master-addr", "master_addr")
@@ -116,9 +134,20 @@ func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
 	fs.add(stringValue(&cf.rdzvEndpoint, ""), "rendezvous endpoint `host:port`: sets -master-addr and -master-port",
 		"rdzv-endpoint", "rdzv_endpoint")
 	fs.add(boolValue(&cf.standalone), "single node on a free port (what gdistrun does by default)", "standalone")
+	fs.add(stringValue(&cf.rdzvBackend, ""), "torchrun's rendezvous backend `name`: static or c10d, both meaning what gdist always does "+
+		"(rank 0 hosts the rendezvous at -master-addr:-master-port); others are refused", "rdzv-backend", "rdzv_backend")
+	fs.add(stringValue(&cfg.runID, ""), "torchrun's job `id`: accepted and passed to the ranks as TORCHELASTIC_RUN_ID, "+
+		"as torchrun does (gdist itself tells jobs apart by their rendezvous port and token)", "rdzv-id", "rdzv_id")
 	fs.add(intValue(&cfg.maxRestarts, 0), "restart the whole job up to `N` times when a rank fails",
 		"max-restarts", "max_restarts")
 	fs.add(stringValue(&cfg.logDir, ""), "also write each rank's output to `DIR`/rank<N>.log", "log-dir", "log_dir")
+	fs.add(streamsValue{&cfg.redirects}, "torchrun's `0-3`: send the ranks' stdout (1), stderr (2) or both (3) to the "+
+		"-log-dir files only, not to the terminal; 0 (the default): to both. Needs -log-dir", "redirects")
+	fs.add(streamsValue{&cfg.tee}, "torchrun's `0-3`: accepted; with -log-dir gdistrun always copies both streams to the "+
+		"log files and the terminal, which is what --tee 3 asks", "tee")
+	fs.add(stringValue(&cfg.logFormat, ""), "format of what gdist logs: `text` (slog's key=value lines, the default) or "+
+		"json (one JSON object per line); sets GDIST_LOG_FORMAT for the ranks, and json also makes gdistrun's own "+
+		"messages JSON records", "log-format", "log_format")
 	fs.add(boolValue(&cfg.noPrefix), "do not prefix output lines with the rank", "no-prefix")
 	fs.add(durationValue(&cfg.timeout, 0), "stop the job after this long, restarts included, e.g. 30m (0: no limit)", "timeout")
 	fs.add(durationValue(&cfg.killGrace, defaultKillGrace), "time between SIGTERM and SIGKILL when stopping ranks", "kill-grace")
@@ -130,6 +159,7 @@ func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
 		"transport")
 	fs.add(stringValue(&cfg.bindTo, ""), "`core`: bind each rank to one CPU, local rank i to the i-th the launcher may use (wrapping around when there are more ranks than CPUs; Linux), as Open MPI's --bind-to core does; none (the default): let the kernel place them",
 		"bind-to", "bind_to")
+	fs.add(boolValue(&cf.version), "print gdistrun's module version and VCS revision, and exit", "version")
 	return fs
 }
 
@@ -154,7 +184,15 @@ func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
 		cf  cmdFlags
 	)
 	fs := newFlagSet(&cfg, &cf)
-	fs.SetOutput(stderr)
+	fs.SetOutput(gdistrunPrefix{stderr})
+	if name := fs.unknownFlag(args); name != "" {
+		hint := ""
+		if s := fs.suggest(name); s != "" {
+			hint = fmt.Sprintf(" (did you mean -%s?)", s)
+		}
+		fmt.Fprintf(stderr, "gdistrun: unknown flag -%s%s\nrun 'gdistrun -h' for gdistrun's flags and the torchrun and mpirun spellings it takes\n", name, hint)
+		return cfg, fmt.Errorf("%w: unknown flag -%s", errUsage, name)
+	}
 	usageCalled := false
 	fs.Usage = func() {
 		usageCalled = true
@@ -167,6 +205,10 @@ func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
 		}
 		return cfg, err
 	}
+	if cf.version {
+		printVersion(stdout)
+		return cfg, errVersion
+	}
 	cfg.argv = fs.Args()
 	if err := foldTorchrunFlags(fs, &cfg, cf); err != nil {
 		fmt.Fprintf(stderr, "gdistrun: %v\nrun 'gdistrun -h' for usage\n", err)
@@ -175,9 +217,38 @@ func parseArgs(args []string, stdout, stderr io.Writer) (config, error) {
 	return cfg, nil
 }
 
+// gdistrunPrefix puts "gdistrun: " before what package flag writes (one
+// message a Write), so that its errors read as gdistrun's own.
+type gdistrunPrefix struct{ w io.Writer }
+
+func (p gdistrunPrefix) Write(b []byte) (int, error) {
+	if _, err := p.w.Write(append([]byte("gdistrun: "), b...)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
 // foldTorchrunFlags applies --rdzv-endpoint and --standalone to cfg,
-// rejecting values that contradict other flags.
+// rejecting values that contradict other flags, and checks --rdzv-backend,
+// --redirects and -log-format.
 func foldTorchrunFlags(fs *flagSet, cfg *config, cf cmdFlags) error {
+	switch cf.rdzvBackend {
+	case "", "static", "c10d":
+	default:
+		return fmt.Errorf("%w: %s %s is not supported: gdist has no rendezvous backends; rank 0 hosts the rendezvous "+
+			"at -master-addr:-master-port, which is what static and c10d mean", errUsage, fs.setBy("rdzv-backend"), cf.rdzvBackend)
+	}
+	if cfg.redirects != 0 && cfg.logDir == "" {
+		return fmt.Errorf("%w: --redirects %d sends output to the -log-dir files instead of the terminal: give -log-dir DIR too",
+			errUsage, cfg.redirects)
+	}
+	if cfg.logFormat != "" {
+		f, err := logx.ParseFormat(cfg.logFormat)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", errUsage, fs.setBy("log-format"), err)
+		}
+		cfg.logFormat = f
+	}
 	if fs.set("rdzv-endpoint") {
 		flagName := fs.setBy("rdzv-endpoint")
 		host, portStr, err := net.SplitHostPort(cf.rdzvEndpoint)
@@ -225,7 +296,7 @@ func stdinFor(f *os.File) *os.File {
 // mainStatus runs the command and returns its exit status.
 func mainStatus(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 	cfg, err := parseArgs(args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersion) {
 		return 0
 	}
 	if err != nil {
@@ -246,8 +317,9 @@ func mainStatus(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 	cfg.stdin = stdinFor(stdin)
 	code, err := run(context.Background(), cfg, stdout, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "gdistrun: %v\n", err)
-		if errors.Is(err, errUsage) {
+		n := newNotes(stderr, cfg, os.Environ())
+		n.say(slog.LevelError, "%v", err)
+		if errors.Is(err, errUsage) && n.json == nil {
 			fmt.Fprintln(stderr, "run 'gdistrun -h' for usage")
 		}
 	}

@@ -77,7 +77,7 @@ func TestUsage(t *testing.T) {
 	usage(&buf)
 	u := buf.String()
 	for _, want := range []string{
-		"-n, -nproc-per-node, -nproc_per_node int", "-nnodes", "-node-rank", "-master-addr", "-master-port",
+		"-n, -np, -nproc-per-node, -nproc_per_node int", "-nnodes", "-node-rank", "-master-addr", "-master-port",
 		"-no-prefix", "-timeout", "(default 3s)", "RANK", "LOCAL_WORLD_SIZE",
 		"GDIST_TOKEN=<same>",
 		"gdistrun -nnodes 2 -node-rank K -n 2 -master-addr HOST0 -master-port 29500 -- ./train",
@@ -179,7 +179,7 @@ func TestUsageListsSpellingsCompactly(t *testing.T) {
 	usage(&buf)
 	u := buf.String()
 	for _, line := range []string{
-		"  -n, -nproc-per-node, -nproc_per_node int\n",
+		"  -n, -np, -nproc-per-node, -nproc_per_node int\n",
 		"  -node-rank, -node_rank int\n",
 		"  -master-addr, -master_addr string\n",
 		"  -master-port, -master_port int\n",

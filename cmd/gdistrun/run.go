@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/internal/launch"
+	"github.com/gdist/gdist/internal/logx"
 )
 
 // config is what the command line asks for, plus the launcher's plumbing.
@@ -36,6 +38,10 @@ type config struct {
 	initTimeout      time.Duration
 	transport        string   // -transport: GDIST_TRANSPORT for the ranks; "" leaves it alone
 	bindTo           string   // -bind-to: core or none
+	runID            string   // --rdzv-id: TORCHELASTIC_RUN_ID for the ranks; "" leaves it alone
+	redirects        int      // --redirects: 1 stdout, 2 stderr, 3 both to the -log-dir files only
+	tee              int      // --tee: accepted (-log-dir always copies both streams)
+	logFormat        string   // -log-format: GDIST_LOG_FORMAT for the ranks and gdistrun's notes; "" leaves it alone
 	argv             []string // program and its arguments
 
 	environ []string         // base environment of the ranks; nil means os.Environ()
@@ -60,6 +66,7 @@ const (
 	envHeartbeat    = "GDIST_HEARTBEAT_TIMEOUT" // dist.EnvHeartbeatTimeout
 	envInitTimeout  = "GDIST_INIT_TIMEOUT"      // dist.EnvInitTimeout
 	envTransport    = "GDIST_TRANSPORT"         // dist.EnvTransport
+	envRunID        = "TORCHELASTIC_RUN_ID"     // torchrun's name of --rdzv-id for its workers
 	envGOMAXPROCS   = "GOMAXPROCS"
 	multiNodeListen = "0.0.0.0:0"
 )
@@ -85,6 +92,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		}
 		return 1, err
 	}
+	say := newNotes(stderr, cfg, environ).say
 	if cfg.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.timeout)
@@ -95,6 +103,19 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		so, se := passThrough(stdout), passThrough(stderr)
 		terminal = func(int) (io.Writer, io.Writer) { return so, se }
 	}
+	if cfg.redirects != 0 { // to the -log-dir files only
+		all := terminal
+		terminal = func(rank int) (io.Writer, io.Writer) {
+			so, se := all(rank)
+			if cfg.redirects&1 != 0 {
+				so = nil
+			}
+			if cfg.redirects&2 != 0 {
+				se = nil
+			}
+			return so, se
+		}
+	}
 	output := terminal
 	var logs *rankLogs
 	if cfg.logDir != "" {
@@ -103,7 +124,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		}
 		defer func() {
 			if err := logs.close(); err != nil {
-				fmt.Fprintf(stderr, "gdistrun: %v\n", err)
+				say(slog.LevelError, "%v", err)
 			}
 		}()
 		output = logs.output(terminal)
@@ -121,6 +142,12 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 	if cfg.transport != "" {
 		env = append(env, envTransport+"="+cfg.transport)
 	}
+	if cfg.runID != "" {
+		env = append(env, envRunID+"="+cfg.runID)
+	}
+	if cfg.logFormat != "" {
+		env = append(env, logx.EnvFormat+"="+cfg.logFormat)
+	}
 	procs := 0
 	if lookupEnv(environ, envGOMAXPROCS) == "" {
 		cpus := cfg.cpus
@@ -128,7 +155,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 			cpus = availableCPUs()
 		}
 		procs = procsPerRank(cpus, cfg.nproc)
-		fmt.Fprintf(stderr, "gdistrun: GOMAXPROCS=%d for %s (%d CPUs; set GOMAXPROCS to override)\n",
+		say(slog.LevelInfo, "GOMAXPROCS=%d for %s (%d CPUs; set GOMAXPROCS to override)",
 			procs, eachRank(cfg.nproc), cpus)
 	}
 	sigs := relaySignals(cfg.signals)
@@ -162,7 +189,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 			return startFailureStatus(err), err
 		}
 		if job.Bind && attempt == 0 {
-			fmt.Fprintf(stderr, "gdistrun: -bind-to core: %s\n", bindings(r.Procs()))
+			say(slog.LevelInfo, "-bind-to core: %s", bindings(r.Procs()))
 		}
 		err = r.Wait()
 		if logs != nil {
@@ -170,7 +197,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (int, error)
 		}
 		var re *launch.RankError
 		if errors.As(err, &re) && attempt < cfg.maxRestarts && ctx.Err() == nil && sigs.received() == nil {
-			fmt.Fprintf(stderr, "gdistrun: rank %d failed (%v); restart %d of %d\n", re.Rank, re.Err, attempt+1, cfg.maxRestarts)
+			say(slog.LevelWarn, "rank %d failed (%v); restart %d of %d", re.Rank, re.Err, attempt+1, cfg.maxRestarts)
 			continue
 		}
 		if re != nil && cfg.maxRestarts > 0 {

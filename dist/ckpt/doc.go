@@ -1,41 +1,11 @@
-// Package ckpt is distributed checkpointing on top of models/checkpoint:
+// Package ckpt is distributed checkpointing on top of train/checkpoint:
 // saving a job's training state every N steps or T seconds without stalling
 // training for longer than a copy of the state, resuming every rank from
 // the same step, and checking that the ranks hold the same state before
 // the first step.
 //
-// Saves come every WithEvery steps, or (WithInterval) when a time has
-// passed on rank 0's clock, which then tells the others with a one-float
-// broadcast per step, or whenever Save is called.
-//
-// A data-parallel job (every rank holds the same model) has one writer,
-// rank 0, which saves DIR/ckpt-<step>.gdc through a checkpoint.Async: Save
-// copies the state and returns, the write (atomic, verified after writing,
-// pruned to the last K) runs on the writer's goroutine. A pipeline job
-// (WithStage) has one writer per stage, each saving only its own layers to
-// DIR/stage<k>/ckpt-<step>.gdc.
-//
-// Resume is a collective: each rank lists its directory and the ranks agree,
-// by all-reduces, on the newest step for which every rank has a checkpoint
-// that verifies completely, passing over torn or corrupt files — so a
-// stage whose newest file is torn makes every stage resume from the previous
-// step, and no rank ever resumes from a step the others do not. If some
-// rank has a checkpoint but no step is common to all, Resume fails
-// (ErrNoCommonStep) rather than starting part of the job afresh.
-//
-// Every rank of a data-parallel job loads the file itself rather than rank
-// 0 loading and broadcasting it: on one host (or a shared file system) that
-// costs no network transfer and no extra memory on rank 0, and Verify
-// catches a rank that loaded something else. Verify all-gathers a digest
-// of each rank's live state (step, epoch, sampler position, parameters,
-// optimizer state, RNG state: FNV-1a hashes of every element's bits) and
-// fails on every rank with a *MismatchError naming the part and the ranks
-// that differ from rank 0.
-//
-// WithRankRNG is for data-parallel ranks that each draw their own random
-// numbers (their own batches): Save sends every rank's RNG state to rank 0,
-// which stores them in the checkpoint's metadata, and Resume hands each
-// rank its own.
+// Call New on every rank with the checkpoint directory, then Resume (a
+// collective) before the first step, Verify, and Step after every step.
 //
 // # Usage
 //
@@ -64,4 +34,48 @@
 // solver's state (optim's State().Checkpoint()), step, epoch, sampler
 // position and RNG state. Pipeline stages add ckpt.WithStage(k) and pass
 // only their own layers.
+//
+// # Saving
+//
+// Saves come every WithEvery steps, or (WithInterval) when a time has
+// passed on rank 0's clock, which then tells the others with a one-float
+// broadcast per step, or whenever Save is called.
+//
+// A data-parallel job (every rank holds the same model) has one writer,
+// rank 0, which saves DIR/ckpt-<step>.gdc through a checkpoint.Async: Save
+// copies the state and returns, the write (atomic, verified after writing,
+// pruned to the last K) runs on the writer's goroutine. A pipeline job
+// (WithStage) has one writer per stage, each saving only its own layers to
+// DIR/stage<k>/ckpt-<step>.gdc.
+//
+// WithRankRNG is for data-parallel ranks that each draw their own random
+// numbers (their own batches): Save sends every rank's RNG state to rank 0,
+// which stores them in the checkpoint's metadata, and Resume hands each
+// rank its own.
+//
+// # Resuming
+//
+// Resume is a collective: each rank lists its directory and the ranks agree,
+// by all-reduces, on the newest step for which every rank has a checkpoint
+// that verifies completely, passing over torn or corrupt files — so a
+// stage whose newest file is torn makes every stage resume from the previous
+// step, and no rank ever resumes from a step the others do not. If some
+// rank has a checkpoint but no step is common to all, Resume fails
+// (ErrNoCommonStep) rather than starting part of the job afresh.
+//
+// Every rank loads the checkpoint itself, so DIR must be readable by every
+// rank: on several hosts, a shared file system or a volume every pod
+// mounts. A rank that cannot see rank 0's files finds no common step.
+//
+// Verify all-gathers a digest of each rank's live state (step, epoch,
+// sampler position, parameters, optimizer state, RNG state: FNV-1a hashes
+// of every element's bits) and fails on every rank with a *MismatchError
+// naming the part and the ranks that differ from rank 0.
+//
+// # Design
+//
+// Every rank reads the file rather than rank 0 reading it and broadcasting
+// the state: on one host or a shared file system that costs no network
+// transfer and no extra memory on rank 0, and Verify catches a rank that
+// loaded something else.
 package ckpt

@@ -4,6 +4,38 @@
 // the other ranks before every optimiser step, so that all copies stay
 // identical and training equals one process on the whole batch.
 //
+// Call Wrap on every rank once the model's parameters exist, use Hook at
+// every use of a parameter in the forward pass, and step through Solver.
+//
+// # Usage
+//
+// On every rank (pg from gdist.InitFromEnv, or dist.New over a transport):
+//
+//	g := gorgonia.NewGraph()
+//	params := ... // the model's learnable nodes, with values
+//	d, err := ddp.Wrap(ctx, pg, params)
+//	defer d.Close() // before pg.Close
+//	x := gorgonia.NewMatrix(g, gorgonia.Float32, gorgonia.WithShape(localBatch, in))
+//	h := x
+//	for l := range layers {
+//		w, err := d.Hook(params[2*l]) // at the point of use
+//		h = gorgonia.Must(gorgonia.Mul(h, w))
+//		...
+//	}
+//	loss := ... // a mean over the local batch
+//	_, err = gorgonia.Grad(loss, params...)
+//	vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(params...))
+//	solver := d.Solver(gorgonia.NewAdamSolver())
+//	for each batch {
+//		// Let x and y hold this rank's share of the batch
+//		err = vm.RunAll()
+//		err = solver.Step(gorgonia.NodesToValueGrads(params))
+//		vm.Reset()
+//		log.Printf("%+v", d.Stats())
+//	}
+//
+// # How it works
+//
 // Wrap broadcasts the parameters from rank 0 and groups them into buckets,
 // in reverse order (the order in which backprop produces their gradients):
 // a small first bucket (DefaultFirstBucketCap, 1 MiB) so that communication
@@ -56,31 +88,4 @@
 // buffers; afterwards every call fails with ErrClosed (which matches
 // dist.ErrClosed too). The ProcessGroup stays the caller's: close the DDP,
 // then the group.
-//
-// # Usage
-//
-// On every rank (pg from dist.InitFromEnv, or dist.New over a transport):
-//
-//	g := gorgonia.NewGraph()
-//	params := ... // the model's learnable nodes, with values
-//	d, err := ddp.Wrap(ctx, pg, params)
-//	defer d.Close() // before pg.Close
-//	x := gorgonia.NewMatrix(g, gorgonia.Float32, gorgonia.WithShape(localBatch, in))
-//	h := x
-//	for l := range layers {
-//		w, err := d.Hook(params[2*l]) // at the point of use
-//		h = gorgonia.Must(gorgonia.Mul(h, w))
-//		...
-//	}
-//	loss := ... // a mean over the local batch
-//	_, err = gorgonia.Grad(loss, params...)
-//	vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(params...))
-//	solver := d.Solver(gorgonia.NewAdamSolver())
-//	for each batch {
-//		// Let x and y hold this rank's share of the batch
-//		err = vm.RunAll()
-//		err = solver.Step(gorgonia.NodesToValueGrads(params))
-//		vm.Reset()
-//		log.Printf("%+v", d.Stats())
-//	}
 package ddp

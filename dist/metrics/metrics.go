@@ -173,6 +173,36 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
+// RankAddr returns the address the rank with local rank localRank (its
+// index among the ranks on its host, LOCAL_RANK) serves its metrics on,
+// given the host:port of GDIST_METRICS_ADDR: the port plus the local rank,
+// so that the ranks of one host get distinct ports without the user
+// computing them (127.0.0.1:9464 gives 9464 to local rank 0, 9465 to local
+// rank 1, ...). Port 0 stays 0: every rank then picks a free port and logs
+// the one it bound. The host is kept as given (empty: all interfaces). An
+// address that is not host:port, a port that is not a number in [0, 65535],
+// or a port plus local rank past 65535 is an error naming addr.
+func RankAddr(addr string, localRank int) (string, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("metrics: address %q: want host:port (port 0: a free one): %w", addr, err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", fmt.Errorf("metrics: address %q: port %q is not a number in [0, 65535]", addr, p)
+	}
+	if localRank < 0 {
+		return "", fmt.Errorf("metrics: address %q: negative local rank %d", addr, localRank)
+	}
+	if port == 0 {
+		return addr, nil
+	}
+	if port+localRank > 65535 {
+		return "", fmt.Errorf("metrics: address %q: port %d + local rank %d is past 65535", addr, port, localRank)
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port+localRank)), nil
+}
+
 // Server is a running metrics endpoint.
 type Server struct {
 	srv  *http.Server

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -116,4 +117,61 @@ func BenchmarkCollectiveOff(b *testing.B) {
 	for b.Loop() {
 		m.Collective("all_reduce", 4096, 100*time.Microsecond)
 	}
+}
+
+func TestRankAddr(t *testing.T) {
+	for _, c := range []struct {
+		addr  string
+		local int
+		want  string
+	}{
+		{"127.0.0.1:9464", 0, "127.0.0.1:9464"},
+		{"127.0.0.1:9464", 1, "127.0.0.1:9465"},
+		{":9464", 3, ":9467"},
+		{"[::1]:9000", 2, "[::1]:9002"},
+		{"127.0.0.1:0", 5, "127.0.0.1:0"}, // every rank picks a free port
+		{"localhost:65534", 1, "localhost:65535"},
+	} {
+		got, err := RankAddr(c.addr, c.local)
+		require.NoError(t, err, c.addr)
+		assert.Equal(t, c.want, got, "RankAddr(%q, %d)", c.addr, c.local)
+	}
+	for _, c := range []struct {
+		addr  string
+		local int
+		msg   string
+	}{
+		{"9464", 0, `"9464": want host:port`},
+		{"host:http", 0, `port "http" is not a number`},
+		{"host:70000", 0, `port "70000" is not a number in [0, 65535]`},
+		{"host:65535", 1, "port 65535 + local rank 1 is past 65535"},
+		{"host:9464", -1, "negative local rank"},
+	} {
+		_, err := RankAddr(c.addr, c.local)
+		require.Error(t, err, c.addr)
+		assert.Contains(t, err.Error(), c.msg)
+	}
+}
+
+// Two ranks of one host given the same address serve on distinct ports.
+func TestRankAddrTwoRanksServe(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	base := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	var srvs []*Server
+	for local := range 2 {
+		addr, err := RankAddr(base, local)
+		require.NoError(t, err)
+		s, err := New(local, 2, nil).Serve(addr)
+		if err != nil && local == 1 {
+			t.Skipf("the port after %s is taken: %v", base, err)
+		}
+		require.NoError(t, err)
+		srvs = append(srvs, s)
+	}
+	for _, s := range srvs {
+		require.NoError(t, s.Close())
+	}
+	assert.NotEqual(t, srvs[0].Addr().String(), srvs[1].Addr().String())
 }

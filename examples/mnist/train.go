@@ -53,8 +53,8 @@ type config struct {
 	// error.
 	CkptFresh bool
 
-	// For tests: cap the steps per epoch (0: a full epoch) and the number of
-	// test images evaluated (0: all).
+	// Cap the steps per epoch (-max-steps; 0: a full epoch) and, for
+	// tests, the number of test images evaluated (0: all).
 	MaxSteps  int
 	TestLimit int
 	// StopAfter > 0 makes train return errStopped right after that step,
@@ -91,8 +91,9 @@ type hooks struct {
 	// ready is called once the model is built and wrapped, with the number
 	// of parameters and of DDP buckets.
 	ready func(params, buckets int)
-	// start is called before each epoch with its number (from 1) and steps.
-	start func(epoch, steps int)
+	// start is called before each epoch with its number (from 1), the
+	// steps of it done before a resume (0 unless resumed) and its steps.
+	start func(epoch, from, steps int)
 	// step is called after each step with the step number (from 1) and this
 	// rank's loss.
 	step func(step int, loss float64)
@@ -393,13 +394,13 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		if steps == 0 {
 			return nil, fmt.Errorf("mnist: %d training images per rank is less than one batch of %d", sampler.Len(), cfg.Batch)
 		}
+		_, next := sampler.Pos()
+		done := next / cfg.Batch // steps of this epoch before a resume
 		if leader && h.start != nil {
-			h.start(epoch, steps)
+			h.start(epoch, done, steps)
 		}
 		var comm, exposed time.Duration
 		begin := time.Now()
-		_, next := sampler.Pos()
-		done := next / cfg.Batch // steps of this epoch before a resume
 		for s := done; s < steps; s++ {
 			if err := ctx.Err(); err != nil {
 				return nil, err

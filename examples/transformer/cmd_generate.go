@@ -12,7 +12,7 @@ import (
 )
 
 // runGenerate is the generate command.
-func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg genConfig
@@ -36,7 +36,6 @@ Flags:
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	var err error
 	if cfg.Split, err = parseSplit(*split); err != nil {
 		return usageError(fs, stderr, "%v", err)
 	}
@@ -49,7 +48,7 @@ Flags:
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer cli.Close(&err, pg)
 	res, err := generate(ctx, pg, cfg)
 	if err != nil {
 		return err

@@ -24,7 +24,7 @@ import (
 var defaultCkpt = filepath.Join("out", "opticks.gdc")
 
 // runTrain is the train command.
-func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	def := transformer.DefaultConfig(0)
@@ -102,7 +102,7 @@ Flags:
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer cli.Close(&err, pg)
 	leader := pg.IsLeader()
 	w := io.Discard
 	if leader {

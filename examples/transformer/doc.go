@@ -18,7 +18,7 @@
 //
 // train holds out the last -val-frac (10%) of the text, trains the model
 // (by default transformer.DefaultConfig: context 64, width 64, 4 heads, 2
-// blocks) with models/optim's Adam (-lr 3e-3, gradients clipped at 1; bit
+// blocks) with train/optim's Adam (-lr 3e-3, gradients clipped at 1; bit
 // for bit Gorgonia's AdamSolver, with a state that can be saved) on batches of -batch
 // (16) random windows, validates every -eval-every (100) steps on
 // -eval-windows (64) fixed windows of the held-out tail, and stops after

@@ -177,7 +177,7 @@ type bench struct {
 }
 
 // runRank is one rank of the benchmark; rank 0 writes the report to stdout.
-func runRank(ctx context.Context, stdout io.Writer) error {
+func runRank(ctx context.Context, stdout io.Writer) (err error) {
 	rank, err := strconv.Atoi(os.Getenv("RANK"))
 	if err != nil {
 		return fmt.Errorf("RANK: %w", err)
@@ -232,9 +232,9 @@ func runRank(ctx context.Context, stdout io.Writer) error {
 		}
 	}
 	if !cfg.NoAllReduce {
-		err := b.allReduce(ctx, res)
+		err = b.allReduce(ctx, res)
 		if b.tcpPG != nil {
-			defer b.tcpPG.Close()
+			defer cli.Close(&err, b.tcpPG)
 		}
 		if err != nil {
 			return err

@@ -18,6 +18,7 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/shm"
 	"github.com/gdist/gdist/internal/benchutil"
+	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/rawtcp"
 )
 
@@ -162,12 +163,12 @@ func (b *bench) idle(ctx context.Context, tr transport.Transport) (float64, erro
 // and 16 MiB busbw in rounds, each after a raw 16 MiB exchange, with the
 // same all-reduces over gdist's TCP transport right before or after in the
 // same round (alternating), the reference.
-func (b *bench) allReduceShm(ctx context.Context, res *results) error {
+func (b *bench) allReduceShm(ctx context.Context, res *results) (err error) {
 	pg, err := dist.New(b.shm)
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
+	defer cli.Close(&err, pg)
 	r := res.shm
 	small := make([]float32, 4096)
 	var lat []time.Duration

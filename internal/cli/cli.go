@@ -17,7 +17,9 @@
 //			return err // flag.ErrHelp (exit 0) or errUsage (exit 2)
 //		}
 //		cli.SetProcs()
+//		pg, err := dist.InitFromEnv(ctx)
 //		...
+//		defer cli.Close(&err, pg) // run's result is (err error)
 //	}
 package cli
 
@@ -89,6 +91,22 @@ func ExitCode(name string, errUsage, err error, stderr io.Writer) int {
 	default:
 		fmt.Fprintln(stderr, name+": error:", err)
 		return 1
+	}
+}
+
+// Close closes c and, if *err is nil, sets it to the error Close returns:
+// for a deferred Close whose error must not be lost, such as a process
+// group's, which writes the timeline (GDIST_TIMELINE) and fails if it
+// cannot. In a function with a named error result:
+//
+//	pg, err := dist.InitFromEnv(ctx)
+//	if err != nil {
+//		return err
+//	}
+//	defer cli.Close(&err, pg)
+func Close(err *error, c io.Closer) {
+	if cerr := c.Close(); cerr != nil && *err == nil {
+		*err = cerr
 	}
 }
 

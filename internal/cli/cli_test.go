@@ -59,3 +59,18 @@ func TestUsagef(t *testing.T) {
 	assert.Contains(t, out.String(), "prog: -n 7 is too many\n")
 	assert.Contains(t, out.String(), "-n int")
 }
+
+type closer struct{ err error }
+
+func (c closer) Close() error { return c.err }
+
+func TestClose(t *testing.T) {
+	errClose, errRun := errors.New("close failed"), errors.New("run failed")
+	run := func(runErr, closeErr error) (err error) {
+		defer Close(&err, closer{closeErr})
+		return runErr
+	}
+	assert.Equal(t, errClose, run(nil, errClose), "Close's error is not lost")
+	assert.Equal(t, errRun, run(errRun, errClose), "the first error wins")
+	assert.NoError(t, run(nil, nil))
+}

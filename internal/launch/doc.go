@@ -26,10 +26,10 @@
 //
 // Re-executing the running program as 4 ranks with GOMAXPROCS=1, output
 // prefixed by rank; the ranks tell themselves apart by an extra variable and
-// join with dist.InitFromEnv:
+// join with gdist.InitFromEnv:
 //
 //	if os.Getenv("MYPROG_RANK") != "" {
-//		return runRank(ctx) // dist.InitFromEnv(ctx) ...
+//		return runRank(ctx) // gdist.InitFromEnv(ctx) ...
 //	}
 //	r, err := launch.Start(ctx, launch.Job{
 //		Spec:   launch.Spec{NProc: 4},

@@ -6,7 +6,7 @@
 // directory, Load reads the four gzipped IDX files into two Sets, and Batch
 // copies a batch of images and one-hot labels into caller-owned buffers that
 // back the model's input tensors. Each rank's share of every epoch comes
-// from models/data's DistributedSampler.
+// from train/data's DistributedSampler.
 //
 // # Usage
 //

@@ -135,7 +135,7 @@
 //
 // # Format (version 1)
 //
-// Version 1 files, written by earlier gdist releases, have the same
+// Version 1 files (configuration and tensors only) have the same
 // preamble with version 1, a header body without the state record and
 // without the namespace byte of each entry (all tensors are parameters), and
 // no trailer: the file ends after the last tensor's padding. They load with

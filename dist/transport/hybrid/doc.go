@@ -1,6 +1,6 @@
 // Package hybrid implements transport.Transport over shared memory between
 // the ranks of one host and TCP between hosts, behind one Transport: the
-// transport dist.InitFromEnv uses.
+// transport gdist.InitFromEnv uses.
 //
 // Experimental: the setup messages and the options may still change.
 //
@@ -14,7 +14,7 @@
 // ranks in different network namespaces of one machine, which cannot reach
 // each other's abstract Unix sockets, count as different hosts;
 // WithHostID (GDIST_HOST_ID) replaces it to simulate hosts. Rank 0's hello
-// also carries a fresh random session value. Hosts are numbered in the
+// also carries a fresh random 32-byte setup nonce. Hosts are numbered in the
 // order of their lowest rank (Hosts, the transport.Topology interface). A
 // peer whose hello does not come within WithSetupTimeout (one that does
 // not speak this protocol) fails the setup with a *transport.PeerError
@@ -22,8 +22,8 @@
 //
 // The ranks of each host with several ranks then set up package shm among
 // exactly themselves (shm.RendezvousPeers), under an abstract socket name
-// derived from the session and the host index, authenticated with the job
-// token (WithToken) or, without one, with the session value. Each tells
+// derived from the nonce and the host index, authenticated with the job
+// token (WithToken) or, without one, with the nonce. Each tells
 // the others of its host over TCP whether its setup succeeded; a rank that
 // hears of a failure stops its own setup, so all of them agree and none
 // waits for a peer that gave up. In mode Auto a host where shared memory
@@ -36,7 +36,7 @@
 // of the TCP transport and are all received before Rendezvous returns.
 // A hello is 48 bytes — "gdsthyb1", mode, flags (bit 0: has shm), two zero
 // bytes, the host identity's length (uint32, little-endian), the 32-byte
-// session (zero except from rank 0) — followed by the host identity. A
+// nonce (zero except from rank 0) — followed by the host identity. A
 // status is one byte (0 ok, 1 failed, 2 stopped because another failed),
 // followed for a failure by up to 512 bytes of its error text, which is
 // only logged or reported, never parsed.
@@ -66,6 +66,6 @@
 //	fmt.Println(tr.Via(0), tr.Hosts()) // "shm [0 0 1 1]", say
 //	pg, err := dist.New(tr)
 //
-// dist.InitFromEnv does this from the environment, with GDIST_TRANSPORT
+// gdist.InitFromEnv does this from the environment, with GDIST_TRANSPORT
 // (auto, tcp or shm) choosing the mode.
 package hybrid

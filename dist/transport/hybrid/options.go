@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/logx"
 	"github.com/gdist/gdist/internal/options"
 )
 
@@ -124,7 +125,7 @@ func apply(opts []Option) (config, error) {
 		return cfg, err
 	}
 	if cfg.logger == nil {
-		cfg.logger = slog.Default()
+		cfg.logger = logx.Default()
 	}
 	return cfg, nil
 }
@@ -181,7 +182,9 @@ func WithInsecure() Option {
 }
 
 // WithLogger sets the logger of both transports and of the setup (the
-// fallback warning of mode Auto). The default is slog.Default(). Loggers
+// fallback warning of mode Auto). The default is the program's
+// slog.Default() if it set one, else stderr in the format GDIST_LOG_FORMAT
+// selects (text or json). Loggers
 // given with WithTCP or WithSHM win for their transport.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {

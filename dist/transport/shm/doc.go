@@ -59,24 +59,23 @@
 // rest. Rings that only ever carry small messages (the pairs a ring
 // all-reduce does not use) stay almost unallocated.
 //
-// With WithSingleCopy (off by default: on the VM it was measured on, it was
-// slower than streaming), messages from the given size take one copy
-// instead of two: the ring carries only a remote
-// record with the address of the sender's buffer, which the receiver reads
-// with
+// With WithSingleCopy (off by default: slower than streaming through the
+// ring on the machine of BENCHMARKS.md), messages from the given size take
+// one copy instead of two: the ring carries only a remote record with the
+// address of the sender's buffer, which the receiver reads with
 // process_vm_readv(2) straight into the caller's buffer (or a pooled one;
 // for RecvReduce, through a small buffer that stays in cache) while Send
-// waits for its acknowledgement. A link uses this only after
-// the receiver has read a probe word of the sender's memory that way (the
-// kernel allows it between processes of one user unless ptrace is
-// restricted); otherwise large messages stream through the ring.
+// waits for its acknowledgement. A link uses this only after the receiver
+// has read a probe word of the sender's memory that way (the kernel allows
+// it between processes of one user unless ptrace is restricted); otherwise
+// large messages stream through the ring.
 //
 // Waiting polls the ring briefly (WithSpin; the poll yields the CPU once
 // it stops paying, as when both ranks share a CPU: a reply found right after
-// a yield), then parks on a futex
-// in the shared memory; the other side makes the futex system call only
-// when someone is parked. An idle rank blocked in a receive uses almost no
-// CPU (its heartbeat ticks).
+// a yield), then parks on a futex in the shared memory; the other side
+// makes the futex system call only when someone is parked. An idle rank
+// blocked in a receive uses almost no CPU (its heartbeat ticks).
+//
 // Flow control is credit based, as in package tcp: a sender never has more
 // unconsumed bytes outstanding than the receiver's queue limit, so the
 // reader never waits for queue space and always drains its ring, and two

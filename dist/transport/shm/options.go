@@ -10,6 +10,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
+	"github.com/gdist/gdist/internal/logx"
 	"github.com/gdist/gdist/internal/options"
 )
 
@@ -213,7 +214,8 @@ func WithSingleCopy(min int) Option {
 }
 
 // WithLogger sets where refused connections and lost peers are logged
-// (default slog.Default()).
+// (default: the program's slog.Default() if it set one, else stderr in the
+// format GDIST_LOG_FORMAT selects, text or json).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.logger = l; return nil }
 }
@@ -228,7 +230,7 @@ func (c *config) validate(rank, world int) error {
 		return fmt.Errorf("%w: a token is required (WithToken) unless WithInsecure is given", ErrConfig)
 	}
 	if c.logger == nil {
-		c.logger = slog.Default()
+		c.logger = logx.Default()
 	}
 	return nil
 }

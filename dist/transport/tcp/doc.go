@@ -74,8 +74,8 @@
 // the last bytes it sent. The heartbeat goroutines do no work but post a
 // frame, and every read that returns bytes counts as liveness, also in the
 // middle of a long frame: a rank computing with GOMAXPROCS=1 keeps
-// answering (measured: 10 s of Gorgonia matrix products, round trips at
-// most ~125 ms), and a large frame crossing a slow link does not make its
+// answering (TestBusyComputeNotDeclaredDead: 10 s of Gorgonia matrix
+// products), and a large frame crossing a slow link does not make its
 // sender look dead. The links to the other ranks are not affected: the layer
 // above decides what a lost peer means for the job (dist aborts the group
 // and tells the survivors why, over those links). A peer that calls Close

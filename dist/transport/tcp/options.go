@@ -8,6 +8,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
+	"github.com/gdist/gdist/internal/logx"
 	"github.com/gdist/gdist/internal/options"
 )
 
@@ -332,7 +333,8 @@ func WithHandshakeTimeout(d time.Duration) Option {
 }
 
 // WithLogger sets where refused connections and lost peers are logged
-// (default slog.Default()).
+// (default: the program's slog.Default() if it set one, else stderr in the
+// format GDIST_LOG_FORMAT selects, text or json).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.logger = l; return nil }
 }
@@ -357,7 +359,7 @@ func (c *config) validate(world int) error {
 		return fmt.Errorf("%w: a token is required (WithToken) unless WithInsecure is given", ErrConfig)
 	}
 	if c.logger == nil {
-		c.logger = slog.Default()
+		c.logger = logx.Default()
 	}
 	return nil
 }
