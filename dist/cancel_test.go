@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport/transporttest"
+	"github.com/gdist/gdist/internal/ctxseen"
 )
 
 // cancelLen is the float32 length of the all-reduce the ranks cancel: 16 MiB.
@@ -26,25 +26,6 @@ func cancelTrials(t *testing.T, full int) int {
 		return full / 10
 	}
 	return full
-}
-
-// seenCtx is a context that records whether its Err was ever seen
-// non-nil: whether the call it was passed to saw it end. A call that saw
-// its own context end must report that, whatever else happened; a call
-// that returned before its context ended need not. (Checking ctx.Err()
-// after the call returns would blame a call whose context ended between
-// its last look and the check.)
-type seenCtx struct {
-	context.Context
-	seen atomic.Bool
-}
-
-func (c *seenCtx) Err() error {
-	err := c.Context.Err()
-	if err != nil {
-		c.seen.Store(true)
-	}
-	return err
 }
 
 // bothCancel runs one trial on gs: every rank starts an all-reduce of
@@ -63,11 +44,11 @@ func bothCancel(gs []*ProcessGroup, bufs [][]float32, rng *rand.Rand) ([]error, 
 		wg.Go(func() {
 			inner, cancel := context.WithCancel(bg)
 			defer cancel()
-			ctx := &seenCtx{Context: inner}
+			ctx := ctxseen.New(inner) // whether the call saw its context end
 			stop := time.AfterFunc(delays[r], cancel)
 			defer stop.Stop()
 			errs[r] = g.AllReduce(ctx, bufs[r], Sum)
-			ended[r] = ctx.seen.Load()
+			ended[r] = ctx.Seen()
 		})
 	}
 	wg.Wait()
@@ -75,7 +56,8 @@ func bothCancel(gs []*ProcessGroup, bufs [][]float32, rng *rand.Rand) ([]error, 
 }
 
 // requireOwnCancel checks a trial: a rank whose call saw its context end
-// must report its own cancellation (errors.Is(err,
+// (ctxseen: checking ctx.Err() after the call would blame a call whose
+// context ended between its last look and the check) must report its own cancellation (errors.Is(err,
 // context.Canceled)), whatever notice came first; the peer's cause stays
 // in the chain. It returns how many ranks were in that case.
 func requireOwnCancel(t *testing.T, trial int, errs []error, ended []bool) int {
@@ -150,11 +132,11 @@ func TestBothCancelAsync(t *testing.T) {
 			wg.Go(func() {
 				inner, cancel := context.WithCancel(bg)
 				defer cancel()
-				ctx := &seenCtx{Context: inner}
+				ctx := ctxseen.New(inner)
 				w := g.AllReduceAsync(ctx, bufs[r], Sum)
 				time.AfterFunc(d, cancel)
 				<-w.Done()
-				errs[r], ended[r] = w.Err(), ctx.seen.Load()
+				errs[r], ended[r] = w.Err(), ctx.Seen()
 			})
 		}
 		wg.Wait()

@@ -12,11 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/ctxseen"
 )
 
 const (
@@ -82,23 +82,6 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 // when told (SIGUSR1, or in-process their cancel function).
 func cancels(role string) bool { return role == "cancel" || role == "cancel-all" }
 
-// seenCtx is a context that records whether its Err was ever seen
-// non-nil: whether the all-reduce it was passed to saw it end. A call that
-// returned before its context ended need not report the cancellation (a
-// check of ctx.Err() after the call could not tell).
-type seenCtx struct {
-	context.Context
-	seen atomic.Bool
-}
-
-func (c *seenCtx) Err() error {
-	err := c.Context.Err()
-	if err != nil {
-		c.seen.Store(true)
-	}
-	return err
-}
-
 // rankLoop all-reduces on pg until an error (or, in the soak, the time
 // stopAt agreed through the all-reduce) and prints how it ended; it closes
 // pg. ctx is the context of the all-reduces (the one cancellation
@@ -132,14 +115,14 @@ func rankLoop(ctx context.Context, o options, pg *dist.ProcessGroup, role string
 			}
 		}
 		start := time.Now()
-		sc := &seenCtx{Context: ctx}
+		sc := ctxseen.New(ctx) // whether the call saw its context end
 		err := pg.AllReduce(sc, data, dist.Max)
 		at := time.Now()
 		slowest = max(slowest, at.Sub(start))
 		if err != nil {
 			typ, peer, kind := classify(err)
 			rep := report{Rank: rank, Type: typ, Peer: peer, Kind: kind, Iter: i, At: at,
-				Own: sc.seen.Load(), Canceled: errors.Is(err, context.Canceled), Msg: err.Error()}
+				Own: sc.Seen(), Canceled: errors.Is(err, context.Canceled), Msg: err.Error()}
 			if role == "desync" && victim {
 				// The scenario: close at once after the failed call.
 				closed = true

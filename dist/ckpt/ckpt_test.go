@@ -54,6 +54,48 @@ func runRanks(t *testing.T, n int, fn func(rank int, pg *dist.ProcessGroup) erro
 	}
 }
 
+// saveEvery trains n in-process ranks to step last, saving every every
+// steps in dir.
+func saveEvery(t *testing.T, dir string, n int, every, last int64) {
+	t.Helper()
+	ctx := ctxT(t)
+	runRanks(t, n, func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithEvery(every))
+		if err != nil {
+			return err
+		}
+		return train(ctx, m, rank, last)
+	})
+}
+
+// dirSteps lists the steps of the checkpoints in dir, newest first.
+func dirSteps(t *testing.T, dir string) []int64 {
+	t.Helper()
+	d, err := checkpoint.OpenDir(dir)
+	require.NoError(t, err)
+	steps, err := d.Steps()
+	require.NoError(t, err)
+	return steps
+}
+
+// resumeErrs returns the errors of resumeOn.
+func resumeErrs(_ []*ckpt.Resumed, errs []error) []error { return errs }
+
+// resumeOn resumes n in-process ranks from dir with opts and returns each
+// rank's result and error.
+func resumeOn(t *testing.T, n int, dir string, opts ...ckpt.Option) ([]*ckpt.Resumed, []error) {
+	t.Helper()
+	ctx := ctxT(t)
+	return disttest.Results(t, disttest.Cluster(t, n), func(rank int, pg *dist.ProcessGroup) (*ckpt.Resumed, error) {
+		m, err := ckpt.New(pg, dir, opts...)
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		return m.Resume(ctx)
+	})
+}
+
 // train saves steps 1..last of state(step) with m.Step on every rank.
 func train(ctx context.Context, m *ckpt.Manager, rank int, last int64) error {
 	for step := int64(1); step <= last; step++ {
@@ -83,9 +125,7 @@ func TestRoundTrip(t *testing.T) {
 		assert.Equal(t, rank == 0, m.Writer())
 		return train(ctx, m, rank, 10)
 	})
-	steps, err := (func() ([]int64, error) { d, err := checkpoint.OpenDir(dir); require.NoError(t, err); return d.Steps() })()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{9, 6}, steps, "every 3 steps, the last 2 kept")
+	assert.Equal(t, []int64{9, 6}, dirSteps(t, dir), "every 3 steps, the last 2 kept")
 
 	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
 		m, err := ckpt.New(pg, dir, ckpt.WithEvery(3))
@@ -148,36 +188,14 @@ func TestRankRNG(t *testing.T) {
 	})
 	// A bigger world is refused on every rank: it would find no RNG state
 	// for its new rank, and a Manager does not reshard.
-	errs := disttest.Run(t, disttest.Cluster(t, 4), func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithRankRNG())
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		_, err = m.Resume(ctx)
-		return err
-	})
+	errs := resumeErrs(resumeOn(t, 4, dir, ckpt.WithRankRNG()))
 	for r, err := range errs {
 		assert.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
 	}
 	// A checkpoint saved without every rank's RNG state has none for rank 1.
 	dir = t.TempDir()
-	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
-		if err != nil {
-			return err
-		}
-		return train(ctx, m, rank, 2)
-	})
-	errs = disttest.Run(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithRankRNG())
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		_, err = m.Resume(ctx)
-		return err
-	})
+	saveEvery(t, dir, 2, 2, 2)
+	errs = resumeErrs(resumeOn(t, 2, dir, ckpt.WithRankRNG()))
 	assert.NoError(t, errs[0])
 	assert.ErrorIs(t, errs[1], ckpt.ErrRankState)
 }
@@ -322,26 +340,12 @@ func TestStagesWithoutCommonStep(t *testing.T) {
 // TestDataParallelRanksAgree: the ranks of a data-parallel job pass over a
 // torn newest file together and all resume from the previous step.
 func TestDataParallelRanksAgree(t *testing.T) {
-	ctx := ctxT(t)
 	dir := t.TempDir()
-	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
-		if err != nil {
-			return err
-		}
-		return train(ctx, m, rank, 6) // steps 2, 4, 6
-	})
+	saveEvery(t, dir, 2, 2, 6) // steps 2, 4, 6
 	// Tear step 6: both ranks read the same directory and skip it.
 	p := filepath.Join(dir, "ckpt-6.gdc")
 	require.NoError(t, os.Truncate(p, 100))
-	res, errs := disttest.Results(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) (*ckpt.Resumed, error) {
-		m, err := ckpt.New(pg, dir)
-		if err != nil {
-			return nil, err
-		}
-		defer m.Close()
-		return m.Resume(ctx)
-	})
+	res, errs := resumeOn(t, 2, dir)
 	for r, err := range errs {
 		require.NoError(t, err)
 		assert.Equal(t, int64(4), res[r].Step)
@@ -369,11 +373,7 @@ func TestInterval(t *testing.T) {
 		}
 		return m.Close()
 	})
-	d, err := checkpoint.OpenDir(dir)
-	require.NoError(t, err)
-	steps, err := d.Steps()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{3, 2, 1}, steps)
+	assert.Equal(t, []int64{3, 2, 1}, dirSteps(t, dir))
 }
 
 func TestOptions(t *testing.T) {
@@ -475,27 +475,10 @@ func damageAll(t *testing.T, dir string) []string {
 // lists each file and why, and touches nothing; starting afresh over them
 // takes WithStartFreshOverDamaged, which sets them aside.
 func TestResumeAllDamaged(t *testing.T) {
-	ctx := ctxT(t)
 	dir := t.TempDir()
-	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
-		if err != nil {
-			return err
-		}
-		return train(ctx, m, rank, 6) // steps 2, 4, 6 (3 kept)
-	})
+	saveEvery(t, dir, 2, 2, 6) // steps 2, 4, 6 (3 kept)
 	names := damageAll(t, dir)
-	resume := func(opts ...ckpt.Option) ([]*ckpt.Resumed, []error) {
-		return disttest.Results(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) (*ckpt.Resumed, error) {
-			m, err := ckpt.New(pg, dir, opts...)
-			if err != nil {
-				return nil, err
-			}
-			defer m.Close()
-			return m.Resume(ctx)
-		})
-	}
-	_, errs := resume()
+	_, errs := resumeOn(t, 2, dir)
 	for r, err := range errs {
 		require.ErrorIs(t, err, ckpt.ErrDamaged, "rank %d", r)
 		assert.ErrorIs(t, err, checkpoint.ErrCorrupt, "rank %d: the reasons are in the chain", r)
@@ -512,7 +495,7 @@ func TestResumeAllDamaged(t *testing.T) {
 		assert.NoError(t, err, "%s is left in place by the refusal", n)
 	}
 
-	res, errs := resume(ckpt.WithStartFreshOverDamaged())
+	res, errs := resumeOn(t, 2, dir, ckpt.WithStartFreshOverDamaged())
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 		assert.True(t, res[r].Fresh())
@@ -523,7 +506,7 @@ func TestResumeAllDamaged(t *testing.T) {
 		assert.NoError(t, err, "%s set aside", n)
 	}
 	// Nothing left to pass over: a fresh start without the option.
-	res, errs = resume()
+	res, errs = resumeOn(t, 2, dir)
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 		assert.True(t, res[r].Fresh())
@@ -554,11 +537,7 @@ func TestResumePastDamagedNewerFiles(t *testing.T) {
 		assert.True(t, r.Fresh())
 		return train(ctx, m, rank, 500) // 10 saves
 	})
-	d, err := checkpoint.OpenDir(dir)
-	require.NoError(t, err)
-	steps, err := d.Steps()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{500, 450, 400}, steps)
+	assert.Equal(t, []int64{500, 450, 400}, dirSteps(t, dir))
 }
 
 // TestResumeOtherWorld is issue 21's third scenario: a checkpoint saved on
@@ -566,24 +545,9 @@ func TestResumePastDamagedNewerFiles(t *testing.T) {
 // on every rank with an error naming both world sizes; so is one saved by
 // a pipeline stage read as data-parallel.
 func TestResumeOtherWorld(t *testing.T) {
-	ctx := ctxT(t)
 	dir := t.TempDir()
-	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
-		if err != nil {
-			return err
-		}
-		return train(ctx, m, rank, 4)
-	})
-	errs := disttest.Run(t, disttest.Cluster(t, 3), func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir)
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		_, err = m.Resume(ctx)
-		return err
-	})
+	saveEvery(t, dir, 2, 2, 4)
+	errs := resumeErrs(resumeOn(t, 3, dir))
 	for r, err := range errs {
 		require.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
 		var le *ckpt.LayoutError
@@ -599,15 +563,7 @@ func TestResumeOtherWorld(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(ckpt.StageDir(dir, 0), "ckpt-2.gdc"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "ckpt-2.gdc"), b, 0o644))
-	errs = disttest.Run(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir)
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		_, err = m.Resume(ctx)
-		return err
-	})
+	errs = resumeErrs(resumeOn(t, 2, dir))
 	for r, err := range errs {
 		require.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
 		assert.Contains(t, err.Error(), "pipeline stage 0")

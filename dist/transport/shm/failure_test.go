@@ -25,6 +25,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // devShm lists /dev/shm.
@@ -171,30 +172,10 @@ func TestPauseSurvivedFreezeNamed(t *testing.T) {
 	pending := make(chan error, 1)
 	go func() { _, err := tr.Recv(ctx, 1, 5); pending <- err }()
 
-	pause := DefaultHeartbeatTimeout - transport.PauseMargin
-	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
-	time.Sleep(pause)
-	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
-	select {
-	case err := <-pending:
-		t.Fatalf("a pause of %v was taken for a death: %v", pause, err)
-	case <-time.After(transport.PauseMargin + time.Second):
-		// Had the resumed child taken rank 0 for dead, it would have left
-		// and the receive would have failed.
-	}
-
-	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
-	stopped := time.Now()
-	select {
-	case err := <-pending:
-		el := time.Since(stopped)
-		requirePeerErr(t, err, 1, transport.ErrPeerUnresponsive)
-		t.Logf("survived a %v pause; a freeze named after %v: %v", pause, el.Round(time.Millisecond), err)
-		assert.GreaterOrEqual(t, el, DefaultHeartbeatTimeout-DefaultHeartbeatInterval, "not before the timeout")
-		assert.Less(t, el, DefaultHeartbeatTimeout+time.Second)
-	case <-time.After(DefaultHeartbeatTimeout + 5*time.Second):
-		t.Fatal("a frozen peer was not named")
-	}
+	signal := func(sig os.Signal) func() error { return func() error { return cmd.Process.Signal(sig) } }
+	err = transporttest.PauseThenFreeze(t, 1, signal(syscall.SIGSTOP), signal(syscall.SIGCONT), pending,
+		DefaultHeartbeatTimeout, DefaultHeartbeatInterval)
+	assert.ErrorIs(t, err, ErrHeartbeatTimeout)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	cmd.Wait()
 }
