@@ -2,7 +2,15 @@
 
 package dist
 
-import "testing"
+import (
+	"context"
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport/hybrid"
+)
 
 // TestBothCancelSHM is TestBothCancelLocal over the hybrid transport,
 // whose links between ranks of one host are shared memory (issue 21: 53
@@ -10,6 +18,16 @@ import "testing"
 // cancellation).
 func TestBothCancelSHM(t *testing.T) {
 	runBothCancel(t, cancelTrials(t, 100), func(t *testing.T) []*ProcessGroup {
-		return tcpCluster(t, hybridPair(t)).gs
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		master := ln.Addr().String()
+		require.NoError(t, ln.Close())
+		ts := startRanks(t, 2, func(ctx context.Context, r int) (*hybrid.Transport, error) {
+			return hybrid.Rendezvous(ctx, r, 2, master, hybrid.WithInsecure())
+		})
+		for _, tr := range ts {
+			require.Equal(t, hybrid.ViaSHM, tr.Via(1-tr.Rank()), "a shared-memory link")
+		}
+		return tcpCluster(t, ts).gs
 	})
 }

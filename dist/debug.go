@@ -55,7 +55,7 @@ func ParseDebugLevel(s string) (DebugLevel, error) {
 	case "detail":
 		return DebugDetail, nil
 	}
-	return 0, fmt.Errorf("%w: debug level %q (want off, info, debug or detail)", ErrInvalidArgument, s)
+	return 0, fmt.Errorf("dist: %w: debug level %q (want off, info, debug or detail)", ErrInvalidArgument, s)
 }
 
 // Environment variables New reads (options override them).

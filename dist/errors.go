@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // TagReservedBase is the first tag reserved for the group's own messages
@@ -37,10 +38,13 @@ var (
 	ErrReservedTag = errors.New("dist: tag in reserved range")
 	// ErrUnsupportedDType is returned for a DType that is not F16, BF16, F32 or F64.
 	ErrUnsupportedDType = errors.New("dist: unsupported dtype")
-	// ErrInvalidArgument is returned for a bad argument: an unknown ReduceOp,
-	// a byte buffer whose length is not a multiple of the element size, a
-	// count above MaxCount, an invalid option.
-	ErrInvalidArgument = errors.New("dist: invalid argument")
+	// ErrInvalidArgument is matched by the errors of a bad argument: an
+	// unknown ReduceOp, a byte buffer whose length is not a multiple of the
+	// element size, a count above MaxCount, an invalid option. It is the
+	// value every gdist package exports under this name
+	// (errs.ErrInvalidArgument), so transport.ErrInvalidArgument,
+	// tcp.ErrInvalidArgument and the others match it too.
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrAborted is wrapped by the errors of calls that fail because the
 	// group failed earlier (like an NCCL communicator, it cannot be
 	// resumed) or because a peer's abort notice explained the failure. The
@@ -51,8 +55,10 @@ var (
 	// protocol (wrong payload size, malformed abort message). It appears as
 	// the Err of a *PeerError.
 	ErrProtocol = errors.New("dist: protocol violation")
-	// ErrEnv is wrapped by InitFromEnv's errors about missing or malformed
-	// environment variables; the message names the variable.
+	// ErrEnv is wrapped by the errors about missing or malformed
+	// environment variables, New's (GDIST_DEBUG, GDIST_STALL_THRESHOLD,
+	// GDIST_HIERARCHICAL) and gdist.InitFromEnv's; the message names the
+	// variable.
 	ErrEnv = errors.New("dist: bad environment")
 	// ErrBigEndian is returned by New on big-endian hosts: the collectives
 	// reinterpret float slices as little-endian wire bytes.

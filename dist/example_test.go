@@ -12,7 +12,7 @@ import (
 )
 
 // world starts n in-process ranks, runs f on each concurrently and closes
-// them. Real jobs run one rank per process and use dist.InitFromEnv.
+// them. Real jobs run one rank per process and use gdist.InitFromEnv.
 func world(n int, f func(g *dist.ProcessGroup)) {
 	ts, err := transport.NewLocal(n)
 	if err != nil {

@@ -28,7 +28,6 @@ import (
 	"sync"
 
 	"github.com/gdist/gdist/dist/transport"
-	"github.com/gdist/gdist/dist/transport/tcp"
 )
 
 // setCauseLocked records the group's first failure and wakes every
@@ -182,7 +181,7 @@ func opLabel(op string, seq uint64) string {
 // peerKind classifies the error of a peer that failed.
 func peerKind(err error) FailureKind {
 	switch {
-	case errors.Is(err, ErrPeerUnresponsive), errors.Is(err, tcp.ErrHeartbeatTimeout):
+	case errors.Is(err, ErrPeerUnresponsive): // the transports' heartbeat timeouts match it
 		return KindFrozen
 	case errors.Is(err, ErrPeerLost):
 		return KindLost

@@ -97,7 +97,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 		return nil, ErrBigEndian
 	}
 	if t == nil {
-		return nil, fmt.Errorf("%w: nil transport", ErrInvalidArgument)
+		return nil, fmt.Errorf("dist: %w: nil transport", ErrInvalidArgument)
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -105,7 +105,7 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 	}
 	world, rank := t.WorldSize(), t.Rank()
 	if world < 1 || world > MaxWorldSize {
-		return nil, fmt.Errorf("%w: world size %d not in [1, %d]", ErrInvalidArgument, world, MaxWorldSize)
+		return nil, fmt.Errorf("dist: %w: world size %d not in [1, %d]", ErrInvalidArgument, world, MaxWorldSize)
 	}
 	if err := transport.CheckRank(rank, world); err != nil {
 		return nil, err
@@ -114,11 +114,15 @@ func New(t transport.Transport, opts ...Option) (*ProcessGroup, error) {
 	if err != nil {
 		return nil, err
 	}
+	localRank := rank
+	if cfg.localRank >= 0 {
+		localRank = cfg.localRank
+	}
 	g := &ProcessGroup{
 		t:         t,
 		rank:      rank,
 		world:     world,
-		localRank: rank,
+		localRank: localRank,
 		cfg:       cfg,
 		log:       cfg.logger.With("rank", rank),
 		done:      make(chan struct{}),
@@ -157,9 +161,9 @@ func (g *ProcessGroup) Rank() int { return g.rank }
 // WorldSize returns the number of ranks in the job.
 func (g *ProcessGroup) WorldSize() int { return g.world }
 
-// LocalRank returns this process's rank among the ranks on its host, as the
-// launcher set it (LOCAL_RANK and its Open MPI and Slurm equivalents) for a
-// group made by InitFromEnv, and Rank otherwise.
+// LocalRank returns this process's rank among the ranks on its host, as
+// WithLocalRank set it (gdist.InitFromEnv passes the launcher's LOCAL_RANK
+// or its Open MPI and Slurm equivalents), and Rank otherwise.
 func (g *ProcessGroup) LocalRank() int { return g.localRank }
 
 // IsLeader reports whether this is rank 0, the lowest rank.

@@ -92,10 +92,10 @@ func newHierPlan(hosts []int, rank int) *hierPlan {
 // numbered 0, 1, ... in the order of their lowest rank.
 func checkHosts(hosts []int, world int) error {
 	if len(hosts) != world {
-		return fmt.Errorf("%w: transport topology: %d host entries for %d ranks", ErrInvalidArgument, len(hosts), world)
+		return fmt.Errorf("dist: %w: transport topology: %d host entries for %d ranks", ErrInvalidArgument, len(hosts), world)
 	}
 	if err := transport.CheckHosts(hosts); err != nil {
-		return fmt.Errorf("%w: transport topology: %w", ErrInvalidArgument, err)
+		return fmt.Errorf("dist: %w: transport topology: %w", ErrInvalidArgument, err)
 	}
 	return nil
 }

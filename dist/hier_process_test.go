@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/launch"
 	"github.com/gdist/gdist/internal/portpick"
 	"github.com/gdist/gdist/internal/procjob"
 )
@@ -21,7 +22,7 @@ import (
 // Multi-process hierarchical collectives: 4 OS processes over TCP, each
 // wrapping its transport in a hostTransport that reports 2 hosts of 2 ranks
 // (0,0,1,1). The ranks connect by addresses the test picks (hierAddrsEnv),
-// not through InitFromEnv, whose transport reports no topology.
+// not through joinTCP's rendezvous.
 const (
 	hierAddrsEnv = "GDIST_DIST_TEST_HIER_ADDRS" // every rank's listen address
 	hierModeEnv  = "GDIST_DIST_TEST_HIER_MODE"  // "collectives" or "kill"
@@ -87,9 +88,9 @@ func childHier() int {
 // hierChildGroup connects this rank to the others over TCP and returns its
 // group, on a transport that reports processHosts.
 func hierChildGroup(ctx context.Context) (*ProcessGroup, error) {
-	r, err := strconv.Atoi(os.Getenv(EnvRank))
+	r, err := strconv.Atoi(os.Getenv(launch.EnvRank))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvRank, err)
+		return nil, fmt.Errorf("%s: %w", launch.EnvRank, err)
 	}
 	addrs := strings.Split(os.Getenv(hierAddrsEnv), ",")
 	if len(addrs) != len(processHosts) || r < 0 || r >= len(addrs) {
@@ -99,7 +100,7 @@ func hierChildGroup(ctx context.Context) (*ProcessGroup, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := tcp.New(ctx, r, len(addrs), ln, addrs, tcp.WithToken([]byte(os.Getenv(EnvToken))))
+	t, err := tcp.New(ctx, r, len(addrs), ln, addrs, tcp.WithToken([]byte(os.Getenv(launch.EnvToken))))
 	if err != nil {
 		ln.Close()
 		return nil, err

@@ -290,7 +290,7 @@ func EncodeFloat32(dst []byte, src []float32, dt DType) error {
 		return fmt.Errorf("%w: %v", ErrUnsupportedDType, dt)
 	}
 	if len(dst) != len(src)*dt.Size() {
-		return fmt.Errorf("%w: encode %d values as %v needs %d bytes, got %d", ErrInvalidArgument, len(src), dt, len(src)*dt.Size(), len(dst))
+		return fmt.Errorf("dist: %w: encode %d values as %v needs %d bytes, got %d", ErrInvalidArgument, len(src), dt, len(src)*dt.Size(), len(dst))
 	}
 	switch dt {
 	case F32:
@@ -312,7 +312,7 @@ func DecodeFloat32(dst []float32, src []byte, dt DType) error {
 		return fmt.Errorf("%w: %v", ErrUnsupportedDType, dt)
 	}
 	if len(src) != len(dst)*dt.Size() {
-		return fmt.Errorf("%w: decode %d values of %v needs %d bytes, got %d", ErrInvalidArgument, len(dst), dt, len(dst)*dt.Size(), len(src))
+		return fmt.Errorf("dist: %w: decode %d values of %v needs %d bytes, got %d", ErrInvalidArgument, len(dst), dt, len(dst)*dt.Size(), len(src))
 	}
 	switch dt {
 	case F32:

@@ -1,7 +1,8 @@
 package dist
 
-// Observability: the group's timeline (GDIST_TIMELINE, WithTimeline) and
-// Prometheus metrics (GDIST_METRICS_ADDR, WithMetricsAddr). Both are off by
+// Observability: the group's timeline (WithTimeline; gdist.InitFromEnv
+// reads GDIST_TIMELINE) and Prometheus metrics (WithMetricsAddr;
+// GDIST_METRICS_ADDR). Both are off by
 // default; off, a collective pays one branch and allocates nothing.
 
 import (
@@ -14,13 +15,6 @@ import (
 	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/timeline"
 	"github.com/gdist/gdist/internal/logx"
-)
-
-// Environment variables InitFromEnv reads to turn observability on.
-const (
-	EnvTimeline     = "GDIST_TIMELINE"      // path of the per-rank Chrome trace file (see WithTimeline)
-	EnvMetricsAddr  = "GDIST_METRICS_ADDR"  // host:port of the Prometheus endpoint; each rank serves on port + LOCAL_RANK (port 0: a free one), see metrics.RankAddr
-	EnvRestartCount = "GDIST_RESTART_COUNT" // set by gdistrun -max-restarts; exported as gdist_restarts
 )
 
 // WithTimeline records every collective (and, through Timeline, DDP buckets
@@ -48,12 +42,14 @@ func WithTimeline(path string) Option {
 // http://addr/metrics (addr is host:port; port 0 picks a free one, see
 // MetricsAddr) until the group closes: bytes per peer, collective counts,
 // bytes and latency histograms, DDP communication and exposed communication,
-// heartbeat round trips, restarts, and the Go runtime's own. The group logs
-// the address it bound at INFO: to the group's logger when WithLogger or a
-// debug level is given, else to stderr (in the format GDIST_LOG_FORMAT
-// selects). InitFromEnv takes GDIST_METRICS_ADDR with the port moved by
-// the local rank (metrics.RankAddr), so that the ranks of one host do not
-// collide; New serves on addr as given.
+// heartbeat round trips (reported by the transport's owner to Metrics, as
+// gdist.InitFromEnv does for its TCP links), restarts (WithRestartCount),
+// and the Go runtime's own. The group logs the address it bound at INFO:
+// to the group's logger when WithLogger or a debug level is given, else to
+// stderr (in the format GDIST_LOG_FORMAT selects). gdist.InitFromEnv takes
+// GDIST_METRICS_ADDR with the port moved by the local rank
+// (metrics.RankAddr), so that the ranks of one host do not collide; New
+// serves on addr as given.
 func WithMetricsAddr(addr string) Option {
 	return func(c *config) error {
 		if addr == "" {

@@ -6,8 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/gdist/gdist/dist/transport/hybrid"
-	"github.com/gdist/gdist/dist/transport/tcp"
 	"github.com/gdist/gdist/internal/options"
 )
 
@@ -58,7 +56,8 @@ const DefaultSmallThreshold = 128 << 10
 // ranks over TCP, paired runs).
 const defaultSegment = 4 << 20
 
-// Option configures New and InitFromEnv. Each option checks its value when
+// Option configures New (and gdist.InitFromEnv, through
+// gdist.WithGroupOptions). Each option checks its value when
 // the constructor applies it, and the constructor fails with the first
 // refusal: an error wrapping ErrInvalidArgument that names the option. A
 // nil Option is refused the same way. Options not given keep their
@@ -74,10 +73,8 @@ type config struct {
 
 	timeline    string // WithTimeline
 	metricsAddr string // WithMetricsAddr
-	restarts    int    // GDIST_RESTART_COUNT, from InitFromEnv
-
-	tcpOpts    []tcp.Option    // WithTCPOptions, for InitFromEnv
-	hybridOpts []hybrid.Option // WithSHMOptions (options_linux.go), for InitFromEnv
+	restarts    int    // WithRestartCount
+	localRank   int    // WithLocalRank; -1: the rank
 
 	// Failure reporting and debugging (failure.go, progress.go, debug.go).
 	debug         DebugLevel    // WithDebug, GDIST_DEBUG
@@ -95,10 +92,22 @@ func defaultConfig() config {
 		segment: defaultSegment,
 		logger:  slog.New(slog.DiscardHandler),
 
+		localRank: -1,
+
 		stall:         DefaultStallThreshold,
 		progressEvery: defaultProgressInterval,
 		hier:          true,
 	}
+}
+
+// CheckOptions returns the error New would return for opts, without a
+// transport: the first option that refuses its value, or a malformed
+// GDIST_DEBUG, GDIST_STALL_THRESHOLD or GDIST_HIERARCHICAL. Constructors
+// that connect a transport before they call New (gdist.InitFromEnv) call it
+// first, so that a bad option fails before the rendezvous.
+func CheckOptions(opts ...Option) error {
+	_, err := newConfig(opts)
+	return err
 }
 
 // newConfig applies opts, in order, to the defaults.
@@ -119,7 +128,7 @@ func newConfig(opts []Option) (config, error) {
 
 // invalidOption is the error of an option that refuses its value.
 func invalidOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+	return fmt.Errorf("dist: %w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
 
 // WithTimeout sets the timeout of a collective whose context has no
@@ -160,9 +169,9 @@ func withSegment(bytes int) Option {
 }
 
 // WithLogger sets where the group logs aborts (desyncs, lost peers,
-// timeouts). The default discards the group's messages; InitFromEnv also
-// hands l to the TCP transport, which otherwise logs to slog.Default().
-// l must not be nil.
+// timeouts). The default discards the group's messages. (gdist.WithLogger
+// hands a logger to the group and to the transports gdist.InitFromEnv
+// makes.) l must not be nil.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
@@ -173,20 +182,30 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithTCPOptions passes opts to the TCP transport InitFromEnv creates (New
-// takes a transport and ignores them), after the options InitFromEnv
-// derives from the environment (GDIST_TOKEN, GDIST_LISTEN_ADDR,
-// GDIST_HEARTBEAT_TIMEOUT, ...), so they win. Given several times, the
-// lists add up. The transport validates them: InitFromEnv fails with its
-// error (matching tcp.ErrConfig) for a bad one. A nil option is refused.
-func WithTCPOptions(opts ...tcp.Option) Option {
+// WithLocalRank sets what LocalRank reports: this process's rank among the
+// ranks on its host, as the launcher numbered them (gdist.InitFromEnv sets
+// it from LOCAL_RANK or its equivalents). n must not be negative; without
+// it LocalRank is Rank.
+func WithLocalRank(n int) Option {
 	return func(c *config) error {
-		for i, o := range opts {
-			if o == nil {
-				return invalidOption("WithTCPOptions: option %d is nil", i)
-			}
+		if n < 0 {
+			return invalidOption("WithLocalRank(%d): must not be negative", n)
 		}
-		c.tcpOpts = append(c.tcpOpts, opts...)
+		c.localRank = n
+		return nil
+	}
+}
+
+// WithRestartCount tells the group how many times the launcher has
+// restarted the job (gdist.InitFromEnv sets it from GDIST_RESTART_COUNT,
+// which gdistrun -max-restarts sets). The metrics (WithMetricsAddr) export
+// it as gdist_restarts. n must not be negative; the default is 0.
+func WithRestartCount(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return invalidOption("WithRestartCount(%d): must not be negative", n)
+		}
+		c.restarts = n
 		return nil
 	}
 }
@@ -240,8 +259,8 @@ func withProgressInterval(d time.Duration) Option {
 // Hierarchical collectives.
 
 // EnvHierarchical is the environment variable that turns the hierarchical
-// collectives off ("0") or on ("1", the default) for New and InitFromEnv;
-// WithHierarchical overrides it.
+// collectives off ("0") or on ("1", the default) for New; WithHierarchical
+// overrides it.
 const EnvHierarchical = "GDIST_HIERARCHICAL"
 
 // hierEnv applies GDIST_HIERARCHICAL to c.

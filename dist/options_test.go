@@ -5,14 +5,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gdist/gdist/dist/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
-// TestOptionsRefused: every invalid option value makes New and InitFromEnv
-// fail with an error matching ErrInvalidArgument that names the option, and
-// the first refusal wins.
+// TestOptionsRefused: every invalid option value makes New and CheckOptions
+// (which gdist.InitFromEnv calls before it connects) fail with an error
+// matching ErrInvalidArgument that names the option, and the first refusal
+// wins.
 func TestOptionsRefused(t *testing.T) {
 	for _, tc := range []struct {
 		opt  Option
@@ -24,6 +26,8 @@ func TestOptionsRefused(t *testing.T) {
 		{WithLogger(nil), "WithLogger"},
 		{withSegment(0), "withSegment"},
 		{withSegment(12), "withSegment"},
+		{WithLocalRank(-1), "WithLocalRank"},
+		{WithRestartCount(-1), "WithRestartCount"},
 		{nil, "option 0 is nil"},
 	} {
 		ts := transporttest.NewLocal(t, 1)
@@ -32,10 +36,9 @@ func TestOptionsRefused(t *testing.T) {
 		assert.Contains(t, err.Error(), tc.name)
 		require.NoError(t, ts[0].Close(), "on error the caller keeps the transport")
 
-		t.Setenv(EnvRank, "")
-		t.Setenv(EnvMasterAddr, "")
-		_, err = InitFromEnv(bg, tc.opt)
+		err = CheckOptions(tc.opt)
 		require.ErrorIs(t, err, ErrInvalidArgument)
+		assert.Contains(t, err.Error(), tc.name)
 	}
 	ts := transporttest.NewLocal(t, 1)
 	defer ts[0].Close()
@@ -63,4 +66,19 @@ func TestOptionsDefaults(t *testing.T) {
 	assert.Equal(t, 64, cfg.segment)
 	assert.Same(t, l, cfg.logger)
 	assert.True(t, cfg.loggerSet)
+}
+
+// TestWithLocalRank: LocalRank is Rank unless WithLocalRank says otherwise.
+func TestWithLocalRank(t *testing.T) {
+	ts := transporttest.NewLocal(t, 2)
+	g0, err := New(ts[0])
+	require.NoError(t, err)
+	defer g0.Close()
+	g1, err := New(ts[1], WithLocalRank(0), WithRestartCount(2))
+	require.NoError(t, err)
+	defer g1.Close()
+	assert.Equal(t, 0, g0.LocalRank())
+	assert.Equal(t, 0, g1.LocalRank())
+	assert.Equal(t, 1, g1.Rank())
+	assert.Equal(t, 2, g1.cfg.restarts)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/launch"
 	"github.com/gdist/gdist/internal/procjob"
 )
 
@@ -234,15 +235,15 @@ func childFail(scenario string) int {
 	case "stall":
 		return childStall(ctx)
 	case "freeze":
-		g, err = freezeGroup(ctx, failHeartbeat)
+		g, err = joinTCP(ctx, failHeartbeat)
 	case lateScenario + "0", lateScenario + "2":
 		hb := failHeartbeat
-		if os.Getenv("RANK") == strings.TrimPrefix(scenario, lateScenario) {
+		if os.Getenv(launch.EnvRank) == strings.TrimPrefix(scenario, lateScenario) {
 			hb = lateHeartbeat
 		}
-		g, err = freezeGroup(ctx, hb)
+		g, err = joinTCP(ctx, hb)
 	default:
-		g, err = InitFromEnv(ctx)
+		g, err = joinTCP(ctx, 0)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "init:", err)
@@ -305,17 +306,34 @@ func resultLine(err error) string {
 		peer, culprit, kind, errors.Is(err, ErrDesync), errors.Is(err, ErrPeerClosed), err)
 }
 
-// freezeGroup joins like InitFromEnv, with heartbeat timeout hb.
-func freezeGroup(ctx context.Context, hb time.Duration) (*ProcessGroup, error) {
-	rank, _ := strconv.Atoi(os.Getenv("RANK"))
-	world, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
-	addr := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
-	t, err := tcp.Rendezvous(ctx, rank, world, addr, tcp.WithToken([]byte(os.Getenv(EnvToken))),
-		tcp.WithListenAddr("127.0.0.1:0"), tcp.WithHeartbeat(hb/8, hb))
+// joinTCP joins the job procjob started (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT, GDIST_TOKEN) over the TCP transport, with
+// heartbeat timeout hb (0: the transport's default). (gdist.InitFromEnv,
+// which package dist cannot import, joins over the hybrid transport:
+// process_hybrid_test.go runs the same checks through it.)
+func joinTCP(ctx context.Context, hb time.Duration) (*ProcessGroup, error) {
+	rank, err := strconv.Atoi(os.Getenv(launch.EnvRank))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", launch.EnvRank, err)
+	}
+	world, err := strconv.Atoi(os.Getenv(launch.EnvWorldSize))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", launch.EnvWorldSize, err)
+	}
+	local, err := strconv.Atoi(os.Getenv(launch.EnvLocalRank))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", launch.EnvLocalRank, err)
+	}
+	addr := net.JoinHostPort(os.Getenv(launch.EnvMasterAddr), os.Getenv(launch.EnvMasterPort))
+	topts := []tcp.Option{tcp.WithToken([]byte(os.Getenv(launch.EnvToken))), tcp.WithListenAddr("127.0.0.1:0")}
+	if hb > 0 {
+		topts = append(topts, tcp.WithHeartbeat(hb/8, hb))
+	}
+	t, err := tcp.Rendezvous(ctx, rank, world, addr, topts...)
 	if err != nil {
 		return nil, err
 	}
-	g, err := New(t)
+	g, err := New(t, WithLocalRank(local))
 	if err != nil {
 		t.Close()
 	}
@@ -346,7 +364,7 @@ func TestProcessStallReport(t *testing.T) {
 }
 
 func childStall(ctx context.Context) int {
-	g, err := InitFromEnv(ctx)
+	g, err := joinTCP(ctx, 0)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "init:", err)
 		return 1

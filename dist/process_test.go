@@ -18,7 +18,7 @@ import (
 
 // Multi-process tests: the test binary re-executes itself once per rank
 // with childEnv set to a role; TestMain sends such a process to childMain
-// instead of running tests. The ranks join through InitFromEnv, over TCP.
+// instead of running tests. The ranks join over TCP (joinTCP).
 
 // childEnv names the environment variable that makes the test binary run as
 // one rank of a multi-process test instead of running tests.
@@ -104,9 +104,9 @@ func childMain(role string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	g, err := InitFromEnv(ctx)
+	g, err := joinTCP(ctx, 0)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "InitFromEnv:", err)
+		fmt.Fprintln(os.Stderr, "join:", err)
 		return 1
 	}
 	defer g.Close()

@@ -21,11 +21,11 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/mnist"
-	"github.com/gdist/gdist/models/checkpoint"
-	mdata "github.com/gdist/gdist/models/data"
 	"github.com/gdist/gdist/models/mlp"
-	"github.com/gdist/gdist/models/optim"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
+	mdata "github.com/gdist/gdist/train/data"
+	"github.com/gdist/gdist/train/optim"
 )
 
 var errUsage = errors.New("bench/checkpoint: usage")

@@ -29,9 +29,9 @@
 // threshold (-1 keeps dist.DefaultSmallThreshold), -check=false skips the
 // #wrong check. -transport is a comma-separated list of values of
 // GDIST_TRANSPORT — tcp (TCP between every pair), shm (shared memory
-// between the ranks of this host, or fail) and auto (what dist.InitFromEnv
+// between the ranks of this host, or fail) and auto (what gdist.InitFromEnv
 // does by default: shared memory where it sets up) — every rank joining
-// with dist.InitFromEnv: one job per world size and transport, the
+// with gdist.InitFromEnv: one job per world size and transport, the
 // transports of a world size back to back, so that their tables compare
 // within one run. Each table's header says how rank 0 reached its peers.
 package main
@@ -49,6 +49,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gdist/gdist"
 	config "github.com/gdist/gdist/internal/options"
 
 	"github.com/gdist/gdist/dist"
@@ -112,7 +113,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	nps := fs.String("np", "2,3,4", "world sizes to run, comma-separated")
 	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes (-1: the default)")
 	fs.BoolVar(&o.check, "check", true, "check results against the reference (#wrong)")
-	trs := fs.String("transport", "tcp", "transports to run, comma-separated, one job each per world size: tcp, shm (shared memory, Linux) or auto (dist.InitFromEnv with GDIST_TRANSPORT=auto)")
+	trs := fs.String("transport", "tcp", "transports to run, comma-separated, one job each per world size: tcp, shm (shared memory, Linux) or auto (gdist.InitFromEnv with GDIST_TRANSPORT=auto)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return o, err
 	}
@@ -201,16 +202,16 @@ func launchJob(ctx context.Context, np int, tr string, args []string, stdout, st
 	return r.Wait()
 }
 
-// join makes this rank's group with dist.InitFromEnv, GDIST_TRANSPORT
+// join makes this rank's group with gdist.InitFromEnv, GDIST_TRANSPORT
 // set to tr.
 func join(ctx context.Context, tr string, gopts []dist.Option) (*dist.ProcessGroup, error) {
-	if err := os.Setenv(dist.EnvTransport, tr); err != nil {
+	if err := os.Setenv(gdist.EnvTransport, tr); err != nil {
 		return nil, err
 	}
-	return dist.InitFromEnv(ctx, gopts...)
+	return gdist.InitFromEnv(ctx, gdist.WithGroupOptions(gopts...))
 }
 
-// routes says how this rank reaches its peers (InitFromEnv's transport
+// routes says how this rank reaches its peers (gdist.InitFromEnv's transport
 // tells).
 func routes(g *dist.ProcessGroup) string {
 	if v, ok := g.Transport().(interface{ Summary() string }); ok {

@@ -23,8 +23,8 @@
 // -transport picks the transport of the 2-rank runs, a comma-separated list
 // of GDIST_TRANSPORT values, the ranks joining with gdist.InitFromEnv: tcp
 // (the default), shm (shared memory between the ranks of this host; Linux)
-// and auto (shared memory where it sets up, InitFromEnv's default): each is
-// one more configuration, interleaved with the others in every repetition,
+// and auto (shared memory where it sets up, gdist.InitFromEnv's default):
+// each is one more configuration, interleaved with the others in every repetition,
 // with its own efficiency lines naming the transport and how rank 0 reached
 // its peer (also in each rank's JSON result), so TCP and shared memory
 // compare within a run.

@@ -20,6 +20,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/transport"
@@ -75,7 +76,7 @@ type options struct {
 }
 
 // validTransports are the values of -transport: TCP over loopback, shared
-// memory (dist/transport/shm), or whatever dist.InitFromEnv picks with
+// memory (dist/transport/shm), or whatever gdist.InitFromEnv picks with
 // GDIST_TRANSPORT=auto.
 var validTransports = []string{"tcp", "shm", "auto"}
 
@@ -105,7 +106,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.sockBuf, "socket-buffer", 0, "kernel socket buffer size of the ranks' TCP connections in bytes (0: the kernel's auto-tuning)")
 	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes: recursive doubling below it, ring above (-1: dist.DefaultSmallThreshold)")
 	fs.IntVar(&o.oBucket, "overlap-bucket-cap", 0, "overlap: DDP bucket cap in bytes (0: one layer per bucket)")
-	trList := fs.String("transport", "tcp", "scaling: comma-separated transports of the 2-rank runs, interleaved with the others: tcp, shm (shared memory, Linux) or auto (dist.InitFromEnv with GDIST_TRANSPORT=auto); overlap: the first one")
+	trList := fs.String("transport", "tcp", "scaling: comma-separated transports of the 2-rank runs, interleaved with the others: tcp, shm (shared memory, Linux) or auto (gdist.InitFromEnv with GDIST_TRANSPORT=auto); overlap: the first one")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return err
 	}
@@ -499,13 +500,13 @@ func rankMain(ctx context.Context, spec string, stdout io.Writer) error {
 		j.Transport = "tcp"
 	}
 	if world > 1 && j.LinkMBps == 0 {
-		// The product path: InitFromEnv with GDIST_TRANSPORT set to tcp,
+		// The product path: gdist.InitFromEnv with GDIST_TRANSPORT set to tcp,
 		// shm or auto.
-		if err := os.Setenv(dist.EnvTransport, j.Transport); err != nil {
+		if err := os.Setenv(gdist.EnvTransport, j.Transport); err != nil {
 			return err
 		}
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
-		pg, err := dist.InitFromEnv(jctx, append(gopts, dist.WithTCPOptions(tcp.WithSocketBuffer(j.SocketBuffer)))...)
+		pg, err := gdist.InitFromEnv(jctx, gdist.WithGroupOptions(gopts...), gdist.WithTCPOptions(tcp.WithSocketBuffer(j.SocketBuffer)))
 		cancel()
 		if err != nil {
 			return err

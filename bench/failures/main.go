@@ -93,7 +93,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/internal/cli"
 )
 
@@ -206,7 +206,7 @@ func (o options) rankEnv(role string, victims []int) []string {
 	}
 	env := []string{childEnv + "=" + role, victimsEnv + "=" + strings.Join(vs, ",")}
 	if o.heartbeat > 0 {
-		env = append(env, dist.EnvHeartbeatTimeout+"="+o.heartbeat.String())
+		env = append(env, gdist.EnvHeartbeatTimeout+"="+o.heartbeat.String())
 	}
 	return env
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/ctxseen"
 )
@@ -60,7 +61,7 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 		}()
 	}
 	ictx, cancel := context.WithTimeout(ctx, initTimeout)
-	pg, err := dist.InitFromEnv(ictx)
+	pg, err := gdist.InitFromEnv(ictx)
 	cancel()
 	if err != nil {
 		return err

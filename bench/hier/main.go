@@ -1,7 +1,7 @@
 // Command hier compares the flat and the hierarchical (topology-aware)
 // all-reduce over the transports a job really uses: 4 OS processes
 // (GOMAXPROCS=1 each), launched through internal/launch as gdistrun does,
-// that join with dist.InitFromEnv, ranks 0 and 1 on host 0 and ranks 2 and
+// that join with gdist.InitFromEnv, ranks 0 and 1 on host 0 and ranks 2 and
 // 3 on host 1. A job is flat (GDIST_HIERARCHICAL=0: ring and recursive
 // doubling over all 4 ranks) or hierarchical (GDIST_HIERARCHICAL=1), over
 // TCP only (GDIST_TRANSPORT=tcp) or hybrid (GDIST_TRANSPORT=auto: shared
@@ -65,6 +65,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gdist/gdist"
 	config "github.com/gdist/gdist/internal/options"
 
 	"github.com/gdist/gdist/dist"
@@ -259,7 +260,7 @@ func drive(ctx context.Context, o options, args []string, stdout, stderr io.Writ
 	if ns != nil {
 		where = "two network namespaces (the host identity's), link shaped with tbf at " + o.rate
 	}
-	fmt.Fprintf(stdout, "# all_reduce float32 sum, 4 ranks (GOMAXPROCS=1 each) on 2 hosts (0,0,1,1), dist.InitFromEnv, %s\n", where)
+	fmt.Fprintf(stdout, "# all_reduce float32 sum, 4 ranks (GOMAXPROCS=1 each) on 2 hosts (0,0,1,1), gdist.InitFromEnv, %s\n", where)
 	fmt.Fprintf(stdout, "# load average (1, 5, 15 min) before: %s; after: %s\n", load0, loadAvg())
 	for _, t := range o.transports {
 		fmt.Fprintf(stdout, "# routes %s (GDIST_TRANSPORT=%s): %s\n", transportName(t), t, seen[t])
@@ -394,7 +395,7 @@ func childEnvironment() []string {
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case dist.EnvHostID, dist.EnvTransport, dist.EnvHierarchical, childEnv:
+		case gdist.EnvHostID, gdist.EnvTransport, dist.EnvHierarchical, childEnv:
 			continue
 		}
 		env = append(env, kv)
@@ -434,14 +435,14 @@ func runJob(ctx context.Context, o options, ns *namespaces, args []string, m mod
 	if m.hier {
 		hier = "1"
 	}
-	env := []string{childEnv + "=1", dist.EnvTransport + "=" + m.transport, dist.EnvHierarchical + "=" + hier}
+	env := []string{childEnv + "=1", gdist.EnvTransport + "=" + m.transport, dist.EnvHierarchical + "=" + hier}
 	// Without -netns one launch starts the 4 ranks and GDIST_HOST_ID
 	// makes two hosts of them; with -netns one launch per namespace, as a
 	// multi-host job is started, meeting at rank 0's address.
 	spec := launch.Spec{NProc: n}
 	var rankEnv func(rank int) []string
 	if ns == nil {
-		rankEnv = func(rank int) []string { return []string{dist.EnvHostID + "=" + hostIDs[hosts[rank]]} }
+		rankEnv = func(rank int) []string { return []string{gdist.EnvHostID + "=" + hostIDs[hosts[rank]]} }
 	} else {
 		token, err := launch.NewToken()
 		if err != nil {
@@ -502,7 +503,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) (err error) {
 	ictx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	// The metrics count the payload bytes sent to each peer; their
 	// endpoint is not used.
-	g, err := dist.InitFromEnv(ictx, dist.WithMetricsAddr("127.0.0.1:0"))
+	g, err := gdist.InitFromEnv(ictx, gdist.WithGroupOptions(dist.WithMetricsAddr("127.0.0.1:0")))
 	cancel()
 	if err != nil {
 		return err

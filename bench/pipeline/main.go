@@ -58,6 +58,7 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/pipeline"
 	"github.com/gdist/gdist/dist/pipeline/pipelinetest"
@@ -335,7 +336,7 @@ func join(xs []int) string {
 // ---- worker ----
 
 func worker(ctx context.Context, o options) (err error) {
-	g, err := dist.InitFromEnv(ctx)
+	g, err := gdist.InitFromEnv(ctx)
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ func TestMain(m *testing.M) {
 //	          term.COUNT
 //	vars      print TORCHELASTIC_RUN_ID and GDIST_LOG_FORMAT, and a line on
 //	          stderr
-//	dist      join the job with dist.InitFromEnv (observe_e2e_test.go)
+//	dist      join the job with gdist.InitFromEnv (observe_e2e_test.go)
 func childMain(mode string) int {
 	rank := os.Getenv("RANK")
 	count := os.Getenv("GDIST_RESTART_COUNT")

@@ -21,17 +21,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/timeline"
 )
 
 // distChild is childMain's dist mode: a rank that joins the job with
-// dist.InitFromEnv (metrics and timeline from the environment), records
+// gdist.InitFromEnv (metrics and timeline from the environment), records
 // the address its metrics endpoint bound in $GDISTRUN_TEST_DIR/metrics.RANK,
 // runs a few collectives, and leaves once the file "scraped" appears there.
 func distChild(dir, rank string) int {
 	ctx := context.Background()
-	pg, err := dist.InitFromEnv(ctx)
+	pg, err := gdist.InitFromEnv(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -62,10 +62,10 @@ const (
 // Variables gdistrun sets for the ranks besides launch.Spec's.
 const (
 	envRestartCount = "GDIST_RESTART_COUNT"
-	envListenAddr   = "GDIST_LISTEN_ADDR"       // dist.EnvListenAddr
-	envHeartbeat    = "GDIST_HEARTBEAT_TIMEOUT" // dist.EnvHeartbeatTimeout
-	envInitTimeout  = "GDIST_INIT_TIMEOUT"      // dist.EnvInitTimeout
-	envTransport    = "GDIST_TRANSPORT"         // dist.EnvTransport
+	envListenAddr   = "GDIST_LISTEN_ADDR"       // gdist.EnvListenAddr
+	envHeartbeat    = "GDIST_HEARTBEAT_TIMEOUT" // gdist.EnvHeartbeatTimeout
+	envInitTimeout  = "GDIST_INIT_TIMEOUT"      // gdist.EnvInitTimeout
+	envTransport    = "GDIST_TRANSPORT"         // gdist.EnvTransport
 	envRunID        = "TORCHELASTIC_RUN_ID"     // torchrun's name of --rdzv-id for its workers
 	envGOMAXPROCS   = "GOMAXPROCS"
 	multiNodeListen = "0.0.0.0:0"

@@ -1,6 +1,6 @@
 // Package kubernetes_test checks deploy/kubernetes/mnist-job.yaml: the
 // environment the Indexed Job gives each pod must map, through the same code
-// dist.InitFromEnv runs, to ranks 0..N-1 of one job whose rendezvous is the
+// gdist.InitFromEnv runs, to ranks 0..N-1 of one job whose rendezvous is the
 // index-0 pod's DNS name under the headless Service; the pods must have
 // memory requests and limits, run the image of deploy/Dockerfile as its
 // user with -data, keep checkpoints on a shared claim, and restart as

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/internal/launch"
 )
 
@@ -76,7 +76,7 @@ func build(t *testing.T) binaries {
 // with the same token and rendezvous on node 0's address.
 func job(t *testing.T, bin binaries, tp *topology, token string, extra []string, argv ...string) []*proc {
 	t.Helper()
-	env := []string{launch.EnvToken + "=" + token, "GOMAXPROCS=1", dist.EnvHeartbeatTimeout + "=" + heartbeat.String()}
+	env := []string{launch.EnvToken + "=" + token, "GOMAXPROCS=1", gdist.EnvHeartbeatTimeout + "=" + heartbeat.String()}
 	var ps []*proc
 	for k, ns := range tp.nodes {
 		args := []string{bin.gdistrun, "-nnodes", strconv.Itoa(nodes), "-node-rank", strconv.Itoa(k), "-n", "1",

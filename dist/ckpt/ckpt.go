@@ -14,13 +14,17 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist"
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/internal/errs"
+	"github.com/gdist/gdist/internal/options"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // Errors. Match them with errors.Is.
 var (
-	// ErrInvalid means a bad argument or option.
-	ErrInvalid = errors.New("ckpt: invalid argument")
+	// ErrInvalidArgument is matched by the errors of a bad argument or
+	// option. It is the value every gdist package exports under this name
+	// (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrNoCommonStep means some rank holds a checkpoint but there is no
 	// step for which every rank holds one that verifies: resuming anywhere
 	// would mix steps, and starting afresh would silently drop the run.
@@ -126,7 +130,7 @@ func StageDir(dir string, k int) string { return filepath.Join(dir, "stage"+strc
 // any goroutine.
 type Manager struct {
 	pg     *dist.ProcessGroup
-	o      options
+	o      config
 	path   string          // the directory this rank reads
 	dir    *checkpoint.Dir // writers only
 	writer bool
@@ -144,19 +148,14 @@ type Manager struct {
 // directory is created if needed. Close stops the writer.
 func New(pg *dist.ProcessGroup, dir string, opts ...Option) (*Manager, error) {
 	if pg == nil || dir == "" {
-		return nil, fmt.Errorf("%w: group %p, dir %q", ErrInvalid, pg, dir)
+		return nil, fmt.Errorf("ckpt: %w: group %p, dir %q", ErrInvalidArgument, pg, dir)
 	}
-	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
-		}
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o := defaultConfig()
+	if err := options.Apply(&o, opts, "ckpt", ErrInvalidArgument); err != nil {
+		return nil, err
 	}
 	if o.rankRNG && o.stage >= 0 {
-		return nil, fmt.Errorf("%w: WithRankRNG with WithStage (each stage saves its own RNG)", ErrInvalid)
+		return nil, fmt.Errorf("ckpt: %w: WithRankRNG with WithStage (each stage saves its own RNG)", ErrInvalidArgument)
 	}
 	path := dir
 	if o.stage >= 0 {
@@ -332,7 +331,7 @@ func (m *Manager) Save(ctx context.Context, step int64, st *checkpoint.State) er
 		return ErrClosed
 	}
 	if st == nil || step < 0 {
-		return fmt.Errorf("%w: save step %d of state %p", ErrInvalid, step, st)
+		return fmt.Errorf("ckpt: %w: save step %d of state %p", ErrInvalidArgument, step, st)
 	}
 	cp := *st // st with the Manager's metadata
 	if m.writer {

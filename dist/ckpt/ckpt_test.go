@@ -17,7 +17,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/disttest"
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -389,12 +389,12 @@ func TestOptions(t *testing.T) {
 		"nil":      nil,
 	} {
 		_, err := ckpt.New(pg, dir, o)
-		assert.ErrorIs(t, err, ckpt.ErrInvalid, name)
+		assert.ErrorIs(t, err, ckpt.ErrInvalidArgument, name)
 	}
 	_, err := ckpt.New(pg, dir, ckpt.WithStage(0), ckpt.WithRankRNG())
-	assert.ErrorIs(t, err, ckpt.ErrInvalid, "rank RNG with stages")
+	assert.ErrorIs(t, err, ckpt.ErrInvalidArgument, "rank RNG with stages")
 	_, err = ckpt.New(pg, "")
-	assert.ErrorIs(t, err, ckpt.ErrInvalid)
+	assert.ErrorIs(t, err, ckpt.ErrInvalidArgument)
 
 	m, err := ckpt.New(pg, dir)
 	require.NoError(t, err)

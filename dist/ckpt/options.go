@@ -13,9 +13,9 @@ import (
 const DefaultTag uint32 = 0x7C4B0000
 
 // Option configures New. Options are validated by New.
-type Option func(*options) error
+type Option func(*config) error
 
-type options struct {
+type config struct {
 	every    int64
 	interval time.Duration
 	keep     int
@@ -27,16 +27,16 @@ type options struct {
 	freshOverDamaged bool
 }
 
-func defaultOptions() options {
-	return options{stage: -1, tag: DefaultTag}
+func defaultConfig() config {
+	return config{stage: -1, tag: DefaultTag}
 }
 
 // WithEvery makes Step save every n steps (n >= 1; default: never on a
 // count, only on WithInterval or an explicit Save).
 func WithEvery(n int64) Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		if n < 1 {
-			return fmt.Errorf("%w: save every %d steps (want >= 1)", ErrInvalid, n)
+			return fmt.Errorf("ckpt: %w: save every %d steps (want >= 1)", ErrInvalidArgument, n)
 		}
 		o.every = n
 		return nil
@@ -48,9 +48,9 @@ func WithEvery(n int64) Option {
 // one-element broadcast at every Step, so with this option Step is a
 // collective that every rank must call after every step.
 func WithInterval(d time.Duration) Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: save interval %v (want > 0)", ErrInvalid, d)
+			return fmt.Errorf("ckpt: %w: save interval %v (want > 0)", ErrInvalidArgument, d)
 		}
 		o.interval = d
 		return nil
@@ -60,9 +60,9 @@ func WithInterval(d time.Duration) Option {
 // WithKeep keeps the k newest checkpoints (k >= 1; default
 // checkpoint.DefaultKeep).
 func WithKeep(k int) Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		if k < 1 {
-			return fmt.Errorf("%w: keep %d checkpoints (want >= 1)", ErrInvalid, k)
+			return fmt.Errorf("ckpt: %w: keep %d checkpoints (want >= 1)", ErrInvalidArgument, k)
 		}
 		o.keep = k
 		return nil
@@ -74,9 +74,9 @@ func WithKeep(k int) Option {
 // One rank per stage. Verify then compares only the step and epoch, which
 // are all the stages have in common.
 func WithStage(k int) Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		if k < 0 {
-			return fmt.Errorf("%w: stage %d (want >= 0)", ErrInvalid, k)
+			return fmt.Errorf("ckpt: %w: stage %d (want >= 0)", ErrInvalidArgument, k)
 		}
 		o.stage = k
 		return nil
@@ -90,7 +90,7 @@ func WithStage(k int) Option {
 // rank its own back in State.RNG. It makes Save a collective. Not with
 // WithStage, where every stage saves its own RNG anyway.
 func WithRankRNG() Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		o.rankRNG = true
 		return nil
 	}
@@ -102,7 +102,7 @@ func WithRankRNG() Option {
 // ckpt-<step>.gdc.corrupt) and listed in Resumed.Skipped. Without it a
 // directory of damaged files never silently restarts a run from step 0.
 func WithStartFreshOverDamaged() Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		o.freshOverDamaged = true
 		return nil
 	}
@@ -112,9 +112,9 @@ func WithStartFreshOverDamaged() Option {
 // DefaultTag); it must be below dist.TagReservedBase and not used by
 // anything else in the group.
 func WithTag(tag uint32) Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		if tag >= dist.TagReservedBase {
-			return fmt.Errorf("%w: tag %#x is reserved for collectives", ErrInvalid, tag)
+			return fmt.Errorf("ckpt: %w: tag %#x is reserved for collectives", ErrInvalidArgument, tag)
 		}
 		o.tag = tag
 		return nil
@@ -124,9 +124,9 @@ func WithTag(tag uint32) Option {
 // WithLogger logs the checkpoints passed over, the step agreed on and
 // every save (default: no logging).
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) error {
+	return func(o *config) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalid)
+			return fmt.Errorf("ckpt: %w: nil logger", ErrInvalidArgument)
 		}
 		o.logger = l
 		return nil

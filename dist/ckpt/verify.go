@@ -12,7 +12,7 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // Digest summarises the parts of a State that Verify compares: the step
@@ -40,7 +40,7 @@ const (
 // int32 or int64 (as checkpoint stores them).
 func DigestOf(st *checkpoint.State) (Digest, error) {
 	if st == nil {
-		return Digest{}, fmt.Errorf("%w: nil state", ErrInvalid)
+		return Digest{}, fmt.Errorf("ckpt: %w: nil state", ErrInvalidArgument)
 	}
 	d := Digest{Step: st.Step, Epoch: st.Epoch, Sampler: hashBytes(st.Sampler), RNG: hashBytes(st.RNG)}
 	h := newHasher()
@@ -96,7 +96,7 @@ func (h *hasher) tensors(ts []checkpoint.Named) error {
 	for _, nt := range ts {
 		h.str(nt.Name)
 		if nt.Tensor == nil {
-			return fmt.Errorf("%w: tensor %q is nil", ErrInvalid, nt.Name)
+			return fmt.Errorf("ckpt: %w: tensor %q is nil", ErrInvalidArgument, nt.Name)
 		}
 		shape := nt.Tensor.Shape()
 		h.u64(uint64(len(shape)))
@@ -127,10 +127,10 @@ func (h *hasher) tensors(ts []checkpoint.Named) error {
 		case float64:
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 		default:
-			return fmt.Errorf("%w: tensor %q holds %T", ErrInvalid, nt.Name, v)
+			return fmt.Errorf("ckpt: %w: tensor %q holds %T", ErrInvalidArgument, nt.Name, v)
 		}
 		if d, ok := nt.Tensor.(*tensor.Dense); ok && !d.IsNativelyAccessible() {
-			return fmt.Errorf("%w: tensor %q is not natively accessible", ErrInvalid, nt.Name)
+			return fmt.Errorf("ckpt: %w: tensor %q is not natively accessible", ErrInvalidArgument, nt.Name)
 		}
 		h.Write(b)
 		h.buf = b

@@ -18,7 +18,7 @@ import (
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/models/mlp"
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // optimBuildMu serialises Gorgonia graph construction across the rank
@@ -26,7 +26,7 @@ import (
 var optimBuildMu sync.Mutex
 
 // TestOptimSolvers trains the MLP with DDP on 2 in-process ranks for a few
-// steps with Gorgonia's solver and with models/optim's of the same settings:
+// steps with Gorgonia's solver and with train/optim's of the same settings:
 // the parameters are bitwise equal on every rank. A third run exports the
 // optim solver's state half way, through its flat (checkpoint) form, and
 // continues in a fresh solver: bitwise equal too.

@@ -254,7 +254,7 @@ func (c *call) fillInput(s *slot, mb, kind int) error {
 	p := c.p
 	if p.IsFirst() {
 		if c.d.Input == nil {
-			return fmt.Errorf("%w: the first stage needs Data.Input", ErrInvalidArgument)
+			return fmt.Errorf("pipeline: %w: the first stage needs Data.Input", ErrInvalidArgument)
 		}
 		if err := c.d.Input(mb, s.inVal); err != nil {
 			return fmt.Errorf("pipeline: input of micro-batch %d: %w", mb, err)

@@ -16,7 +16,7 @@ import (
 
 // Two pipeline stages of a small transformer, trained with GPipe on 4
 // micro-batches. The ranks run as goroutines on the in-process transport;
-// in a real job each is a process started by gdistrun, and dist.InitFromEnv
+// in a real job each is a process started by gdistrun, and gdist.InitFromEnv
 // makes its group.
 func Example() {
 	cfg := transformer.Config{Vocab: 8, Ctx: 6, Dim: 16, Heads: 2, Layers: 2, MLPHidden: 32,

@@ -46,7 +46,7 @@ func ParseSchedule(s string) (Schedule, error) {
 	case "1f1b":
 		return OneFOneB, nil
 	}
-	return 0, fmt.Errorf("%w: schedule %q (want gpipe or 1f1b)", ErrInvalidArgument, s)
+	return 0, fmt.Errorf("pipeline: %w: schedule %q (want gpipe or 1f1b)", ErrInvalidArgument, s)
 }
 
 // DefaultTagBase is the first point-to-point tag a pipeline uses by
@@ -98,7 +98,7 @@ func newConfig(opts []Option) (config, error) {
 func WithMicroBatches(m int) Option {
 	return func(c *config) error {
 		if m < 1 || m > 1<<16 {
-			return fmt.Errorf("%w: WithMicroBatches(%d): want 1..65536", ErrInvalidArgument, m)
+			return fmt.Errorf("pipeline: %w: WithMicroBatches(%d): want 1..65536", ErrInvalidArgument, m)
 		}
 		c.micro = m
 		return nil
@@ -110,7 +110,7 @@ func WithMicroBatches(m int) Option {
 func WithSchedule(s Schedule) Option {
 	return func(c *config) error {
 		if s != GPipe && s != OneFOneB {
-			return fmt.Errorf("%w: WithSchedule(%v): want GPipe or OneFOneB", ErrInvalidArgument, s)
+			return fmt.Errorf("pipeline: %w: WithSchedule(%v): want GPipe or OneFOneB", ErrInvalidArgument, s)
 		}
 		c.schedule = s
 		return nil
@@ -137,7 +137,7 @@ func WithRecompute(on bool) Option {
 func WithLoss(f LossFunc) Option {
 	return func(c *config) error {
 		if f == nil {
-			return fmt.Errorf("%w: WithLoss(nil)", ErrInvalidArgument)
+			return fmt.Errorf("pipeline: %w: WithLoss(nil)", ErrInvalidArgument)
 		}
 		c.loss = f
 		return nil
@@ -150,11 +150,11 @@ func WithTargetShape(shape ...int) Option {
 	return func(c *config) error {
 		for _, d := range shape {
 			if d < 1 {
-				return fmt.Errorf("%w: WithTargetShape(%v): dimensions must be positive", ErrInvalidArgument, shape)
+				return fmt.Errorf("pipeline: %w: WithTargetShape(%v): dimensions must be positive", ErrInvalidArgument, shape)
 			}
 		}
 		if len(shape) == 0 {
-			return fmt.Errorf("%w: WithTargetShape(): empty shape", ErrInvalidArgument)
+			return fmt.Errorf("pipeline: %w: WithTargetShape(): empty shape", ErrInvalidArgument)
 		}
 		c.target = tensor.Shape(slices.Clone(shape))
 		return nil
@@ -168,12 +168,12 @@ func WithTargetShape(shape ...int) Option {
 func WithRanks(ranks ...int) Option {
 	return func(c *config) error {
 		if len(ranks) == 0 {
-			return fmt.Errorf("%w: WithRanks(): no ranks", ErrInvalidArgument)
+			return fmt.Errorf("pipeline: %w: WithRanks(): no ranks", ErrInvalidArgument)
 		}
 		seen := make(map[int]bool, len(ranks))
 		for _, r := range ranks {
 			if r < 0 || seen[r] {
-				return fmt.Errorf("%w: WithRanks(%v): want distinct ranks >= 0", ErrInvalidArgument, ranks)
+				return fmt.Errorf("pipeline: %w: WithRanks(%v): want distinct ranks >= 0", ErrInvalidArgument, ranks)
 			}
 			seen[r] = true
 		}
@@ -189,7 +189,7 @@ func WithRanks(ranks ...int) Option {
 func WithTagBase(base uint32) Option {
 	return func(c *config) error {
 		if uint64(base)+uint64(TagSpan) > uint64(dist.TagReservedBase) {
-			return fmt.Errorf("%w: WithTagBase(%#x): tags up to %#x would reach the reserved range", ErrInvalidArgument,
+			return fmt.Errorf("pipeline: %w: WithTagBase(%#x): tags up to %#x would reach the reserved range", ErrInvalidArgument,
 				base, uint64(base)+uint64(TagSpan))
 		}
 		c.tagBase = base
@@ -203,7 +203,7 @@ func WithTagBase(base uint32) Option {
 func WithBuildLock(l sync.Locker) Option {
 	return func(c *config) error {
 		if l == nil {
-			return fmt.Errorf("%w: WithBuildLock(nil)", ErrInvalidArgument)
+			return fmt.Errorf("pipeline: %w: WithBuildLock(nil)", ErrInvalidArgument)
 		}
 		c.buildLock = l
 		return nil

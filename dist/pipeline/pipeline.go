@@ -83,7 +83,7 @@ type Pipeline struct {
 // (WithTagBase) and does not own g: Close the Pipeline, then the group.
 func New(ctx context.Context, g *dist.ProcessGroup, build Builder, opts ...Option) (*Pipeline, error) {
 	if g == nil || build == nil {
-		return nil, fmt.Errorf("%w: nil group or builder", ErrInvalidArgument)
+		return nil, fmt.Errorf("pipeline: %w: nil group or builder", ErrInvalidArgument)
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -98,11 +98,11 @@ func New(ctx context.Context, g *dist.ProcessGroup, build Builder, opts ...Optio
 	}
 	stage := slices.Index(ranks, g.Rank())
 	if stage < 0 {
-		return nil, fmt.Errorf("%w: rank %d is not in the pipeline's ranks %v", ErrInvalidArgument, g.Rank(), ranks)
+		return nil, fmt.Errorf("pipeline: %w: rank %d is not in the pipeline's ranks %v", ErrInvalidArgument, g.Rank(), ranks)
 	}
 	for _, r := range ranks {
 		if r >= g.WorldSize() {
-			return nil, fmt.Errorf("%w: rank %d in %v but the world has %d ranks", ErrInvalidArgument, r, ranks, g.WorldSize())
+			return nil, fmt.Errorf("pipeline: %w: rank %d in %v but the world has %d ranks", ErrInvalidArgument, r, ranks, g.WorldSize())
 		}
 	}
 	p := &Pipeline{g: g, cfg: cfg, stage: stage, nstages: len(ranks), ranks: ranks, prev: -1, next: -1, pool: newPools()}
@@ -166,7 +166,7 @@ func (p *Pipeline) build(build Builder) error {
 		all = append(all, s)
 	}
 	if len(all) == 0 {
-		return fmt.Errorf("%w: neither training nor inference graphs", ErrInvalidArgument)
+		return fmt.Errorf("pipeline: %w: neither training nor inference graphs", ErrInvalidArgument)
 	}
 	pr := all[0]
 	p.primary, p.params = pr.st, pr.params

@@ -45,7 +45,7 @@ func (c *call) infer() error {
 	p := c.p
 	s := p.infer
 	if s == nil {
-		return fmt.Errorf("%w: pipeline built without inference graphs", ErrInvalidArgument)
+		return fmt.Errorf("pipeline: %w: pipeline built without inference graphs", ErrInvalidArgument)
 	}
 	if err := p.syncParams(); err != nil {
 		return err
@@ -140,7 +140,7 @@ func (c *call) train() (float64, error) {
 		return 0, ErrNoLoss
 	}
 	if len(p.train) == 0 {
-		return 0, fmt.Errorf("%w: pipeline built without training graphs", ErrInvalidArgument)
+		return 0, fmt.Errorf("pipeline: %w: pipeline built without training graphs", ErrInvalidArgument)
 	}
 	if err := p.syncParams(); err != nil {
 		return 0, err
@@ -203,7 +203,7 @@ func (c *call) forwardBackward(mb int) (float64, error) {
 		return 0, err
 	}
 	if c.d.Target == nil {
-		return 0, fmt.Errorf("%w: the last stage needs Data.Target", ErrInvalidArgument)
+		return 0, fmt.Errorf("pipeline: %w: the last stage needs Data.Target", ErrInvalidArgument)
 	}
 	if err := c.d.Target(mb, s.targetVal); err != nil {
 		return 0, fmt.Errorf("pipeline: target of micro-batch %d: %w", mb, err)

@@ -6,6 +6,8 @@ import (
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Stage is one pipeline stage's part of a model: a contiguous range of
@@ -67,8 +69,9 @@ func (d Desc) Equal(o Desc) bool { return d.Shape.Eq(o.Shape) && d.Dtype == o.Dt
 // Errors of package pipeline. Match them with errors.Is.
 var (
 	// ErrInvalidArgument is wrapped by errors about bad options or
-	// arguments.
-	ErrInvalidArgument = errors.New("pipeline: invalid argument")
+	// arguments. It is the value every gdist package exports under this
+	// name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrStage means a Stage or Builder broke its contract (Forward returned
 	// another shape than OutputShape, the builds disagree, an unsupported
 	// dtype).

@@ -29,6 +29,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gdist/gdist/internal/errs"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // DefaultMaxEvents bounds the events a recorder keeps (about 200 bytes
@@ -65,14 +68,21 @@ type Recorder struct {
 	dropped int
 }
 
-// Option configures New.
+// ErrInvalidArgument is matched by the error of an invalid option. It is
+// the value every gdist package exports under this name
+// (errs.ErrInvalidArgument).
+var ErrInvalidArgument = errs.ErrInvalidArgument
+
+// Option configures New. New applies each in turn and fails with the first
+// refusal, an error matching ErrInvalidArgument that names the option; a
+// nil Option is refused the same way.
 type Option func(*Recorder) error
 
 // WithMaxEvents sets how many events the recorder keeps (n > 0).
 func WithMaxEvents(n int) Option {
 	return func(r *Recorder) error {
 		if n <= 0 {
-			return fmt.Errorf("timeline: WithMaxEvents(%d): must be positive", n)
+			return fmt.Errorf("timeline: %w: WithMaxEvents(%d): must be positive", ErrInvalidArgument, n)
 		}
 		r.max = n
 		return nil
@@ -82,10 +92,8 @@ func WithMaxEvents(n int) Option {
 // New returns a recorder for rank.
 func New(rank int, opts ...Option) (*Recorder, error) {
 	r := &Recorder{pid: rank, max: DefaultMaxEvents, lanes: map[string]int{}}
-	for _, o := range opts {
-		if err := o(r); err != nil {
-			return nil, err
-		}
+	if err := options.Apply(r, opts, "timeline", ErrInvalidArgument); err != nil {
+		return nil, err
 	}
 	return r, nil
 }

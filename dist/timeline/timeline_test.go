@@ -76,7 +76,10 @@ func TestAddAllocatesOnlyToGrow(t *testing.T) {
 
 func TestMaxEvents(t *testing.T) {
 	_, err := New(0, WithMaxEvents(0))
-	require.Error(t, err)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "WithMaxEvents(0)")
+	_, err = New(0, nil)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 	r, err := New(0, WithMaxEvents(2))
 	require.NoError(t, err)
 	for range 5 {

@@ -9,13 +9,16 @@ import (
 
 	"github.com/gdist/gdist/dist/transport/internal/bufpool"
 	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // DefaultQueueLimit is the default bound, in bytes, on what one receiver
 // queues from one sender.
 const DefaultQueueLimit = 64 << 20
 
-// LocalOption configures NewLocal. Options are applied and validated by NewLocal.
+// LocalOption configures NewLocal. NewLocal applies each in turn and fails
+// with the first refusal, an error matching ErrInvalidArgument that names
+// the option; a nil LocalOption is refused the same way.
 type LocalOption func(*localConfig) error
 
 type localConfig struct {
@@ -29,7 +32,7 @@ type localConfig struct {
 func WithLocalQueueLimit(n int) LocalOption {
 	return func(c *localConfig) error {
 		if n < 0 {
-			return fmt.Errorf("%w: queue limit %d", ErrInvalidArgument, n)
+			return fmt.Errorf("transport: %w: WithLocalQueueLimit(%d): must not be negative", ErrInvalidArgument, n)
 		}
 		c.queueLimit = n
 		return nil
@@ -46,7 +49,7 @@ func WithHosts(hosts []int) LocalOption {
 	hosts = append([]int(nil), hosts...)
 	return func(c *localConfig) error {
 		if err := CheckHosts(hosts); err != nil {
-			return fmt.Errorf("%w: WithHosts: %w", ErrInvalidArgument, err)
+			return fmt.Errorf("transport: %w: WithHosts: %w", ErrInvalidArgument, err)
 		}
 		c.hosts = hosts
 		return nil
@@ -89,13 +92,8 @@ func NewLocal(n int, opts ...LocalOption) ([]*Local, error) {
 		return nil, fmt.Errorf("transport: NewLocal: %w: need at least one rank, got %d", ErrInvalidArgument, n)
 	}
 	cfg := localConfig{queueLimit: DefaultQueueLimit}
-	for _, o := range opts {
-		if o == nil {
-			return nil, fmt.Errorf("transport: NewLocal: %w: nil option", ErrInvalidArgument)
-		}
-		if err := o(&cfg); err != nil {
-			return nil, fmt.Errorf("transport: NewLocal: %w", err)
-		}
+	if err := options.Apply(&cfg, opts, "transport: NewLocal", ErrInvalidArgument); err != nil {
+		return nil, err
 	}
 	if cfg.hosts != nil && len(cfg.hosts) != n {
 		return nil, fmt.Errorf("transport: NewLocal: %w: WithHosts: %d hosts for %d ranks", ErrInvalidArgument, len(cfg.hosts), n)

@@ -37,7 +37,7 @@ type ReduceReceiver interface {
 // positive and divides n, as RecvReduce requires of its buffer.
 func CheckUnit(n, unit int) error {
 	if unit < 1 || n%unit != 0 {
-		return fmt.Errorf("%w: RecvReduce of %d bytes in elements of %d", ErrInvalidArgument, n, unit)
+		return fmt.Errorf("transport: %w: RecvReduce of %d bytes in elements of %d", ErrInvalidArgument, n, unit)
 	}
 	return nil
 }
@@ -51,7 +51,7 @@ func RecvThenCombine(ctx context.Context, t Transport, from int, tag uint32, dst
 		return Header{}, 0, err
 	}
 	if combine == nil {
-		return Header{}, 0, fmt.Errorf("%w: RecvReduce with a nil combine", ErrInvalidArgument)
+		return Header{}, 0, fmt.Errorf("transport: %w: RecvReduce with a nil combine", ErrInvalidArgument)
 	}
 	m, err := t.Recv(ctx, from, tag)
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Errors shared by every transport. The dist package re-exports them.
@@ -29,9 +31,10 @@ var (
 	// ErrMessageTooLong is returned by RecvInto when the message is longer
 	// than the destination buffer. The message is consumed.
 	ErrMessageTooLong = errors.New("transport: message longer than the buffer")
-	// ErrInvalidArgument is returned by constructors for invalid arguments
-	// or options.
-	ErrInvalidArgument = errors.New("transport: invalid argument")
+	// ErrInvalidArgument is matched by the errors of constructors given
+	// invalid arguments or options. It is the value every gdist package
+	// exports under this name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 )
 
 // PeerError reports that an operation failed because of a peer: it left,

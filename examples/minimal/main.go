@@ -14,10 +14,10 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/models/mlp"
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/optim"
 )
 
 const batch, steps = 32, 200 // per rank
@@ -29,7 +29,7 @@ func main() {
 }
 
 func run(ctx context.Context) (err error) {
-	pg, err := dist.InitFromEnv(ctx) // rank, world and rendezvous from gdistrun, torchrun, Slurm or mpirun
+	pg, err := gdist.InitFromEnv(ctx) // rank, world and rendezvous from gdistrun, torchrun, Slurm or mpirun
 	if err != nil {
 		return err
 	}

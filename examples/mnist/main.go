@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/internal/cli"
@@ -87,7 +88,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		return err
 	}
 
-	pg, err := dist.InitFromEnv(ctx)
+	pg, err := gdist.InitFromEnv(ctx)
 	if err != nil {
 		return err
 	}
@@ -165,8 +166,8 @@ func ms(d time.Duration) string {
 }
 
 // routes says how rank 0 reaches its peers, when the transport tells
-// (InitFromEnv's hybrid transport does: shared memory within a host, TCP
-// across hosts).
+// (gdist.InitFromEnv's hybrid transport does: shared memory within a host,
+// TCP across hosts).
 func routes(pg *dist.ProcessGroup) string {
 	if v, ok := pg.Transport().(interface{ Summary() string }); ok && pg.WorldSize() > 1 {
 		return " (" + v.Summary() + ")"

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
 	"github.com/gdist/gdist/internal/cli"
@@ -222,7 +223,7 @@ func TestRunTimeline(t *testing.T) {
 	testTestLimit = 200
 	t.Cleanup(func() { testTestLimit = 0 })
 	tl := filepath.Join(t.TempDir(), "out", "timeline.json")
-	t.Setenv(dist.EnvTimeline, tl)
+	t.Setenv(gdist.EnvTimeline, tl)
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), []string{"-epochs", "1", "-max-steps", "5"}, &stdout, &stderr)
 	require.NoError(t, err, "stderr: %s", stderr.String())
@@ -241,7 +242,7 @@ func TestRunReportsCloseError(t *testing.T) {
 	testTestLimit = 200
 	t.Cleanup(func() { testTestLimit = 0 })
 	out := filepath.Join(t.TempDir(), "out")
-	t.Setenv(dist.EnvTimeline, filepath.Join(out, "timeline.json"))
+	t.Setenv(gdist.EnvTimeline, filepath.Join(out, "timeline.json"))
 	swapped := make(chan error, 1)
 	go func() { // once the group has created the directory, make it a file
 		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {

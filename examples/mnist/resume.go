@@ -13,9 +13,9 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
-	"github.com/gdist/gdist/models/checkpoint"
-	mdata "github.com/gdist/gdist/models/data"
-	"github.com/gdist/gdist/models/optim"
+	"github.com/gdist/gdist/train/checkpoint"
+	mdata "github.com/gdist/gdist/train/data"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // ckptConfig is what a checkpoint records of the run's configuration; a

@@ -17,9 +17,9 @@ import (
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/internal/mnist"
-	mdata "github.com/gdist/gdist/models/data" // the package's tests have a func data
 	"github.com/gdist/gdist/models/mlp"
-	"github.com/gdist/gdist/models/optim"
+	mdata "github.com/gdist/gdist/train/data" // the package's tests have a func data
+	"github.com/gdist/gdist/train/optim"
 )
 
 // sizes are the layer widths of the model: 784-256-128-10.
@@ -201,7 +201,7 @@ func newTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg config, test *mn
 		return nil, fmt.Errorf("mnist: gradients: %w", err)
 	}
 	t.vm = gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(t.params...))
-	// models/optim's Adam steps bit for bit as gorgonia.NewAdamSolver with
+	// train/optim's Adam steps bit for bit as gorgonia.NewAdamSolver with
 	// the same settings, and its state can be saved.
 	if t.adam, err = optim.NewAdam(optim.WithLearnRate(cfg.LR)); err != nil {
 		t.vm.Close()

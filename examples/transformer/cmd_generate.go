@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/internal/cli"
 )
 
@@ -44,7 +44,7 @@ Flags:
 	}
 	cli.SetProcs()
 
-	pg, err := dist.InitFromEnv(ctx)
+	pg, err := gdist.InitFromEnv(ctx)
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/internal/cli"
 	iprogress "github.com/gdist/gdist/internal/progress"
@@ -98,7 +98,7 @@ Flags:
 		return usageError(fs, stderr, "%v", err)
 	}
 
-	pg, err := dist.InitFromEnv(ctx)
+	pg, err := gdist.InitFromEnv(ctx)
 	if err != nil {
 		return err
 	}

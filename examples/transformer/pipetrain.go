@@ -14,9 +14,9 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/pipeline"
-	"github.com/gdist/gdist/models/checkpoint"
-	"github.com/gdist/gdist/models/optim"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // trainPipeline trains cfg.Model split into one stage per rank (package

@@ -12,9 +12,9 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist/ckpt"
-	"github.com/gdist/gdist/models/checkpoint"
-	"github.com/gdist/gdist/models/optim"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // batchSampler draws each step's batch: Batch windows from the generator

@@ -15,9 +15,9 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/ddp"
-	"github.com/gdist/gdist/models/checkpoint"
-	"github.com/gdist/gdist/models/optim"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // errDiverged reports ranks whose parameters differ at the end of training.
@@ -161,7 +161,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	if err != nil {
 		return nil, err
 	}
-	// models/optim's Adam steps bit for bit as Gorgonia's AdamSolver with
+	// train/optim's Adam steps bit for bit as Gorgonia's AdamSolver with
 	// the same settings, and its state can be saved.
 	adam, err := optim.NewAdam(optim.WithLearnRate(cfg.LR), optim.WithClip(1))
 	if err != nil {

@@ -17,7 +17,7 @@
 //			return err // flag.ErrHelp (exit 0) or errUsage (exit 2)
 //		}
 //		cli.SetProcs()
-//		pg, err := dist.InitFromEnv(ctx)
+//		pg, err := gdist.InitFromEnv(ctx)
 //		...
 //		defer cli.Close(&err, pg) // run's result is (err error)
 //	}
@@ -99,7 +99,7 @@ func ExitCode(name string, errUsage, err error, stderr io.Writer) int {
 // group's, which writes the timeline (GDIST_TIMELINE) and fails if it
 // cannot. In a function with a named error result:
 //
-//	pg, err := dist.InitFromEnv(ctx)
+//	pg, err := gdist.InitFromEnv(ctx)
 //	if err != nil {
 //		return err
 //	}

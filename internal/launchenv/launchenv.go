@@ -3,7 +3,7 @@
 // the environment of the launcher that started it: gdistrun or torchrun,
 // Slurm's srun, Open MPI's mpirun, MPICH or Intel MPI (Hydra's PMI
 // variables), or a Kubernetes Indexed Job. It is the ground floor under
-// dist.InitFromEnv and imports nothing of gdist.
+// gdist.InitFromEnv and imports no other package of the project.
 //
 // # Usage
 //

@@ -13,12 +13,12 @@ import "fmt"
 func Batch[T float32 | float64](set *Set, idx []int, dstX, dstY []T) error {
 	p := set.Pixels()
 	if len(dstX) != len(idx)*p || len(dstY) != len(idx)*Classes {
-		return fmt.Errorf("%w: batch of %d needs %d image and %d label values, got %d and %d",
+		return fmt.Errorf("mnist: %w: batch of %d needs %d image and %d label values, got %d and %d",
 			ErrInvalidArgument, len(idx), len(idx)*p, len(idx)*Classes, len(dstX), len(dstY))
 	}
 	for _, i := range idx {
 		if i < 0 || i >= set.N {
-			return fmt.Errorf("%w: index %d outside [0, %d)", ErrInvalidArgument, i, set.N)
+			return fmt.Errorf("mnist: %w: index %d outside [0, %d)", ErrInvalidArgument, i, set.N)
 		}
 	}
 	switch x := any(dstX).(type) {

@@ -6,13 +6,17 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Classes is the number of MNIST classes (the digits 0 to 9).
 const Classes = 10
 
-// ErrInvalidArgument reports a bad argument to Batch.
-var ErrInvalidArgument = errors.New("mnist: invalid argument")
+// ErrInvalidArgument is matched by the error of a bad argument to Batch.
+// It is the value every gdist package exports under this name
+// (errs.ErrInvalidArgument).
+var ErrInvalidArgument = errs.ErrInvalidArgument
 
 // Set is a labelled image set held in memory.
 type Set struct {

@@ -32,3 +32,18 @@ func Apply[C any, O ~func(*C) error](cfg *C, opts []O, prefix string, invalid er
 	}
 	return nil
 }
+
+// NoNil refuses a list of options that holds a nil one, with an error that
+// wraps invalid, names its position and starts with prefix (the package
+// and the option that takes the list: "gdist: WithTCPOptions"). It is for
+// an option that hands a list on to another constructor
+// (WithTCPOptions(opts ...tcp.Option)), so that a nil one is refused when
+// that option is applied, as Apply would refuse it.
+func NoNil[C any, O ~func(*C) error](prefix string, opts []O, invalid error) error {
+	for i, o := range opts {
+		if o == nil {
+			return fmt.Errorf("%s: option %d is nil: %w", prefix, i, invalid)
+		}
+	}
+	return nil
+}

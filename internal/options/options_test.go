@@ -43,6 +43,14 @@ func TestApply(t *testing.T) {
 	require.NoError(t, Apply[config, option](&c, nil, "test", errInvalid))
 }
 
+func TestNoNil(t *testing.T) {
+	require.NoError(t, NoNil("test: WithAll", []option{set(1), set(-1)}, errInvalid), "values are not checked")
+	require.NoError(t, NoNil[config, option]("test: WithAll", nil, errInvalid))
+	err := NoNil("test: WithAll", []option{set(1), nil}, errInvalid)
+	require.ErrorIs(t, err, errInvalid)
+	assert.EqualError(t, err, "test: WithAll: option 1 is nil: test: invalid argument")
+}
+
 func TestParseBytes(t *testing.T) {
 	for s, want := range map[string]int{"0": 0, "8": 8, "64K": 64 << 10, "2KiB": 2 << 10, "16M": 16 << 20, "3MiB": 3 << 20, "1G": 1 << 30, "1GiB": 1 << 30} {
 		got, err := ParseBytes(s)

@@ -15,7 +15,7 @@
 //
 //	func TestMain(m *testing.M) {
 //		if role := os.Getenv(childEnv); role != "" {
-//			os.Exit(childMain(role)) // joins with dist.InitFromEnv
+//			os.Exit(childMain(role)) // joins with gdist.InitFromEnv
 //		}
 //		os.Exit(m.Run())
 //	}

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/internal/procjob"
 )
 
@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 func child(role string) int {
 	switch role {
 	case "env":
-		for _, k := range []string{dist.EnvRank, dist.EnvWorldSize, dist.EnvLocalRank, dist.EnvMasterAddr, "EXTRA"} {
+		for _, k := range []string{gdist.EnvRank, gdist.EnvWorldSize, gdist.EnvLocalRank, gdist.EnvMasterAddr, "EXTRA"} {
 			fmt.Printf("%s=%s\n", k, os.Getenv(k))
 		}
 		fmt.Fprintln(os.Stderr, "to stderr")

@@ -11,11 +11,15 @@ import (
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 var (
-	// ErrConfig reports an invalid Config.
-	ErrConfig = errors.New("mlp: invalid config")
+	// ErrInvalidArgument is matched by the errors of an invalid Config. It
+	// is the value every gdist package exports under this name
+	// (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrShape reports a node whose shape or dtype does not fit the model.
 	ErrShape = errors.New("mlp: shape mismatch")
 )
@@ -56,25 +60,25 @@ type Model struct {
 // other graph construction in the process.
 func New(g *gorgonia.ExprGraph, cfg Config) (*Model, error) {
 	if g == nil {
-		return nil, fmt.Errorf("%w: nil graph", ErrConfig)
+		return nil, fmt.Errorf("mlp: %w: nil graph", ErrInvalidArgument)
 	}
 	if len(cfg.Sizes) < 2 {
-		return nil, fmt.Errorf("%w: Sizes %v needs at least an input and an output width", ErrConfig, cfg.Sizes)
+		return nil, fmt.Errorf("mlp: %w: Sizes %v needs at least an input and an output width", ErrInvalidArgument, cfg.Sizes)
 	}
 	for i, s := range cfg.Sizes {
 		if s < 1 {
-			return nil, fmt.Errorf("%w: Sizes[%d] = %d", ErrConfig, i, s)
+			return nil, fmt.Errorf("mlp: %w: Sizes[%d] = %d", ErrInvalidArgument, i, s)
 		}
 	}
 	if cfg.Batch < 0 {
-		return nil, fmt.Errorf("%w: Batch = %d", ErrConfig, cfg.Batch)
+		return nil, fmt.Errorf("mlp: %w: Batch = %d", ErrInvalidArgument, cfg.Batch)
 	}
 	switch cfg.Dtype {
 	case tensor.Dtype{}:
 		cfg.Dtype = tensor.Float32
 	case tensor.Float32, tensor.Float64:
 	default:
-		return nil, fmt.Errorf("%w: Dtype %v is not Float32 or Float64", ErrConfig, cfg.Dtype)
+		return nil, fmt.Errorf("mlp: %w: Dtype %v is not Float32 or Float64", ErrInvalidArgument, cfg.Dtype)
 	}
 	cfg.Sizes = slices.Clone(cfg.Sizes)
 
@@ -185,7 +189,7 @@ func (m *Model) ForwardWith(x *gorgonia.Node, params gorgonia.Nodes) (*gorgonia.
 // With the identity hook, ForwardHooked computes exactly what Forward does.
 func (m *Model) ForwardHooked(x *gorgonia.Node, hook func(*gorgonia.Node) (*gorgonia.Node, error)) (*gorgonia.Node, error) {
 	if hook == nil {
-		return nil, fmt.Errorf("%w: nil hook", ErrConfig)
+		return nil, fmt.Errorf("mlp: %w: nil hook", ErrInvalidArgument)
 	}
 	if err := m.checkInput(x); err != nil {
 		return nil, err

@@ -128,10 +128,10 @@ func TestNewInvalid(t *testing.T) {
 		{Sizes: []int{3, 2}, Dtype: tensor.Int},
 	} {
 		_, err := New(gorgonia.NewGraph(), cfg)
-		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
+		assert.ErrorIs(t, err, ErrInvalidArgument, "%+v", cfg)
 	}
 	_, err := New(nil, Config{Sizes: []int{2, 2}})
-	assert.ErrorIs(t, err, ErrConfig)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
 }
 
 func TestForwardShapes(t *testing.T) {
@@ -440,7 +440,7 @@ func TestForwardHookedErrors(t *testing.T) {
 	require.NoError(t, err)
 	x, _ := m.NewInputs()
 	_, err = m.ForwardHooked(x, nil)
-	assert.ErrorIs(t, err, ErrConfig)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
 
 	bad := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(2, 5), gorgonia.WithName("bad"))
 	_, err = m.ForwardHooked(bad, func(p *gorgonia.Node) (*gorgonia.Node, error) { return p, nil })

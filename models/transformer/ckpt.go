@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // FormatName identifies transformer checkpoints in the checkpoint config.
@@ -36,12 +36,12 @@ func (ck *Checkpoint) header() (ckptHeader, error) {
 		return ckptHeader{}, err
 	}
 	if ck.Vocab != nil && ck.Vocab.Size() != ck.Config.Vocab {
-		return ckptHeader{}, fmt.Errorf("%w: vocabulary of %d runes for config vocab %d", ErrConfig, ck.Vocab.Size(), ck.Config.Vocab)
+		return ckptHeader{}, fmt.Errorf("transformer: %w: vocabulary of %d runes for config vocab %d", ErrInvalidArgument, ck.Vocab.Size(), ck.Config.Vocab)
 	}
 	return ckptHeader{Format: FormatName, Model: ck.Config, Vocab: ck.Vocab, Step: ck.Step}, nil
 }
 
-// Write encodes ck to w in the models/checkpoint format.
+// Write encodes ck to w in the train/checkpoint format.
 func Write(w io.Writer, ck *Checkpoint) error {
 	h, err := ck.header()
 	if err != nil {
@@ -115,7 +115,7 @@ func decodeHeader(f *checkpoint.File) (ckptHeader, error) {
 		return h, err
 	}
 	if h.Vocab != nil && h.Vocab.Size() != h.Model.Vocab {
-		return h, fmt.Errorf("%w: vocabulary of %d runes for config vocab %d", ErrConfig, h.Vocab.Size(), h.Model.Vocab)
+		return h, fmt.Errorf("transformer: %w: vocabulary of %d runes for config vocab %d", ErrInvalidArgument, h.Vocab.Size(), h.Model.Vocab)
 	}
 	return h, nil
 }

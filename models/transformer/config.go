@@ -5,12 +5,16 @@ import (
 	"fmt"
 
 	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/internal/errs"
 )
 
 // Errors returned by this package. Match them with errors.Is.
 var (
-	// ErrConfig means a Config is invalid.
-	ErrConfig = errors.New("transformer: invalid config")
+	// ErrInvalidArgument is matched by the errors of an invalid Config or
+	// option. It is the value every gdist package exports under this name
+	// (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrLayerRange means a stage's layer range is invalid for its config.
 	ErrLayerRange = errors.New("transformer: invalid layer range")
 	// ErrTiedSplit means a tied-head model was split so that the embedding
@@ -63,7 +67,7 @@ func (d Dtype) String() string {
 // MarshalText implements encoding.TextMarshaler.
 func (d Dtype) MarshalText() ([]byte, error) {
 	if d != Float32 && d != Float64 {
-		return nil, fmt.Errorf("%w: dtype %d", ErrConfig, uint8(d))
+		return nil, fmt.Errorf("transformer: %w: dtype %d", ErrInvalidArgument, uint8(d))
 	}
 	return []byte(d.String()), nil
 }
@@ -76,7 +80,7 @@ func (d *Dtype) UnmarshalText(b []byte) error {
 	case "float64":
 		*d = Float64
 	default:
-		return fmt.Errorf("%w: dtype %q", ErrConfig, b)
+		return fmt.Errorf("transformer: %w: dtype %q", ErrInvalidArgument, b)
 	}
 	return nil
 }
@@ -116,23 +120,23 @@ func DefaultConfig(vocab int) Config {
 }
 
 // Validate reports whether c describes a model this package can build. The
-// error matches ErrConfig.
+// error matches ErrInvalidArgument.
 func (c Config) Validate() error {
 	switch {
 	case c.Vocab < 2:
-		return fmt.Errorf("%w: vocab %d < 2", ErrConfig, c.Vocab)
+		return fmt.Errorf("transformer: %w: vocab %d < 2", ErrInvalidArgument, c.Vocab)
 	case c.Ctx < 2:
-		return fmt.Errorf("%w: ctx %d < 2", ErrConfig, c.Ctx)
+		return fmt.Errorf("transformer: %w: ctx %d < 2", ErrInvalidArgument, c.Ctx)
 	case c.Dim < 2:
-		return fmt.Errorf("%w: dim %d < 2", ErrConfig, c.Dim)
+		return fmt.Errorf("transformer: %w: dim %d < 2", ErrInvalidArgument, c.Dim)
 	case c.Heads < 1 || c.Dim%c.Heads != 0:
-		return fmt.Errorf("%w: %d heads do not divide dim %d", ErrConfig, c.Heads, c.Dim)
+		return fmt.Errorf("transformer: %w: %d heads do not divide dim %d", ErrInvalidArgument, c.Heads, c.Dim)
 	case c.Layers < 0:
-		return fmt.Errorf("%w: layers %d < 0", ErrConfig, c.Layers)
+		return fmt.Errorf("transformer: %w: layers %d < 0", ErrInvalidArgument, c.Layers)
 	case c.MLPHidden < 1:
-		return fmt.Errorf("%w: mlp hidden %d < 1", ErrConfig, c.MLPHidden)
+		return fmt.Errorf("transformer: %w: mlp hidden %d < 1", ErrInvalidArgument, c.MLPHidden)
 	case c.Dtype != Float32 && c.Dtype != Float64:
-		return fmt.Errorf("%w: dtype %d", ErrConfig, uint8(c.Dtype))
+		return fmt.Errorf("transformer: %w: dtype %d", ErrInvalidArgument, uint8(c.Dtype))
 	}
 	return nil
 }

@@ -19,8 +19,8 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // recorder is a test hook in the manner of dist/ddp's: hook(p) is an
@@ -356,7 +356,7 @@ func TestLoadConfig(t *testing.T) {
 	mismatch := filepath.Join(dir, "mismatch.ckpt")
 	require.NoError(t, checkpoint.Save(mismatch, map[string]any{"format": transformer.FormatName, "model": cfg, "vocab": "ab"}, nil))
 	_, _, _, err = transformer.LoadConfig(mismatch)
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 
 	_, _, _, err = transformer.LoadConfig(filepath.Join(dir, "missing.ckpt"))
 	assert.ErrorIs(t, err, os.ErrNotExist)

@@ -3,20 +3,25 @@ package transformer
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
+	"github.com/gdist/gdist/internal/options"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // buildMu serialises graph construction inside this package's constructors:
 // Gorgonia's graph building and Grad touch package-level state.
 var buildMu sync.Mutex
 
-// TrainerOption configures NewTrainer.
-type TrainerOption func(*trainerOptions)
+// TrainerOption configures NewTrainer and NewTrainerFor. Each option checks
+// its value when the constructor applies it, and the constructor fails
+// with the first refusal: an error matching ErrInvalidArgument that names
+// the option. A nil TrainerOption is refused the same way.
+type TrainerOption func(*trainerOptions) error
 
 type trainerOptions struct {
 	lr      float64
@@ -26,29 +31,73 @@ type trainerOptions struct {
 	hook    Hook
 }
 
-// WithLearnRate sets the Adam learning rate (default 3e-3). Ignored with
-// WithSolver.
-func WithLearnRate(lr float64) TrainerOption { return func(o *trainerOptions) { o.lr = lr } }
+// invalidOption is the error of an option that refuses its value.
+func invalidOption(format string, args ...any) error {
+	return fmt.Errorf("transformer: %w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// nonNegativeOption is an option that sets *field(o) to v, which must be
+// finite and >= 0.
+func nonNegativeOption(name string, v float64, field func(*trainerOptions) *float64) TrainerOption {
+	return func(o *trainerOptions) error {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return invalidOption("%s(%v): must be finite and >= 0", name, v)
+		}
+		*field(o) = v
+		return nil
+	}
+}
+
+// WithLearnRate sets the Adam learning rate (default 3e-3); lr must be
+// finite and >= 0. Ignored with WithSolver.
+func WithLearnRate(lr float64) TrainerOption {
+	return nonNegativeOption("WithLearnRate", lr, func(o *trainerOptions) *float64 { return &o.lr })
+}
 
 // WithClip sets Adam's element-wise gradient clipping bound (default 1; 0
-// disables clipping). Ignored with WithSolver.
-func WithClip(c float64) TrainerOption { return func(o *trainerOptions) { o.clip = c } }
+// disables clipping); c must be finite and >= 0. Ignored with WithSolver.
+func WithClip(c float64) TrainerOption {
+	return nonNegativeOption("WithClip", c, func(o *trainerOptions) *float64 { return &o.clip })
+}
 
-// WithSolver replaces the default Adam solver.
-func WithSolver(s gorgonia.Solver) TrainerOption { return func(o *trainerOptions) { o.solver = s } }
+// WithSolver replaces the default Adam solver. s must not be nil.
+func WithSolver(s gorgonia.Solver) TrainerOption {
+	return func(o *trainerOptions) error {
+		if s == nil {
+			return invalidOption("WithSolver(nil)")
+		}
+		o.solver = s
+		return nil
+	}
+}
 
 // WithWeights sets the initial parameters (see Stage.SetWeights) instead of
-// the seeded initialisation. The tensors are copied.
+// the seeded initialisation. The tensors are copied. ts must not be empty.
 func WithWeights(ts []checkpoint.Named) TrainerOption {
-	return func(o *trainerOptions) { o.weights = ts }
+	return func(o *trainerOptions) error {
+		if len(ts) == 0 {
+			return invalidOption("WithWeights: no tensors")
+		}
+		o.weights = ts
+		return nil
+	}
 }
 
 // WithHook builds the trainer's forward pass with Stage.ForwardHooked(input,
 // h): h is called immediately before every use of a parameter. For
 // data-parallel training pass dist/ddp's DDP.Hook (and the DDP's Solver
 // through WithSolver); since the DDP has to wrap the parameters before the
-// forward pass is built, create the stage first and use NewTrainerFor.
-func WithHook(h Hook) TrainerOption { return func(o *trainerOptions) { o.hook = h } }
+// forward pass is built, create the stage first and use NewTrainerFor. h
+// must not be nil.
+func WithHook(h Hook) TrainerOption {
+	return func(o *trainerOptions) error {
+		if h == nil {
+			return invalidOption("WithHook(nil)")
+		}
+		o.hook = h
+		return nil
+	}
+}
 
 // Trainer trains a full model in one process: a graph with the whole model
 // (a Stage over all layers) for a fixed batch size, the cross-entropy loss,
@@ -77,13 +126,17 @@ type Trainer struct {
 // NewTrainer builds a trainer for cfg with batch sequences per step, in a
 // new graph.
 func NewTrainer(cfg Config, batch int, opts ...TrainerOption) (*Trainer, error) {
+	o, err := trainerConfig(opts)
+	if err != nil {
+		return nil, err
+	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	st, err := NewStage(gorgonia.NewGraph(), cfg, 0, cfg.HeadLayer(), batch)
 	if err != nil {
 		return nil, err
 	}
-	return newTrainer(st, opts)
+	return newTrainer(st, o)
 }
 
 // NewTrainerFor builds a trainer on st, a stage over all the layers of its
@@ -109,19 +162,26 @@ func NewTrainerFor(st *Stage, opts ...TrainerOption) (*Trainer, error) {
 	if !st.IsFirst() || !st.IsLast() {
 		return nil, fmt.Errorf("%w: a trainer needs the whole model, not stage [%d, %d]", ErrLayerRange, st.From(), st.To())
 	}
+	o, err := trainerConfig(opts)
+	if err != nil {
+		return nil, err
+	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	return newTrainer(st, opts)
+	return newTrainer(st, o)
+}
+
+// trainerConfig applies opts, in order, to the defaults.
+func trainerConfig(opts []TrainerOption) (trainerOptions, error) {
+	o := trainerOptions{lr: 3e-3, clip: 1}
+	if err := options.Apply(&o, opts, "transformer", ErrInvalidArgument); err != nil {
+		return trainerOptions{}, err
+	}
+	return o, nil
 }
 
 // newTrainer builds a trainer on the full-model stage st; buildMu is held.
-func newTrainer(st *Stage, opts []TrainerOption) (*Trainer, error) {
-	o := trainerOptions{lr: 3e-3, clip: 1}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+func newTrainer(st *Stage, o trainerOptions) (*Trainer, error) {
 	if o.weights != nil {
 		if err := st.SetWeights(o.weights); err != nil {
 			return nil, err

@@ -15,8 +15,8 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
-	"github.com/gdist/gdist/models/checkpoint"
 	"github.com/gdist/gdist/models/transformer"
+	"github.com/gdist/gdist/train/checkpoint"
 )
 
 // graphMu serialises graph construction in tests (Gorgonia's graph building
@@ -160,7 +160,7 @@ func TestConfig(t *testing.T) {
 	for i, f := range bad {
 		c := cfg
 		f(&c)
-		assert.ErrorIs(t, c.Validate(), transformer.ErrConfig, "case %d", i)
+		assert.ErrorIs(t, c.Validate(), transformer.ErrInvalidArgument, "case %d", i)
 	}
 	assert.Error(t, json.Unmarshal([]byte(`{"dtype":"float16"}`), &back))
 }
@@ -186,7 +186,7 @@ func TestVocab(t *testing.T) {
 	assert.Equal(t, 9, id)
 
 	_, err = transformer.VocabFromRunes([]rune("aba"))
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 }
 
 func TestNames(t *testing.T) {
@@ -276,7 +276,7 @@ func TestStageErrors(t *testing.T) {
 	bad := cfg
 	bad.Heads = 3
 	_, err = transformer.NewStage(g, bad, 0, 1, 1)
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 
 	st, err := transformer.NewStage(g, cfg, 1, 2, 2)
 	require.NoError(t, err)
@@ -700,7 +700,7 @@ func TestCheckpoint(t *testing.T) {
 
 	// Vocabulary and config must agree.
 	err = transformer.Save(path, &transformer.Checkpoint{Config: cfg, Vocab: transformer.NewVocab("xy"), Tensors: tr.Weights()})
-	assert.ErrorIs(t, err, transformer.ErrConfig)
+	assert.ErrorIs(t, err, transformer.ErrInvalidArgument)
 }
 
 func TestTiedHead(t *testing.T) {
@@ -813,4 +813,32 @@ func TestMeanCrossEntropy(t *testing.T) {
 	assert.ErrorIs(t, err, transformer.ErrToken)
 	_, err = transformer.MeanCrossEntropy([]float64{0, 0, 0}, 2, []int{1})
 	assert.ErrorIs(t, err, transformer.ErrShape)
+}
+
+// TestTrainerOptionsRefused: every invalid trainer option makes NewTrainer
+// and NewTrainerFor fail with an error matching ErrInvalidArgument that
+// names it.
+func TestTrainerOptionsRefused(t *testing.T) {
+	cfg := transformer.Config{Vocab: 8, Ctx: 4, Dim: 8, Heads: 2, Layers: 1, MLPHidden: 16, Seed: 1}
+	for _, c := range []struct {
+		opt  transformer.TrainerOption
+		name string
+	}{
+		{transformer.WithLearnRate(-1), "WithLearnRate"},
+		{transformer.WithLearnRate(math.NaN()), "WithLearnRate"},
+		{transformer.WithClip(-0.5), "WithClip"},
+		{transformer.WithClip(math.Inf(1)), "WithClip"},
+		{transformer.WithSolver(nil), "WithSolver(nil)"},
+		{transformer.WithWeights(nil), "WithWeights"},
+		{transformer.WithHook(nil), "WithHook(nil)"},
+		{nil, "option 1 is nil"},
+	} {
+		_, err := transformer.NewTrainer(cfg, 2, transformer.WithLearnRate(1e-2), c.opt)
+		require.ErrorIs(t, err, transformer.ErrInvalidArgument, c.name)
+		assert.Contains(t, err.Error(), c.name)
+		st, err := transformer.NewStage(gorgonia.NewGraph(), cfg, 0, cfg.HeadLayer(), 2)
+		require.NoError(t, err)
+		_, err = transformer.NewTrainerFor(st, transformer.WithClip(0), c.opt)
+		require.ErrorIs(t, err, transformer.ErrInvalidArgument, c.name)
+	}
 }

@@ -39,7 +39,7 @@ func VocabFromRunes(runes []rune) (*Vocab, error) {
 	seen := make(map[rune]bool, len(runes))
 	for _, r := range runes {
 		if seen[r] {
-			return nil, fmt.Errorf("%w: duplicate rune %q in vocabulary", ErrConfig, r)
+			return nil, fmt.Errorf("transformer: %w: duplicate rune %q in vocabulary", ErrInvalidArgument, r)
 		}
 		seen[r] = true
 	}

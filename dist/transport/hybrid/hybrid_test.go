@@ -301,7 +301,7 @@ func TestSHMFailure(t *testing.T) {
 		assert.ErrorIs(t, errs[r], hybrid.ErrSHMSetup)
 		assert.Contains(t, errs[r].Error(), "rank 1")
 	}
-	require.ErrorIs(t, errs[1], shm.ErrConfig, "the failing rank's own cause")
+	require.ErrorIs(t, errs[1], shm.ErrInvalidArgument, "the failing rank's own cause")
 	for r := 2; r < 4; r++ {
 		require.NoError(t, errs[r], "rank %d", r)
 		assert.Equal(t, hybrid.ViaSHM, ts[r].Via(5-r))
@@ -339,12 +339,12 @@ func TestOptions(t *testing.T) {
 		hybrid.WithSHM(nil),
 	} {
 		_, err := hybrid.Rendezvous(ctx, 0, 1, "127.0.0.1:0", o)
-		require.ErrorIs(t, err, hybrid.ErrConfig, "option %d", i)
+		require.ErrorIs(t, err, hybrid.ErrInvalidArgument, "option %d", i)
 	}
 	_, err := hybrid.Rendezvous(ctx, 0, 1, "127.0.0.1:0", hybrid.WithInsecure(), hybrid.WithTCP(tcp.WithMaxFrame(-1)))
-	require.ErrorIs(t, err, tcp.ErrConfig)
+	require.ErrorIs(t, err, tcp.ErrInvalidArgument)
 	_, err = hybrid.Rendezvous(ctx, 0, 2, "127.0.0.1:0")
-	require.ErrorIs(t, err, tcp.ErrConfig, "no token")
+	require.ErrorIs(t, err, tcp.ErrInvalidArgument, "no token")
 
 	for s, m := range map[string]hybrid.Mode{"auto": hybrid.Auto, "tcp": hybrid.TCP, "shm": hybrid.SHM} {
 		got, err := hybrid.ParseMode(s)
@@ -354,7 +354,7 @@ func TestOptions(t *testing.T) {
 	}
 	for _, s := range []string{"", "TCP", "mpi", "shm "} {
 		_, err := hybrid.ParseMode(s)
-		require.ErrorIs(t, err, hybrid.ErrConfig, "%q", s)
+		require.ErrorIs(t, err, hybrid.ErrInvalidArgument, "%q", s)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/errs"
 	"github.com/gdist/gdist/internal/logx"
 	"github.com/gdist/gdist/internal/options"
 )
@@ -41,7 +42,7 @@ func (m Mode) String() string {
 }
 
 // ParseMode parses "auto", "tcp" or "shm" (GDIST_TRANSPORT's values). Any
-// other string gives an error matching ErrConfig.
+// other string gives an error matching ErrInvalidArgument.
 func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "auto":
@@ -51,7 +52,7 @@ func ParseMode(s string) (Mode, error) {
 	case "shm":
 		return SHM, nil
 	}
-	return 0, fmt.Errorf("%w: transport mode %q (want auto, tcp or shm)", ErrConfig, s)
+	return 0, fmt.Errorf("hybrid: %w: transport mode %q (want auto, tcp or shm)", ErrInvalidArgument, s)
 }
 
 // Defaults for the options.
@@ -68,8 +69,10 @@ const (
 // returned as they are (wrapped), so tcp.ErrAuth, shm.ErrNoLink,
 // *transport.PeerError and the rest match through them.
 var (
-	// ErrConfig is returned by Rendezvous for invalid arguments or options.
-	ErrConfig = errors.New("hybrid: invalid configuration")
+	// ErrInvalidArgument is matched by the errors Rendezvous returns for
+	// invalid arguments or options. It is the value every gdist package
+	// exports under this name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrMismatch means the ranks disagree on the mode: every rank of the
 	// job must use the same one.
 	ErrMismatch = errors.New("hybrid: ranks disagree on the transport mode")
@@ -100,7 +103,7 @@ func (e *SHMError) Unwrap() error { return e.Err }
 func (e *SHMError) Is(target error) bool { return target == ErrSHMSetup }
 
 // Option configures Rendezvous. Options are applied in order and validated
-// by Rendezvous, which returns an error matching ErrConfig for an invalid
+// by Rendezvous, which returns an error matching ErrInvalidArgument for an invalid
 // one.
 type Option func(*config) error
 
@@ -121,7 +124,7 @@ func defaultConfig() config {
 
 func apply(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	if err := options.Apply(&cfg, opts, "hybrid", ErrConfig); err != nil {
+	if err := options.Apply(&cfg, opts, "hybrid", ErrInvalidArgument); err != nil {
 		return cfg, err
 	}
 	if cfg.logger == nil {
@@ -134,7 +137,7 @@ func apply(opts []Option) (config, error) {
 func WithMode(m Mode) Option {
 	return func(c *config) error {
 		if m > SHM {
-			return fmt.Errorf("%w: mode %v", ErrConfig, m)
+			return fmt.Errorf("hybrid: %w: mode %v", ErrInvalidArgument, m)
 		}
 		c.mode = m
 		return nil
@@ -146,13 +149,13 @@ func WithMode(m Mode) Option {
 // equal identities are on one host and, in modes Auto and SHM, talk
 // through shared memory; it is meant for tests and benchmarks that
 // simulate several hosts on one machine (GDIST_HOST_ID in
-// dist.InitFromEnv). Ranks given one identity must really share a host
+// gdist.InitFromEnv). Ranks given one identity must really share a host
 // and a network namespace. s must be non-empty and at most MaxHostID
 // bytes.
 func WithHostID(s string) Option {
 	return func(c *config) error {
 		if s == "" || len(s) > MaxHostID {
-			return fmt.Errorf("%w: host id of %d bytes (want 1 to %d)", ErrConfig, len(s), MaxHostID)
+			return fmt.Errorf("hybrid: %w: host id of %d bytes (want 1 to %d)", ErrInvalidArgument, len(s), MaxHostID)
 		}
 		c.hostID = s
 		return nil
@@ -168,7 +171,7 @@ func WithHostID(s string) Option {
 func WithToken(token []byte) Option {
 	return func(c *config) error {
 		if err := tcp.CheckToken(token); err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return fmt.Errorf("hybrid: %w: %w", ErrInvalidArgument, err)
 		}
 		c.token = append([]byte(nil), token...)
 		return nil
@@ -189,7 +192,7 @@ func WithInsecure() Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrConfig)
+			return fmt.Errorf("hybrid: %w: nil logger", ErrInvalidArgument)
 		}
 		c.logger = l
 		return nil
@@ -203,7 +206,7 @@ func WithLogger(l *slog.Logger) Option {
 func WithSetupTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: setup timeout %v", ErrConfig, d)
+			return fmt.Errorf("hybrid: %w: setup timeout %v", ErrInvalidArgument, d)
 		}
 		c.setupTimeout = d
 		return nil
@@ -213,13 +216,11 @@ func WithSetupTimeout(d time.Duration) Option {
 // WithTCP passes opts to the TCP transport, after the options Rendezvous
 // derives (token, logger), so they win. Given several times, the lists add
 // up. The TCP transport validates them: Rendezvous fails with its error
-// (matching tcp.ErrConfig) for a bad one.
+// (matching tcp.ErrInvalidArgument) for a bad one.
 func WithTCP(opts ...tcp.Option) Option {
 	return func(c *config) error {
-		for i, o := range opts {
-			if o == nil {
-				return fmt.Errorf("%w: TCP option %d is nil", ErrConfig, i)
-			}
+		if err := options.NoNil("hybrid: WithTCP", opts, ErrInvalidArgument); err != nil {
+			return err
 		}
 		c.tcpOpts = append(c.tcpOpts, opts...)
 		return nil

@@ -4,9 +4,9 @@ package hybrid
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/gdist/gdist/dist/transport/shm"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // shmSupported reports whether this build has the shared-memory transport.
@@ -16,13 +16,13 @@ const shmSupported = true
 // Rendezvous derives (token, logger), so they win. Given several times,
 // the lists add up. The shared-memory transport validates them, when a
 // host has several ranks: Rendezvous fails with its error (matching
-// shm.ErrConfig) for a bad one, in every mode but TCP. (Linux only.)
+// shm.ErrInvalidArgument) for a bad one, in every mode but TCP. (Linux only.)
 func WithSHM(opts ...shm.Option) Option {
 	return func(c *config) error {
-		for i, o := range opts {
-			if o == nil {
-				return fmt.Errorf("%w: shm option %d is nil", ErrConfig, i)
-			}
+		if err := options.NoNil("hybrid: WithSHM", opts, ErrInvalidArgument); err != nil {
+			return err
+		}
+		for _, o := range opts {
 			c.shmOpts = append(c.shmOpts, o)
 		}
 		return nil

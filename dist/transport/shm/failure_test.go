@@ -396,7 +396,7 @@ func TestCorruptRing(t *testing.T) {
 	}
 }
 
-// TestConfigErrors: invalid options and arguments are refused with ErrConfig.
+// TestConfigErrors: invalid options and arguments are refused with ErrInvalidArgument.
 func TestConfigErrors(t *testing.T) {
 	ctx := context.Background()
 	for name, opts := range map[string][]Option{
@@ -412,14 +412,14 @@ func TestConfigErrors(t *testing.T) {
 		"nil option":  {nil},
 	} {
 		_, err := Rendezvous(ctx, 0, 2, jobName(t), opts...)
-		require.ErrorIs(t, err, ErrConfig, name)
+		require.ErrorIs(t, err, ErrInvalidArgument, name)
 	}
 	_, err := Rendezvous(ctx, 2, 2, jobName(t), WithToken(testToken))
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 	_, err = Rendezvous(ctx, 0, 2, "", WithToken(testToken))
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 	_, err = New(ctx, 0, 2, make([]*net.UnixConn, 3), WithToken(testToken))
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
 // socketPair returns two connected Unix stream sockets.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
+	"github.com/gdist/gdist/internal/errs"
 	"github.com/gdist/gdist/internal/logx"
 	"github.com/gdist/gdist/internal/options"
 )
@@ -32,23 +33,26 @@ const (
 // *transport.PeerError wrapping transport.ErrPeerLost (or ErrPeerClosed)
 // and, where it applies, one of these.
 var (
-	// ErrConfig is returned by the constructors for invalid arguments or options.
-	ErrConfig = errors.New("shm: invalid configuration")
+	// ErrInvalidArgument is matched by the errors the constructors return
+	// for invalid arguments or options. It is the value every gdist package
+	// exports under this name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrAuth means a peer failed to prove the job token or runs as another user.
 	ErrAuth = errors.New("shm: authentication failed")
 	// ErrProtocol means a peer sent something the protocol does not allow,
 	// or wrote something invalid into the shared memory.
 	ErrProtocol = errors.New("shm: protocol error")
 	// ErrHeartbeatTimeout means a peer's heartbeat counter stopped moving
-	// for the heartbeat timeout.
-	ErrHeartbeatTimeout = errors.New("shm: heartbeat timeout")
+	// for the heartbeat timeout. It matches transport.ErrPeerUnresponsive
+	// (and so transport.ErrPeerLost) itself.
+	ErrHeartbeatTimeout = errs.Narrow("shm: heartbeat timeout", transport.ErrPeerUnresponsive)
 	// ErrNoLink is returned for a peer this transport has no link to (New
 	// was given no connection for it).
 	ErrNoLink = errors.New("shm: no shared-memory link to this rank")
 )
 
 // Option configures New and Rendezvous. Options are applied in order and
-// validated by the constructor, which returns an error matching ErrConfig
+// validated by the constructor, which returns an error matching ErrInvalidArgument
 // for an invalid one.
 type Option func(*config) error
 
@@ -82,7 +86,7 @@ func defaultConfig() config {
 // apply applies opts to a default configuration.
 func apply(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	err := options.Apply(&cfg, opts, "shm", ErrConfig)
+	err := options.Apply(&cfg, opts, "shm", ErrInvalidArgument)
 	return cfg, err
 }
 
@@ -93,7 +97,7 @@ func apply(opts []Option) (config, error) {
 func WithToken(token []byte) Option {
 	return func(c *config) error {
 		if len(token) == 0 {
-			return fmt.Errorf("%w: empty token", ErrConfig)
+			return fmt.Errorf("shm: %w: empty token", ErrInvalidArgument)
 		}
 		c.token = append([]byte(nil), token...)
 		return nil
@@ -115,7 +119,7 @@ func WithInsecure() Option {
 func WithRingSize(n int) Option {
 	return func(c *config) error {
 		if err := ring.CheckSize(n); err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return fmt.Errorf("shm: %w: %w", ErrInvalidArgument, err)
 		}
 		c.ringSize = n
 		return nil
@@ -129,7 +133,7 @@ func WithRingSize(n int) Option {
 func WithMaxFrame(n int) Option {
 	return func(c *config) error {
 		if n <= 0 {
-			return fmt.Errorf("%w: max frame %d", ErrConfig, n)
+			return fmt.Errorf("shm: %w: max frame %d", ErrInvalidArgument, n)
 		}
 		c.maxFrame = n
 		return nil
@@ -143,7 +147,7 @@ func WithMaxFrame(n int) Option {
 func WithQueueLimit(n int) Option {
 	return func(c *config) error {
 		if n < 0 {
-			return fmt.Errorf("%w: queue limit %d", ErrConfig, n)
+			return fmt.Errorf("shm: %w: queue limit %d", ErrInvalidArgument, n)
 		}
 		c.queueLimit = n
 		return nil
@@ -159,7 +163,7 @@ func WithQueueLimit(n int) Option {
 func WithHeartbeat(interval, timeout time.Duration) Option {
 	return func(c *config) error {
 		if interval > 0 && timeout <= interval {
-			return fmt.Errorf("%w: heartbeat timeout %v must exceed interval %v", ErrConfig, timeout, interval)
+			return fmt.Errorf("shm: %w: heartbeat timeout %v must exceed interval %v", ErrInvalidArgument, timeout, interval)
 		}
 		c.hbInterval, c.hbTimeout = interval, timeout
 		return nil
@@ -171,7 +175,7 @@ func WithHeartbeat(interval, timeout time.Duration) Option {
 func WithHandshakeTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: handshake timeout %v", ErrConfig, d)
+			return fmt.Errorf("shm: %w: handshake timeout %v", ErrInvalidArgument, d)
 		}
 		c.hsTimeout = d
 		return nil
@@ -184,7 +188,7 @@ func WithHandshakeTimeout(d time.Duration) Option {
 func WithSpin(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 || d > time.Second {
-			return fmt.Errorf("%w: spin %v not in [0, 1s]", ErrConfig, d)
+			return fmt.Errorf("shm: %w: spin %v not in [0, 1s]", ErrInvalidArgument, d)
 		}
 		c.spin = d
 		return nil
@@ -206,7 +210,7 @@ func WithSpin(d time.Duration) Option {
 func WithSingleCopy(min int) Option {
 	return func(c *config) error {
 		if min < 0 {
-			return fmt.Errorf("%w: single-copy size %d", ErrConfig, min)
+			return fmt.Errorf("shm: %w: single-copy size %d", ErrInvalidArgument, min)
 		}
 		c.remoteMin = min
 		return nil
@@ -223,11 +227,11 @@ func WithLogger(l *slog.Logger) Option {
 func (c *config) validate(rank, world int) error {
 	switch {
 	case world < 1 || int64(world) > 1<<20:
-		return fmt.Errorf("%w: world size %d", ErrConfig, world)
+		return fmt.Errorf("shm: %w: world size %d", ErrInvalidArgument, world)
 	case rank < 0 || rank >= world:
-		return fmt.Errorf("%w: rank %d not in [0, %d)", ErrConfig, rank, world)
+		return fmt.Errorf("shm: %w: rank %d not in [0, %d)", ErrInvalidArgument, rank, world)
 	case world > 1 && len(c.token) == 0 && !c.insecure:
-		return fmt.Errorf("%w: a token is required (WithToken) unless WithInsecure is given", ErrConfig)
+		return fmt.Errorf("shm: %w: a token is required (WithToken) unless WithInsecure is given", ErrInvalidArgument)
 	}
 	if c.logger == nil {
 		c.logger = logx.Default()

@@ -115,8 +115,8 @@ func TestRendezvousPeersConfig(t *testing.T) {
 	ctx := context.Background()
 	for _, peers := range [][]bool{nil, {true}, {false, true}, {true, true, true}} {
 		_, err := RendezvousPeers(ctx, 0, 2, jobName(t), peers, WithToken(testToken))
-		require.ErrorIs(t, err, ErrConfig, "%v", peers)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%v", peers)
 	}
 	_, err := Rendezvous(ctx, 0, 0, jobName(t), WithToken(testToken))
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 }

@@ -34,7 +34,7 @@ func SocketName(name string, r int) string { return name + "." + strconv.Itoa(r)
 // should be in a directory only the job's user can enter (mode 0700).
 func Rendezvous(ctx context.Context, rank, world int, name string, opts ...Option) (*Transport, error) {
 	if world < 1 || int64(world) > 1<<20 {
-		return nil, fmt.Errorf("%w: world size %d", ErrConfig, world)
+		return nil, fmt.Errorf("shm: %w: world size %d", ErrInvalidArgument, world)
 	}
 	peers := make([]bool, world)
 	for r := range peers {
@@ -60,10 +60,10 @@ func RendezvousPeers(ctx context.Context, rank, world int, name string, peers []
 		return nil, err
 	}
 	if len(peers) != world || !peers[rank] {
-		return nil, fmt.Errorf("%w: peers (%d entries for a world of %d) must include rank %d", ErrConfig, len(peers), world, rank)
+		return nil, fmt.Errorf("shm: %w: peers (%d entries for a world of %d) must include rank %d", ErrInvalidArgument, len(peers), world, rank)
 	}
 	if name == "" || name == "@" || len(SocketName(name, world)) > 107 {
-		return nil, fmt.Errorf("%w: socket name %q (empty, or too long for a Unix socket)", ErrConfig, name)
+		return nil, fmt.Errorf("shm: %w: socket name %q (empty, or too long for a Unix socket)", ErrInvalidArgument, name)
 	}
 	t := newTransport(rank, world, cfg)
 	want, highest := 0, rank
@@ -147,10 +147,10 @@ func New(ctx context.Context, rank, world int, conns []*net.UnixConn, opts ...Op
 		return nil, err
 	}
 	if len(conns) != world {
-		return nil, fmt.Errorf("%w: %d connections for a world of %d", ErrConfig, len(conns), world)
+		return nil, fmt.Errorf("shm: %w: %d connections for a world of %d", ErrInvalidArgument, len(conns), world)
 	}
 	if conns[rank] != nil {
-		return nil, fmt.Errorf("%w: a connection to this rank itself", ErrConfig)
+		return nil, fmt.Errorf("shm: %w: a connection to this rank itself", ErrInvalidArgument)
 	}
 	t := newTransport(rank, world, cfg)
 	want := 0

@@ -247,7 +247,7 @@ func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []
 		return transport.Header{}, 0, err
 	}
 	if combine == nil {
-		return transport.Header{}, 0, fmt.Errorf("%w: RecvReduce with a nil combine", transport.ErrInvalidArgument)
+		return transport.Header{}, 0, fmt.Errorf("shm: %w: RecvReduce with a nil combine", transport.ErrInvalidArgument)
 	}
 	var pr *peer
 	if from != t.rank {

@@ -8,7 +8,7 @@
 // address (as torchrun's MASTER_ADDR/MASTER_PORT) and hand out the table.
 // Dials are retried until the caller's context ends, so ranks may start in
 // any order. Options are validated by New and Rendezvous, which return an
-// error matching ErrConfig for a bad one; New takes its listener from the
+// error matching ErrInvalidArgument for a bad one; New takes its listener from the
 // caller and refuses WithListenAddr.
 //
 // Every connection is authenticated with a mutual HMAC-SHA256

@@ -339,6 +339,16 @@ func TestHeartbeatTimeout(t *testing.T) {
 	require.ErrorIs(t, r.t.Send(ctx, 1, 1, transport.Header{}, nil), transport.ErrPeerLost)
 }
 
+// TestHeartbeatTimeoutSentinel: ErrHeartbeatTimeout itself matches
+// transport.ErrPeerUnresponsive and ErrPeerLost, so dist classifies a
+// frozen peer without importing this package.
+func TestHeartbeatTimeoutSentinel(t *testing.T) {
+	err := fmt.Errorf("recv: %w", ErrHeartbeatTimeout)
+	assert.ErrorIs(t, err, transport.ErrPeerUnresponsive)
+	assert.ErrorIs(t, err, transport.ErrPeerLost)
+	assert.Equal(t, "tcp: heartbeat timeout", ErrHeartbeatTimeout.Error())
+}
+
 // TestHeartbeatKeepsIdleAndSlowLinksAlive: idle links, and a receiver that
 // leaves a full queue alone for many heartbeat timeouts, are not mistaken
 // for lost peers.
@@ -426,10 +436,10 @@ func TestConfigErrors(t *testing.T) {
 		{"nil option", 0, 2, addrs, []Option{nil}},
 	} {
 		_, err := New(ctx, c.rank, c.world, ln, c.addrs, c.opts...)
-		require.ErrorIs(t, err, ErrConfig, c.name)
+		require.ErrorIs(t, err, ErrInvalidArgument, c.name)
 	}
 	_, err = Rendezvous(ctx, 0, 2, "127.0.0.1:0")
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
 // TestSingleRank: a world of one needs no token and no listener.
@@ -451,7 +461,7 @@ func TestTokenStrength(t *testing.T) {
 			assert.NoError(t, err, "%q", tok)
 			continue
 		}
-		require.ErrorIs(t, err, ErrConfig, "%q", tok)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%q", tok)
 		assert.Contains(t, err.Error(), "too short", "%q", tok)
 	}
 	gen, err := launch.NewToken()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
+	"github.com/gdist/gdist/internal/errs"
 	"github.com/gdist/gdist/internal/logx"
 	"github.com/gdist/gdist/internal/options"
 )
@@ -43,16 +44,19 @@ const (
 // *transport.PeerError wrapping transport.ErrPeerLost (or ErrPeerClosed) and,
 // where it applies, one of these.
 var (
-	// ErrConfig is returned by New and Rendezvous for invalid arguments or options.
-	ErrConfig = errors.New("tcp: invalid configuration")
+	// ErrInvalidArgument is matched by the errors New and Rendezvous return
+	// for invalid arguments or options. It is the value every gdist package
+	// exports under this name (errs.ErrInvalidArgument).
+	ErrInvalidArgument = errs.ErrInvalidArgument
 	// ErrAuth means a peer failed to prove the job token.
 	ErrAuth = errors.New("tcp: authentication failed")
 	// ErrProtocol means a peer sent something the protocol does not allow.
 	ErrProtocol = errors.New("tcp: protocol error")
 	// ErrHeartbeatTimeout means nothing was received from a peer for the
-	// heartbeat timeout. The *transport.PeerError that reports it also
-	// matches transport.ErrPeerUnresponsive (and so transport.ErrPeerLost).
-	ErrHeartbeatTimeout = errors.New("tcp: heartbeat timeout")
+	// heartbeat timeout. It matches transport.ErrPeerUnresponsive (and so
+	// transport.ErrPeerLost) itself, so code that classifies failures
+	// needs no import of this package.
+	ErrHeartbeatTimeout = errs.Narrow("tcp: heartbeat timeout", transport.ErrPeerUnresponsive)
 	// ErrInitTimeout is matched by the *InitTimeoutError of a setup that
 	// did not complete within the init timeout (WithInitTimeout).
 	ErrInitTimeout = errors.New("tcp: setup timed out")
@@ -112,7 +116,7 @@ func (e *RejectedError) Is(target error) bool {
 }
 
 // Option configures New and Rendezvous. Options are applied in order and
-// validated by the constructor, which returns an error matching ErrConfig
+// validated by the constructor, which returns an error matching ErrInvalidArgument
 // for an invalid one.
 type Option func(*config) error
 
@@ -150,7 +154,7 @@ func defaultConfig() config {
 // apply applies opts to a default configuration.
 func apply(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	err := options.Apply(&cfg, opts, "tcp", ErrConfig)
+	err := options.Apply(&cfg, opts, "tcp", ErrInvalidArgument)
 	return cfg, err
 }
 
@@ -175,12 +179,12 @@ func WithToken(token []byte) Option {
 	}
 }
 
-// CheckToken returns an error matching ErrConfig if WithToken would refuse
+// CheckToken returns an error matching ErrInvalidArgument if WithToken would refuse
 // token (see there), and nil otherwise.
 func CheckToken(token []byte) error {
 	if n := tokenStrength(token); n < MinTokenBytes {
-		return fmt.Errorf("%w: job token too short: %s; it must hold at least %d random bytes (128 bits), e.g. GDIST_TOKEN=$(openssl rand -hex 32)",
-			ErrConfig, describeToken(token), MinTokenBytes)
+		return fmt.Errorf("tcp: %w: job token too short: %s; it must hold at least %d random bytes (128 bits), e.g. GDIST_TOKEN=$(openssl rand -hex 32)",
+			ErrInvalidArgument, describeToken(token), MinTokenBytes)
 	}
 	return nil
 }
@@ -230,7 +234,7 @@ func WithInsecure() Option {
 func WithListenAddr(addr string) Option {
 	return func(c *config) error {
 		if addr == "" {
-			return fmt.Errorf("%w: empty listen address", ErrConfig)
+			return fmt.Errorf("tcp: %w: empty listen address", ErrInvalidArgument)
 		}
 		c.listenAddr, c.listenSet = addr, true
 		return nil
@@ -244,7 +248,7 @@ func WithListenAddr(addr string) Option {
 func WithMaxFrame(n int) Option {
 	return func(c *config) error {
 		if n <= 0 || uint64(n) > wire.MaxPayload {
-			return fmt.Errorf("%w: max frame %d not in [1, %d]", ErrConfig, n, uint64(wire.MaxPayload))
+			return fmt.Errorf("tcp: %w: max frame %d not in [1, %d]", ErrInvalidArgument, n, uint64(wire.MaxPayload))
 		}
 		c.maxFrame = n
 		return nil
@@ -258,7 +262,7 @@ func WithMaxFrame(n int) Option {
 func WithQueueLimit(n int) Option {
 	return func(c *config) error {
 		if n < 0 {
-			return fmt.Errorf("%w: queue limit %d", ErrConfig, n)
+			return fmt.Errorf("tcp: %w: queue limit %d", ErrInvalidArgument, n)
 		}
 		c.queueLimit = n
 		return nil
@@ -281,7 +285,7 @@ func WithHeartbeat(interval, timeout time.Duration) Option {
 	}
 	return func(c *config) error {
 		if interval > 0 && timeout < 2*interval {
-			return fmt.Errorf("%w: heartbeat timeout %v must be at least twice the interval %v", ErrConfig, timeout, interval)
+			return fmt.Errorf("tcp: %w: heartbeat timeout %v must be at least twice the interval %v", ErrInvalidArgument, timeout, interval)
 		}
 		c.hbInterval, c.hbTimeout = interval, timeout
 		return nil
@@ -312,7 +316,7 @@ func WithHeartbeatObserver(f func(peer int, rtt time.Duration)) Option {
 func WithInitTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: init timeout %v", ErrConfig, d)
+			return fmt.Errorf("tcp: %w: init timeout %v", ErrInvalidArgument, d)
 		}
 		c.initTimeout = d
 		return nil
@@ -325,7 +329,7 @@ func WithInitTimeout(d time.Duration) Option {
 func WithHandshakeTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: handshake timeout %v", ErrConfig, d)
+			return fmt.Errorf("tcp: %w: handshake timeout %v", ErrInvalidArgument, d)
 		}
 		c.hsTimeout = d
 		return nil
@@ -350,13 +354,13 @@ func WithSocketBuffer(n int) Option {
 func (c *config) validate(world int) error {
 	switch {
 	case c.maxFrame <= 0 || uint64(c.maxFrame) > wire.MaxPayload:
-		return fmt.Errorf("%w: max frame %d not in [1, %d]", ErrConfig, c.maxFrame, uint64(wire.MaxPayload))
+		return fmt.Errorf("tcp: %w: max frame %d not in [1, %d]", ErrInvalidArgument, c.maxFrame, uint64(wire.MaxPayload))
 	case c.hbInterval > 0 && c.hbTimeout < 2*c.hbInterval:
-		return fmt.Errorf("%w: heartbeat timeout %v must be at least twice the interval %v", ErrConfig, c.hbTimeout, c.hbInterval)
+		return fmt.Errorf("tcp: %w: heartbeat timeout %v must be at least twice the interval %v", ErrInvalidArgument, c.hbTimeout, c.hbInterval)
 	case c.hsTimeout <= 0:
-		return fmt.Errorf("%w: handshake timeout %v", ErrConfig, c.hsTimeout)
+		return fmt.Errorf("tcp: %w: handshake timeout %v", ErrInvalidArgument, c.hsTimeout)
 	case world > 1 && len(c.token) == 0 && !c.insecure:
-		return fmt.Errorf("%w: a token is required (WithToken) unless WithInsecure is given", ErrConfig)
+		return fmt.Errorf("tcp: %w: a token is required (WithToken) unless WithInsecure is given", ErrInvalidArgument)
 	}
 	if c.logger == nil {
 		c.logger = logx.Default()

@@ -32,13 +32,13 @@ func New(ctx context.Context, rank, world int, ln net.Listener, addrs []string, 
 		return nil, err
 	}
 	if cfg.listenSet {
-		return nil, fmt.Errorf("%w: WithListenAddr is for Rendezvous; New listens on the listener it is given", ErrConfig)
+		return nil, fmt.Errorf("tcp: %w: WithListenAddr is for Rendezvous; New listens on the listener it is given", ErrInvalidArgument)
 	}
 	if len(addrs) != world {
-		return nil, fmt.Errorf("%w: %d addresses for a world of %d", ErrConfig, len(addrs), world)
+		return nil, fmt.Errorf("tcp: %w: %d addresses for a world of %d", ErrInvalidArgument, len(addrs), world)
 	}
 	if ln == nil && world > 1 {
-		return nil, fmt.Errorf("%w: nil listener", ErrConfig)
+		return nil, fmt.Errorf("tcp: %w: nil listener", ErrInvalidArgument)
 	}
 	t := newTransport(rank, world, ln, cfg)
 	t.accept = func(r int) bool { return r > rank }
@@ -123,13 +123,13 @@ func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Opt
 
 func checkArgs(rank, world int, cfg *config) error {
 	if world < 1 {
-		return fmt.Errorf("%w: world size %d", ErrConfig, world)
+		return fmt.Errorf("tcp: %w: world size %d", ErrInvalidArgument, world)
 	}
 	if rank < 0 || rank >= world {
-		return fmt.Errorf("%w: rank %d not in [0, %d)", ErrConfig, rank, world)
+		return fmt.Errorf("tcp: %w: rank %d not in [0, %d)", ErrInvalidArgument, rank, world)
 	}
 	if int64(world) > 1<<31 {
-		return fmt.Errorf("%w: world size %d", ErrConfig, world)
+		return fmt.Errorf("tcp: %w: world size %d", ErrInvalidArgument, world)
 	}
 	return cfg.validate(world)
 }
@@ -253,7 +253,7 @@ func (t *Transport) advertised(toMaster net.Conn) string {
 func (t *Transport) register(ctx context.Context, l link) ([]string, error) {
 	me := t.advertised(l.conn)
 	if len(me) > wire.MaxAddrLen {
-		return nil, fmt.Errorf("%w: address %q too long", ErrConfig, me)
+		return nil, fmt.Errorf("tcp: %w: address %q too long", ErrInvalidArgument, me)
 	}
 	defer bindDeadline(ctx, l.conn, time.Time{})()
 	if err := writeFrame(l.conn, wire.Header{Kind: wire.Register, Src: uint32(t.rank)}, []byte(me)); err != nil {

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/internal/options"
 )
 
 // Maker starts the n connected transports of a job; element i has rank i.
@@ -29,24 +30,47 @@ type Maker func(t *testing.T, n int) []transport.Transport
 // per source before senders wait.
 type LimitedMaker func(t *testing.T, n, queueLimit int) []transport.Transport
 
-// Option configures Run.
-type Option func(*suite)
+// Option configures Run. Run applies each option in turn and fails the
+// test at the first that refuses its value (an error matching
+// transport.ErrInvalidArgument); a nil Option is refused the same way.
+type Option func(*suite) error
 
 // WithLimited enables the back-pressure tests, which need transports with a
-// small queue limit. Without it they are skipped.
+// small queue limit. Without it they are skipped. mk must not be nil.
 func WithLimited(mk LimitedMaker) Option {
-	return func(s *suite) { s.limited = mk }
+	return func(s *suite) error {
+		if mk == nil {
+			return fmt.Errorf("transporttest: %w: WithLimited(nil)", transport.ErrInvalidArgument)
+		}
+		s.limited = mk
+		return nil
+	}
 }
 
 // WithoutKill skips the crash tests even if the transports implement Killer.
 func WithoutKill() Option {
-	return func(s *suite) { s.noKill = true }
+	return func(s *suite) error {
+		s.noKill = true
+		return nil
+	}
 }
 
 type suite struct {
 	mk      Maker
 	limited LimitedMaker
 	noKill  bool
+}
+
+// newSuite applies opts, in order, to a suite of the transports mk makes.
+func newSuite(mk Maker, opts []Option) (*suite, error) {
+	if mk == nil {
+		return nil, fmt.Errorf("transporttest: %w: nil Maker", transport.ErrInvalidArgument)
+	}
+	s := &suite{mk: mk}
+	if err := options.Apply(s, opts, "transporttest", transport.ErrInvalidArgument); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // opTimeout bounds every blocking call the suite makes, so that a broken
@@ -61,9 +85,10 @@ const prompt = 5 * time.Second
 // run one after the other; each closes its transports and checks for leaked
 // goroutines (go.uber.org/goleak) at the end.
 func Run(t *testing.T, mk Maker, opts ...Option) {
-	s := &suite{mk: mk}
-	for _, o := range opts {
-		o(s)
+	t.Helper()
+	s, err := newSuite(mk, opts)
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, n := range []int{1, 2, 3, 4} {
 		t.Run(fmt.Sprintf("AllPairs/n=%d", n), func(t *testing.T) { s.allPairs(t, n) })
