@@ -146,3 +146,50 @@ func TestBothCancelAsync(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelledThenClosedIsNamedCancelled: a rank whose collective fails
+// because its own context ended, and which closes its group at once,
+// still tells its peers why before it leaves: a peer names it cancelled,
+// never closed. (The notice used to be registered with Close only after
+// the cause was recorded, on the goroutine that saw the context end; a
+// rank quick to close could leave without it.)
+func TestCancelledThenClosedIsNamedCancelled(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 6))
+	for trial := range cancelTrials(t, 300) {
+		gs := groupsOn(t, transporttest.NewLocal(t, 2))
+		ctx, cancel := context.WithCancel(bg)
+		d := time.Duration(rng.Int64N(int64(500 * time.Microsecond)))
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r, g := range gs {
+			wg.Go(func() {
+				defer g.Close()
+				c := bg
+				if r == 1 {
+					c = ctx
+				}
+				buf := make([]float32, 1<<10)
+				for {
+					if errs[r] = g.AllReduce(c, buf, Max); errs[r] != nil {
+						return // and close at once
+					}
+				}
+			})
+		}
+		time.Sleep(d)
+		cancel()
+		wg.Wait()
+		var a *AbortError
+		require.ErrorAs(t, errs[0], &a, "trial %d", trial)
+		if a.Kind == KindClosed && errors.Is(errs[1], context.Canceled) && !isRefused(errs[1]) {
+			t.Fatalf("trial %d: rank 1 aborted on its cancellation (%v), yet rank 0 saw it only close: %v", trial, errs[1], errs[0])
+		}
+	}
+}
+
+// isRefused reports whether err is that of a call refused before it took
+// its turn (its context had ended already), which aborts nothing.
+func isRefused(err error) bool {
+	var a *AbortError
+	return !errors.As(err, &a)
+}

@@ -30,8 +30,12 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 )
 
-// setCauseLocked records the group's first failure and wakes every
-// collective blocked in the transport.
+// setCauseLocked records the group's first failure, wakes every
+// collective blocked in the transport and, for a failure to tell the peers
+// about (a != nil), starts sending the notice. The sender is registered
+// with Close under the lock that records the cause: a rank whose call
+// fails with this cause and which closes at once still tells its peers
+// why before it says goodbye.
 func (g *ProcessGroup) setCauseLocked(a *AbortError, cause error) {
 	g.cause, g.abort = cause, a
 	if g.running {
@@ -39,6 +43,11 @@ func (g *ProcessGroup) setCauseLocked(a *AbortError, cause error) {
 	}
 	close(g.abortCh)
 	g.failCancel()
+	if a != nil && !g.transportClosing {
+		g.wg.Add(1)
+		g.sending.Add(1)
+		go g.sendAbort(encodeNotice(a))
+	}
 }
 
 // fail records a (and cause, the error of the operation that found it)
@@ -56,19 +65,11 @@ func (g *ProcessGroup) fail(a *AbortError, cause error) bool {
 	return true
 }
 
-// aborted logs a new abort and tells the peers.
+// aborted logs a new abort (setCauseLocked has started telling the
+// peers).
 func (g *ProcessGroup) aborted(a *AbortError) {
 	g.log.Warn("dist: process group aborted", "culprit", a.Rank, "kind", a.Kind.String(),
 		"op", a.Op, "seq", a.Seq, "err", a.Error())
-	g.mu.Lock()
-	if g.transportClosing {
-		g.mu.Unlock()
-		return
-	}
-	g.wg.Add(1)
-	g.sending.Add(1)
-	g.mu.Unlock()
-	go g.sendAbort(encodeNotice(a))
 }
 
 // sendAbort tells every peer (in parallel, each bounded by

@@ -141,10 +141,10 @@ func TestJudge(t *testing.T) {
 	assert.Empty(t, v.Wrong)
 	assert.Equal(t, []int{2}, v.Missing)
 	v = judge("cancel", 0, []int{0, 1}, at, map[int]report{
-		0: rep(0, typeCtx, -1, kindCancelled, 0), 1: rep(1, typeCtx, -1, kindCancelled, 0),
+		0: rep(0, typeAbort, 0, kindCancelled, 0), 1: rep(1, typeAbort, 1, kindCancelled, 0),
 		2: rep(2, typePeer, 1, kindClosed, 0),
 	})
-	assert.Len(t, v.Wrong, 1)
+	assert.Len(t, v.Wrong, 1, "rank 1 aborted with a notice: rank 2 must not take it for a close")
 	v = judge("cancel", 0, []int{0, 1}, at, map[int]report{
 		0: rep(0, typePeer, 2, kindAborted, 0), 1: rep(1, typeCtx, -1, kindCancelled, 0),
 		2: rep(2, typeCtx, -1, kindCancelled, 0),
@@ -185,6 +185,14 @@ func TestJudge(t *testing.T) {
 		2: own(rep(2, typePeer, 0, kindClosed, 0), false, false),
 	})
 	assert.Len(t, v.Wrong, 2, "rank 1 saw its context end but does not say so; rank 2 reports a close")
+	// A victim whose next call was refused before it started (its context
+	// ended between two all-reduces) aborted nothing: it left, and its
+	// peers may only see it close.
+	v = judge("cancel", 0, []int{0, 1}, at, map[int]report{
+		0: rep(0, typeCtx, -1, kindCancelled, 0), 1: rep(1, typeCtx, -1, kindCancelled, 0),
+		2: rep(2, typeAbort, 0, kindClosed, 0),
+	})
+	assert.Empty(t, v.Wrong)
 }
 
 func TestPercentile(t *testing.T) {
