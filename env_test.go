@@ -49,7 +49,7 @@ func TestInitFromEnvSingleProcess(t *testing.T) {
 		assert.Equal(t, 1, g.WorldSize())
 		assert.IsType(t, &transport.Local{}, g.Transport())
 		d := []float32{1, 2}
-		require.NoError(t, g.AllReduce(bg, d, dist.Mean))
+		require.NoError(t, g.AllReduce(bg, dist.F32(d), dist.Mean))
 		assert.Equal(t, []float32{1, 2}, d)
 		require.NoError(t, g.Close())
 	}

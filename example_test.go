@@ -22,7 +22,7 @@ func ExampleInitFromEnv() {
 	defer g.Close()
 
 	grad := []float32{1, 2, 3}
-	if err := g.AllReduce(ctx, grad, dist.Mean); err != nil {
+	if err := g.AllReduce(ctx, dist.F32(grad), dist.Mean); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("rank %d of %d (local rank %d): %v\n", g.Rank(), g.WorldSize(), g.LocalRank(), grad)

@@ -26,8 +26,12 @@ func TestMain(m *testing.M) {
 }
 
 // childMain runs one rank of a multi-process test and returns the exit code.
-// Role "init-only" joins with InitFromEnv and leaves.
+// Role "init-only" joins with InitFromEnv and leaves; the "groups-" roles
+// are groups_process_test.go's.
 func childMain(role string) int {
+	if code := groupsChild(role); code >= 0 {
+		return code
+	}
 	if role != "init-only" {
 		fmt.Fprintln(os.Stderr, "unknown child role", role)
 		return 2

@@ -23,7 +23,7 @@ func TestAsyncOverlaps(t *testing.T) {
 		for i := range d {
 			d[i] = float32(exactInput(Sum, r, i))
 		}
-		w := g.AllReduceAsync(bg, d, Sum)
+		w := g.AllReduceAsync(bg, F32(d), Sum)
 		if r == 0 {
 			// Caller work while the collective waits for the others.
 			x := 0.0
@@ -41,7 +41,7 @@ func TestAsyncOverlaps(t *testing.T) {
 		if err := w.Wait(bg); err != nil {
 			return err
 		}
-		want := refAllReduce(Sum, F32, n, length)
+		want := refAllReduce(Sum, Float32, n, length)
 		for i := range d {
 			if float64(d[i]) != want[i] {
 				t.Errorf("rank %d [%d] = %v, want %v", r, i, d[i], want[i])
@@ -64,15 +64,15 @@ func TestAsyncOrdering(t *testing.T) {
 		d := []float32{float32(r * 100)}
 		var wa, wb *Work
 		if r == 0 {
-			wa = g.AllReduceAsync(bg, a, Sum)
-			wb = g.AllReduceF64Async(bg, b, Max)
+			wa = g.AllReduceAsync(bg, F32(a), Sum)
+			wb = g.AllReduceAsync(bg, F64(b), Max)
 		} else {
-			if err := g.AllReduce(bg, a, Sum); err != nil {
+			if err := g.AllReduce(bg, F32(a), Sum); err != nil {
 				return err
 			}
-			wb = g.AllReduceF64Async(bg, b, Max)
+			wb = g.AllReduceAsync(bg, F64(b), Max)
 		}
-		if err := g.AllReduce(bg, d, Sum); err != nil {
+		if err := g.AllReduce(bg, F32(d), Sum); err != nil {
 			return err
 		}
 		// The sync call ran after the async ones, so they are done.
@@ -103,11 +103,11 @@ func TestAsyncManyInFlight(t *testing.T) {
 		works := make([]*Work, k)
 		for i := range k {
 			bufs[i] = []float32{float32(r + i)}
-			works[i] = g.AllReduceAsync(bg, bufs[i], Sum)
+			works[i] = g.AllReduceAsync(bg, F32(bufs[i]), Sum)
 		}
 		typed := make([]byte, 2)
 		codecBF16.store(typed, float64(r))
-		wt := g.AllReduceTypedAsync(bg, typed, BF16, Sum)
+		wt := g.AllReduceAsync(bg, Typed(typed, BFloat16), Sum)
 		for i, w := range works {
 			if err := w.Wait(bg); err != nil {
 				return err
@@ -123,12 +123,12 @@ func TestAsyncManyInFlight(t *testing.T) {
 func TestWorkWaitContext(t *testing.T) {
 	c := newCluster(t, 2)
 	d0 := []float32{1}
-	w := c.gs[0].AllReduceAsync(bg, d0, Sum)
+	w := c.gs[0].AllReduceAsync(bg, F32(d0), Sum)
 	ctx, cancel := context.WithTimeout(bg, 10*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, w.Wait(ctx), context.DeadlineExceeded)
 	// The collective went on: once rank 1 joins it completes.
-	require.NoError(t, c.gs[1].AllReduce(bg, []float32{2}, Sum))
+	require.NoError(t, c.gs[1].AllReduce(bg, F32([]float32{2}), Sum))
 	require.NoError(t, w.Wait(bg))
 	require.Equal(t, []float32{3}, d0)
 }
@@ -140,7 +140,7 @@ func TestAsyncContext(t *testing.T) {
 		c := newCluster(t, 2)
 		ctx, cancel := context.WithCancel(bg)
 		cancel()
-		w := c.gs[0].AllReduceAsync(ctx, make([]float32, 4), Sum)
+		w := c.gs[0].AllReduceAsync(ctx, F32(make([]float32, 4)), Sum)
 		require.ErrorIs(t, w.Wait(bg), context.Canceled)
 		// It took no turn and aborted nothing.
 		requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error { return g.Barrier(bg) }))
@@ -148,14 +148,14 @@ func TestAsyncContext(t *testing.T) {
 	t.Run("nil", func(t *testing.T) {
 		c := newCluster(t, 1)
 		//nolint:staticcheck // a nil context is what is tested
-		require.ErrorIs(t, c.gs[0].AllReduceAsync(nil, make([]float32, 4), Sum).Wait(bg), ErrInvalidArgument)
+		require.ErrorIs(t, c.gs[0].AllReduceAsync(nil, F32(make([]float32, 4)), Sum).Wait(bg), ErrInvalidArgument)
 	})
 	t.Run("running", func(t *testing.T) {
 		c := newCluster(t, 3)
 		ctx, cancel := context.WithTimeout(bg, 30*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		w := c.gs[0].AllReduceF64Async(ctx, make([]float64, 4), Sum) // the others never join
+		w := c.gs[0].AllReduceAsync(ctx, F64(make([]float64, 4)), Sum) // the others never join
 		require.ErrorIs(t, w.Wait(bg), context.DeadlineExceeded)
 		require.Less(t, time.Since(start), 2*time.Second)
 		// It aborted the group: the peers' collective fails at once.
@@ -163,15 +163,15 @@ func TestAsyncContext(t *testing.T) {
 			if r == 0 {
 				return nil
 			}
-			return g.AllReduceF64(bg, make([]float64, 4), Sum)
+			return g.AllReduce(bg, F64(make([]float64, 4)), Sum)
 		})
 		requireTimeoutNotice(t, errs)
 	})
 	t.Run("queued", func(t *testing.T) {
 		c := newCluster(t, 2)
-		first := c.gs[0].AllReduceAsync(bg, make([]float32, 4), Sum) // rank 1 never joins
+		first := c.gs[0].AllReduceAsync(bg, F32(make([]float32, 4)), Sum) // rank 1 never joins
 		ctx, cancel := context.WithCancel(bg)
-		second := c.gs[0].AllReduceTypedAsync(ctx, make([]byte, 8), F16, Sum)
+		second := c.gs[0].AllReduceAsync(ctx, Typed(make([]byte, 8), Float16), Sum)
 		time.AfterFunc(20*time.Millisecond, cancel)
 		// The second gives up its turn while the first still runs, which
 		// aborts the group and so fails the first too.
@@ -192,7 +192,7 @@ func TestAsyncContext(t *testing.T) {
 		// The peer learns about it. Its part of the first all-reduce may
 		// complete (rank 0 sent its data before it aborted); the next
 		// collective fails.
-		_ = c.gs[1].AllReduce(bg, make([]float32, 4), Sum)
+		_ = c.gs[1].AllReduce(bg, F32(make([]float32, 4)), Sum)
 		err := c.gs[1].Barrier(bg)
 		var pe *PeerError
 		require.ErrorAs(t, err, &pe)
@@ -202,7 +202,7 @@ func TestAsyncContext(t *testing.T) {
 	t.Run("default timeout", func(t *testing.T) {
 		c := newCluster(t, 2, WithTimeout(50*time.Millisecond))
 		start := time.Now()
-		w := c.gs[0].AllReduceAsync(bg, make([]float32, 4), Sum) // rank 1 never joins
+		w := c.gs[0].AllReduceAsync(bg, F32(make([]float32, 4)), Sum) // rank 1 never joins
 		require.ErrorIs(t, w.Wait(bg), context.DeadlineExceeded)
 		require.Less(t, time.Since(start), 2*time.Second)
 	})
@@ -215,7 +215,7 @@ func TestAsyncContext(t *testing.T) {
 		requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
 			ws := make([]*Work, 10)
 			for i := range ws {
-				ws[i] = g.AllReduceAsync(ctx, []float32{1}, Sum)
+				ws[i] = g.AllReduceAsync(ctx, F32([]float32{1}), Sum)
 			}
 			if err := g.Barrier(ctx); err != nil {
 				return err
@@ -241,7 +241,7 @@ func TestWorkFinished(t *testing.T) {
 		if r == 1 {
 			time.Sleep(20 * time.Millisecond)
 		}
-		ws[r] = g.AllReduceAsync(bg, make([]float32, 1<<16), Sum)
+		ws[r] = g.AllReduceAsync(bg, F32(make([]float32, 1<<16)), Sum)
 		if r == 0 {
 			assert.True(t, ws[r].Finished().IsZero(), "not finished yet")
 		}
@@ -255,7 +255,7 @@ func TestWorkFinished(t *testing.T) {
 		assert.GreaterOrEqual(t, at.Sub(start), 20*time.Millisecond, "rank %d: rank 1 joined after 20 ms", r)
 	}
 	// Failed and refused Works record a time too.
-	w := c.gs[0].AllReduceAsync(bg, make([]float32, 1), ReduceOp(99))
+	w := c.gs[0].AllReduceAsync(bg, F32(make([]float32, 1)), ReduceOp(99))
 	require.ErrorIs(t, w.Err(), ErrInvalidArgument)
 	assert.False(t, w.Finished().IsZero())
 }
@@ -270,7 +270,7 @@ func TestAsyncAllocs(t *testing.T) {
 	c := newCluster(t, 2)
 	bufs := [][]float32{make([]float32, 4096), make([]float32, 4096)}
 	step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
-		return g.AllReduceAsync(bg, bufs[r], Sum).Wait(bg)
+		return g.AllReduceAsync(bg, F32(bufs[r]), Sum).Wait(bg)
 	})
 	defer stop()
 	for range 10 {
@@ -300,7 +300,7 @@ func benchAsync(b *testing.B, ctx context.Context) {
 		bufs[r] = make([]float32, length)
 	}
 	step, stop := lockstep(b, c, func(r int, g *ProcessGroup) error {
-		return g.AllReduceAsync(ctx, bufs[r], Sum).Wait(bg)
+		return g.AllReduceAsync(ctx, F32(bufs[r]), Sum).Wait(bg)
 	})
 	defer stop()
 	for range 5 {

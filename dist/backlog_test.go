@@ -31,7 +31,7 @@ func backlogStall(gs []*ProcessGroup, size int) []error {
 		} else {
 			time.Sleep(50 * time.Millisecond) // rank 1 sends before rank 0 receives
 		}
-		return g.AllReduce(bg, make([]float32, 64<<10), Sum)
+		return g.AllReduce(bg, F32(make([]float32, 64<<10)), Sum)
 	})
 }
 

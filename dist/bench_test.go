@@ -61,7 +61,7 @@ func benchAllReduceCtx(b *testing.B, ctx context.Context, tr string, n, length i
 		bufs[r] = make([]float32, length)
 	}
 	step, stop := lockstep(b, c, func(r int, g *ProcessGroup) error {
-		return g.AllReduce(ctx, bufs[r], Sum)
+		return g.AllReduce(ctx, F32(bufs[r]), Sum)
 	})
 	defer stop()
 	for range 5 {

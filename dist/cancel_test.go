@@ -47,7 +47,7 @@ func bothCancel(gs []*ProcessGroup, bufs [][]float32, rng *rand.Rand) ([]error, 
 			ctx := ctxseen.New(inner) // whether the call saw its context end
 			stop := time.AfterFunc(delays[r], cancel)
 			defer stop.Stop()
-			errs[r] = g.AllReduce(ctx, bufs[r], Sum)
+			errs[r] = g.AllReduce(ctx, F32(bufs[r]), Sum)
 			ended[r] = ctx.Seen()
 		})
 	}
@@ -133,7 +133,7 @@ func TestBothCancelAsync(t *testing.T) {
 				inner, cancel := context.WithCancel(bg)
 				defer cancel()
 				ctx := ctxseen.New(inner)
-				w := g.AllReduceAsync(ctx, bufs[r], Sum)
+				w := g.AllReduceAsync(ctx, F32(bufs[r]), Sum)
 				time.AfterFunc(d, cancel)
 				<-w.Done()
 				errs[r], ended[r] = w.Err(), ctx.Seen()
@@ -170,7 +170,7 @@ func TestCancelledThenClosedIsNamedCancelled(t *testing.T) {
 				}
 				buf := make([]float32, 1<<10)
 				for {
-					if errs[r] = g.AllReduce(c, buf, Max); errs[r] != nil {
+					if errs[r] = g.AllReduce(c, F32(buf), Max); errs[r] != nil {
 						return // and close at once
 					}
 				}

@@ -71,10 +71,10 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 		}
 		srcCopy := slices.Clone(src)
 		dst := make([]float32, length)
-		if err := g.ReduceScatter(ctx, dst, src, op); err != nil {
+		if err := g.ReduceScatter(ctx, F32(dst), F32(src), op); err != nil {
 			return err
 		}
-		full := refAllReduce(op, F32, n, n*length)
+		full := refAllReduce(op, Float32, n, n*length)
 		for i := range dst {
 			if float64(dst[i]) != full[r*length+i] {
 				assert.Failf(t, "wrong value", "%s %v: [%d] = %v, want %v", where("reduce_scatter"), op, i, dst[i], full[r*length+i])
@@ -87,10 +87,10 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 			src64[i] = exactInput(op, r, i)
 		}
 		dst64 := make([]float64, length)
-		if err := g.ReduceScatterF64(ctx, dst64, src64, op); err != nil {
+		if err := g.ReduceScatter(ctx, F64(dst64), F64(src64), op); err != nil {
 			return err
 		}
-		full = refAllReduce(op, F64, n, n*length)
+		full = refAllReduce(op, Float64, n, n*length)
 		assert.Equal(t, full[r*length:(r+1)*length], dst64, where("reduce_scatter f64"))
 
 		// Reduce to every root; other ranks' data is unchanged.
@@ -100,11 +100,11 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 				d[i] = float32(exactInput(op, r, i))
 			}
 			orig := slices.Clone(d)
-			if err := g.Reduce(ctx, d, op, root); err != nil {
+			if err := g.Reduce(ctx, F32(d), op, root); err != nil {
 				return err
 			}
 			if r == root {
-				want := refAllReduce(op, F32, n, length)
+				want := refAllReduce(op, Float32, n, length)
 				for i := range d {
 					if float64(d[i]) != want[i] {
 						assert.Failf(t, "wrong value", "%s %v root %d: [%d] = %v, want %v", where("reduce"), op, root, i, d[i], want[i])
@@ -119,11 +119,11 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 		for i := range d64 {
 			d64[i] = exactInput(op, r, i)
 		}
-		if err := g.ReduceF64(ctx, d64, op, n-1); err != nil {
+		if err := g.Reduce(ctx, F64(d64), op, n-1); err != nil {
 			return err
 		}
 		if r == n-1 {
-			assert.Equal(t, refAllReduce(op, F64, n, length), d64, where("reduce f64"))
+			assert.Equal(t, refAllReduce(op, Float64, n, length), d64, where("reduce f64"))
 		}
 	}
 
@@ -133,7 +133,7 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 		src[i] = float32(r*1000 + i)
 	}
 	dst := make([]float32, n*length)
-	if err := g.AllGather(ctx, dst, src); err != nil {
+	if err := g.AllGather(ctx, F32(dst), F32(src)); err != nil {
 		return err
 	}
 	for q := range n {
@@ -149,7 +149,7 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 		src64[i] = float64(r*1000+i) + 0.5
 	}
 	dst64 := make([]float64, n*length)
-	if err := g.AllGatherF64(ctx, dst64, src64); err != nil {
+	if err := g.AllGather(ctx, F64(dst64), F64(src64)); err != nil {
 		return err
 	}
 	for q := range n {
@@ -162,6 +162,9 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 	if err := checkBroadcasts(ctx, t, g, length, where); err != nil {
 		return err
 	}
+	if err := checkMoves(ctx, t, g, n, r, length); err != nil {
+		return err
+	}
 	return g.Barrier(ctx)
 }
 
@@ -169,12 +172,12 @@ func checkRank(t require.TestingT, g *ProcessGroup, n, r, length int) error {
 // (every dtype) with op once on rank r and compares with the reference.
 func checkAllReduceOp(ctx context.Context, t require.TestingT, g *ProcessGroup, n, r, length int, op ReduceOp, where func(string) string) error {
 	// AllReduce, float32 and float64.
-	want := refAllReduce(op, F32, n, length)
+	want := refAllReduce(op, Float32, n, length)
 	f32 := make([]float32, length)
 	for i := range f32 {
 		f32[i] = float32(exactInput(op, r, i))
 	}
-	if err := g.AllReduce(ctx, f32, op); err != nil {
+	if err := g.AllReduce(ctx, F32(f32), op); err != nil {
 		return err
 	}
 	for i := range f32 {
@@ -183,12 +186,12 @@ func checkAllReduceOp(ctx context.Context, t require.TestingT, g *ProcessGroup, 
 			break
 		}
 	}
-	want = refAllReduce(op, F64, n, length)
+	want = refAllReduce(op, Float64, n, length)
 	f64 := make([]float64, length)
 	for i := range f64 {
 		f64[i] = exactInput(op, r, i)
 	}
-	if err := g.AllReduceF64(ctx, f64, op); err != nil {
+	if err := g.AllReduce(ctx, F64(f64), op); err != nil {
 		return err
 	}
 	assert.Equal(t, want, f64, where("all_reduce f64 "+op.String()))
@@ -200,7 +203,7 @@ func checkAllReduceOp(ctx context.Context, t require.TestingT, g *ProcessGroup, 
 			in[i] = exactInput(op, r, i)
 		}
 		buf := encodeValues(t, dt, in)
-		if err := g.AllReduceTyped(ctx, buf, dt, op); err != nil {
+		if err := g.AllReduce(ctx, Typed(buf, dt), op); err != nil {
 			return err
 		}
 		assert.Equal(t, refAllReduce(op, dt, n, length), decodeValues(t, dt, buf), where("typed "+dt.String()+" "+op.String()))
@@ -226,9 +229,9 @@ func TestAllReduceLarge(t *testing.T) {
 					d[i] = float32(exactInput(Sum, r, i))
 				}
 				results[r] = d
-				return g.AllReduce(bg, d, Sum)
+				return g.AllReduce(bg, F32(d), Sum)
 			}))
-			want := refAllReduce(Sum, F32, n, length)
+			want := refAllReduce(Sum, Float32, n, length)
 			for r := range n {
 				for i, v := range results[r] {
 					if float64(v) != want[i] {
@@ -247,7 +250,7 @@ func TestAllReduceBitwiseIdentical(t *testing.T) {
 		for _, cfg := range algoConfigs {
 			t.Run(fmt.Sprintf("n=%d/%s", n, cfg.name), func(t *testing.T) {
 				t.Parallel()
-				requireSameBits(t, newCluster(t, n, cfg.opts...), n, F16)
+				requireSameBits(t, newCluster(t, n, cfg.opts...), n, Float16)
 			})
 		}
 	}
@@ -267,7 +270,7 @@ func requireSameBits(t *testing.T, c *cluster, n int, dt DType) {
 			for i := range d {
 				d[i] = float32(rng.NormFloat64())
 			}
-			if err := g.AllReduce(bg, d, op); err != nil {
+			if err := g.AllReduce(bg, F32(d), op); err != nil {
 				return err
 			}
 			res32[r] = append(res32[r], d...)
@@ -275,7 +278,7 @@ func requireSameBits(t *testing.T, c *cluster, n int, dt DType) {
 			for i := range length {
 				codecF16.store(b[2*i:], rng.NormFloat64())
 			}
-			if err := g.AllReduceTyped(bg, b, dt, op); err != nil {
+			if err := g.AllReduce(bg, Typed(b, dt), op); err != nil {
 				return err
 			}
 			res16[r] = append(res16[r], b...)
@@ -292,18 +295,18 @@ func requireSameBits(t *testing.T, c *cluster, n int, dt DType) {
 	}
 }
 
-// TestAllReduceTypedRandom compares F16, BF16 and F32 all-reduces of random
+// TestAllReduceTypedRandom compares Float16, BFloat16 and Float32 all-reduces of random
 // data with an exact float64 reference. The inputs are rounded to the dtype
 // first; the reduction then rounds once per combination, in an order that
 // depends on the algorithm, so the result may differ from the exactly
 // rounded sum. Tolerance (documented bound): with u the unit roundoff
-// (2^-11 for F16, 2^-8 for BF16, 2^-24 for F32), n ranks and S = sum of |x|,
+// (2^-11 for Float16, 2^-8 for BFloat16, 2^-24 for Float32), n ranks and S = sum of |x|,
 // |got - exact| <= (n-1)*u*S + u*|exact| for Sum — each of the n-1
 // combinations contributes at most u times a partial sum bounded by S, plus
 // the final rounding — and the same relative bound for Mean; Max and Min are
 // exact.
 func TestAllReduceTypedRandom(t *testing.T) {
-	units := map[DType]float64{F16: 0x1p-11, BF16: 0x1p-8, F32: 0x1p-24}
+	units := map[DType]float64{Float16: 0x1p-11, BFloat16: 0x1p-8, Float32: 0x1p-24}
 	for _, n := range []int{2, 3, 4, 7} {
 		for _, cfg := range algoConfigs[:2] {
 			t.Run(fmt.Sprintf("n=%d/%s", n, cfg.name), func(t *testing.T) {
@@ -311,7 +314,7 @@ func TestAllReduceTypedRandom(t *testing.T) {
 				c := newCluster(t, n, cfg.opts...)
 				const length = 517
 				in := map[DType][][]float64{}
-				for _, dt := range []DType{F16, BF16, F32} {
+				for _, dt := range []DType{Float16, BFloat16, Float32} {
 					for r := range n {
 						rng := rand.New(rand.NewPCG(uint64(r), uint64(dt)))
 						v := make([]float64, length)
@@ -323,10 +326,10 @@ func TestAllReduceTypedRandom(t *testing.T) {
 				}
 				inputs := func(dt DType, r int) []float64 { return in[dt][r] }
 				requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-					for _, dt := range []DType{F16, BF16, F32} {
+					for _, dt := range []DType{Float16, BFloat16, Float32} {
 						for _, op := range []ReduceOp{Sum, Mean, Max, Min} {
 							buf := encodeValues(t, dt, inputs(dt, r))
-							if err := g.AllReduceTyped(bg, buf, dt, op); err != nil {
+							if err := g.AllReduce(bg, Typed(buf, dt), op); err != nil {
 								return err
 							}
 							got := decodeValues(t, dt, buf)
@@ -360,7 +363,7 @@ func TestAllReduceTypedRandom(t *testing.T) {
 	}
 }
 
-// TestTypedF32MatchesFloat64Accumulation checks the claim that lets typed F32
+// TestTypedF32MatchesFloat64Accumulation checks the claim that lets typed Float32
 // use the float32 kernels: rounding a float64 combination of two float32s to
 // float32 gives the float32 result.
 func TestTypedF32MatchesFloat64Accumulation(t *testing.T) {
@@ -400,7 +403,7 @@ func TestBF16Rounding(t *testing.T) {
 func TestUnalignedTypedBuffers(t *testing.T) {
 	c := newCluster(t, 3)
 	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-		for _, dt := range []DType{F32, F64} {
+		for _, dt := range []DType{Float32, Float64} {
 			in := make([]float64, 9)
 			for i := range in {
 				in[i] = exactInput(Sum, r, i)
@@ -408,7 +411,7 @@ func TestUnalignedTypedBuffers(t *testing.T) {
 			raw := make([]byte, 1+len(in)*dt.Size())
 			buf := raw[1:] // misaligned on purpose
 			copy(buf, encodeValues(t, dt, in))
-			if err := g.AllReduceTyped(bg, buf, dt, Sum); err != nil {
+			if err := g.AllReduce(bg, Typed(buf, dt), Sum); err != nil {
 				return err
 			}
 			assert.Equal(t, refAllReduce(Sum, dt, 3, len(in)), decodeValues(t, dt, buf))
@@ -433,15 +436,15 @@ func TestCollectivesZeroAllocs(t *testing.T) {
 		name string
 		op   func(g *ProcessGroup, b *bufs) error
 	}{
-		{"all_reduce/f64", func(g *ProcessGroup, b *bufs) error { return g.AllReduceF64(bg, b.a64, Sum) }},
-		{"all_gather/f32", func(g *ProcessGroup, b *bufs) error { return g.AllGather(bg, b.b32, b.a32) }},
-		{"all_gather/f64", func(g *ProcessGroup, b *bufs) error { return g.AllGatherF64(bg, b.b64, b.a64) }},
-		{"reduce_scatter/f32", func(g *ProcessGroup, b *bufs) error { return g.ReduceScatter(bg, b.a32, b.b32, Sum) }},
-		{"reduce_scatter/f64", func(g *ProcessGroup, b *bufs) error { return g.ReduceScatterF64(bg, b.a64, b.b64, Sum) }},
-		{"broadcast/f32", func(g *ProcessGroup, b *bufs) error { return g.Broadcast(bg, b.a32, 1) }},
-		{"broadcast/f64", func(g *ProcessGroup, b *bufs) error { return g.BroadcastF64(bg, b.a64, 1) }},
-		{"reduce/f32", func(g *ProcessGroup, b *bufs) error { return g.Reduce(bg, b.a32, Max, 0) }},
-		{"reduce/f64", func(g *ProcessGroup, b *bufs) error { return g.ReduceF64(bg, b.a64, Max, 0) }},
+		{"all_reduce/f64", func(g *ProcessGroup, b *bufs) error { return g.AllReduce(bg, F64(b.a64), Sum) }},
+		{"all_gather/f32", func(g *ProcessGroup, b *bufs) error { return g.AllGather(bg, F32(b.b32), F32(b.a32)) }},
+		{"all_gather/f64", func(g *ProcessGroup, b *bufs) error { return g.AllGather(bg, F64(b.b64), F64(b.a64)) }},
+		{"reduce_scatter/f32", func(g *ProcessGroup, b *bufs) error { return g.ReduceScatter(bg, F32(b.a32), F32(b.b32), Sum) }},
+		{"reduce_scatter/f64", func(g *ProcessGroup, b *bufs) error { return g.ReduceScatter(bg, F64(b.a64), F64(b.b64), Sum) }},
+		{"broadcast/f32", func(g *ProcessGroup, b *bufs) error { return g.Broadcast(bg, F32(b.a32), 1) }},
+		{"broadcast/f64", func(g *ProcessGroup, b *bufs) error { return g.Broadcast(bg, F64(b.a64), 1) }},
+		{"reduce/f32", func(g *ProcessGroup, b *bufs) error { return g.Reduce(bg, F32(b.a32), Max, 0) }},
+		{"reduce/f64", func(g *ProcessGroup, b *bufs) error { return g.Reduce(bg, F64(b.a64), Max, 0) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, n)
@@ -470,10 +473,10 @@ func checkBroadcasts(ctx context.Context, t require.TestingT, g *ProcessGroup, l
 			d[i] = float32(r*100 + i)
 			d64[i] = float64(r*100+i) + 0.25
 		}
-		if err := g.Broadcast(ctx, d, root); err != nil {
+		if err := g.Broadcast(ctx, F32(d), root); err != nil {
 			return err
 		}
-		if err := g.BroadcastF64(ctx, d64, root); err != nil {
+		if err := g.Broadcast(ctx, F64(d64), root); err != nil {
 			return err
 		}
 		for i := range d {

@@ -133,7 +133,7 @@ var sites struct {
 // line it costs one runtime.Callers and a few map lookups, and allocates
 // nothing.
 func (g *ProcessGroup) callSite() uint32 {
-	if g.cfg.debug < DebugDetail {
+	if g.d.cfg.debug < DebugDetail {
 		return 0
 	}
 	var pcs [12]uintptr
@@ -196,12 +196,12 @@ func wireSeq(seq uint64, site uint32) uint64 {
 	return seq&(1<<32-1) | uint64(site)<<32
 }
 
-// desync returns the *DesyncError for a message from rank from whose
-// header disagrees with the running collective.
+// desync returns the *DesyncError for a message from job rank from whose
+// header disagrees with g's running collective.
 func (g *ProcessGroup) desync(from int, wire, fp uint64) *DesyncError {
-	e := &DesyncError{Rank: g.rank, Peer: from, Seq: g.cur.seq, PeerSeq: wire,
+	e := &DesyncError{Rank: g.d.rank, Peer: from, Seq: g.cur.seq, PeerSeq: wire,
 		Local: describe(g.cur.fp), Remote: describe(fp)}
-	if g.cfg.debug >= DebugDetail {
+	if g.d.cfg.debug >= DebugDetail {
 		// The peer's sequence number is known modulo 2^32: take the one
 		// nearest ours.
 		low := wire & (1<<32 - 1)

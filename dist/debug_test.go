@@ -19,9 +19,9 @@ func TestCallSiteDesync(t *testing.T) {
 	branchy := func(r int, g *ProcessGroup) error {
 		d := []float32{float32(r + 1)}
 		if r == 0 {
-			return g.AllReduce(bg, d, Sum) // "weights"
+			return g.AllReduce(bg, F32(d), Sum) // "weights"
 		}
-		return g.AllReduce(bg, d, Sum) // "metrics"
+		return g.AllReduce(bg, F32(d), Sum) // "metrics"
 	}
 	t.Run("off", func(t *testing.T) {
 		c := newCluster(t, 2)
@@ -48,7 +48,7 @@ func TestCallSiteDesync(t *testing.T) {
 		c := newCluster(t, 2, WithDebug(DebugDetail))
 		for range 3 {
 			requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-				return g.AllReduce(bg, make([]float32, 3), Sum)
+				return g.AllReduce(bg, F32(make([]float32, 3)), Sum)
 			}))
 		}
 	})

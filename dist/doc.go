@@ -1,7 +1,9 @@
 // Package dist is gdist's communication layer: a ProcessGroup (a rank, a
-// world size and a transport) with tagged point-to-point messages and
-// collectives — all-reduce, all-gather, reduce-scatter, broadcast, reduce,
-// barrier — plus FederatedAverage for rounds that tolerate stragglers.
+// group size and a transport) with tagged point-to-point messages and
+// collectives on typed Buffers — all-reduce, all-gather (even and uneven),
+// reduce-scatter, all-to-all (even and uneven), broadcast, reduce, gather,
+// scatter, barrier — subgroups and meshes of ranks, and FederatedAverage
+// for rounds that tolerate stragglers.
 //
 // A program launched by gdistrun, torchrun, srun, mpirun or a Kubernetes
 // Indexed Job gets its group from gdist.InitFromEnv (package
@@ -19,9 +21,14 @@
 //	}
 //	defer pg.Close()
 //	grad := make([]float32, n) // filled by backprop
-//	if err := pg.AllReduce(ctx, grad, dist.Mean); err != nil {
+//	if err := pg.AllReduce(ctx, dist.F32(grad), dist.Mean); err != nil {
 //		log.Fatal(err) // a *dist.PeerError names the rank that failed
 //	}
+//
+// A Buffer is a typed view of the caller's slice (F32, F64, F16, or Typed
+// for raw little-endian elements such as BFloat16): one method per
+// collective serves every element type, and the elements travel in their
+// own width.
 //
 // Several ranks in one process, over the in-process transport:
 //
@@ -32,9 +39,15 @@
 // ctx governs the collective as a sync call's does, Wait's ctx only bounds
 // the wait:
 //
-//	w := pg.AllReduceAsync(ctx, bucket, dist.Sum) // bucket is in use until w is done
+//	w := pg.AllReduceAsync(ctx, dist.F32(bucket), dist.Sum) // bucket is in use until w is done
 //	// ... compute the next bucket ...
 //	if err := w.Wait(ctx); err != nil { ... }
+//
+// Subgroups for data, pipeline and tensor parallelism:
+//
+//	mesh, err := dist.NewMesh(ctx, pg, dist.Dim{Name: "dp", Size: 2}, dist.Dim{Name: "pp", Size: 2})
+//	dp := mesh.Group("dp") // also pg.NewGroup(ctx, ranks) and pg.Split(ctx, color, key)
+//	err = dp.AllReduce(ctx, dist.F32(grad), dist.Mean)
 //
 // Options (WithTimeout, WithLogger, WithStallThreshold, WithDebug,
 // WithHierarchical, WithTimeline, WithMetricsAddr, ...) are checked by New;
@@ -45,9 +58,12 @@
 //
 // # Rules
 //
-// Every rank calls the same collectives in the same order, with the same
-// length, dtype, reduce op and root. Collectives run one at a time in call
-// order: a sync call issued after an async one waits for it. Results are
+// Every member of a group calls the same collectives in the same order,
+// with the same length, dtype, reduce op and root. A group's collectives
+// run one at a time in call order (a sync call issued after an async one
+// waits for it); different groups run theirs at the same time. Groups are
+// created (NewGroup, Split, NewMesh) by every member of the parent, in the
+// same order on every rank, from one goroutine per rank. Results are
 // bitwise identical on every rank (NaN payloads aside). Buffers stay the
 // caller's: the group uses them only until the call returns (or the Work is
 // done) and keeps no reference. Steady-state sync collectives under one
@@ -67,8 +83,9 @@
 //
 // # Failure
 //
-// The group is one failure domain for every layer above it (collectives,
-// point-to-point calls, dist/ddp, dist/pipeline). The first failure — a
+// The job is one failure domain for every group and every layer above them
+// (collectives, point-to-point calls, dist/ddp, dist/pipeline). The first
+// failure — a
 // lost or frozen peer, a desync, a cancelled context, a timeout, a protocol
 // violation, or Abort — is recorded once as the group's cause, an
 // *AbortError (culprit rank, reporting rank, operation, sequence number,
@@ -85,6 +102,8 @@
 //     ranks it waited for and where they were: "all_reduce #12 timed out
 //     after 5s waiting for rank 2 (rank 2 last finished all_reduce #11,
 //     4.9 s ago)".
+//   - *MemberError around any of them on a subgroup: the culprit's rank in
+//     the job (Rank) and as a member of the subgroup (Member).
 //   - errors.As with *AbortError reads the cause from any of them; after
 //     Close every call returns an error matching ErrClosed.
 //
@@ -101,7 +120,13 @@
 // at most 4 MiB. When the transport reports which ranks share a host
 // (transport.Topology) and the job spans hosts, AllReduce and Broadcast go
 // hierarchical: within each host, across hosts once per host, within again.
-// Every algorithm fixes its reduction order. Typed slices have a float32
-// method and an F64 twin (AllReduce, AllReduceF64), because Go has no
-// generic methods.
+// Every algorithm fixes its reduction order. The algorithms are functions
+// of package dist/internal/coll over a narrow exchange (send a segment to a
+// member, receive or combine one from a member), with no access to a
+// group's state, tested against naive references on a simulated network
+// that reorders deliveries; a ProcessGroup is the front that validates,
+// sequences and fingerprints the calls, and the job's shared domain holds
+// the transport and the failure state. A subgroup has its own sequence
+// numbers and a block of the reserved tags, so its messages never mix with
+// another group's.
 package dist

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gdist/gdist/dist/internal/coll"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/internal/errs"
 )
@@ -54,7 +55,7 @@ var (
 	// ErrProtocol means a peer sent a message that breaks the collective
 	// protocol (wrong payload size, malformed abort message). It appears as
 	// the Err of a *PeerError.
-	ErrProtocol = errors.New("dist: protocol violation")
+	ErrProtocol = coll.ErrProtocol
 	// ErrEnv is wrapped by the errors about missing or malformed
 	// environment variables, New's (GDIST_DEBUG, GDIST_STALL_THRESHOLD,
 	// GDIST_HIERARCHICAL) and gdist.InitFromEnv's; the message names the
@@ -254,3 +255,22 @@ func (e *DesyncError) Unwrap() []error {
 	}
 	return []error{ErrDesync}
 }
+
+// MemberError is the error of an operation on a subgroup that failed
+// because of one of the subgroup's members: it names the culprit by its
+// rank in the job (Rank, as every *PeerError and *AbortError does) and in
+// the subgroup (Member). Err is the error the operation would report on
+// the job's group (a *PeerError, a *DesyncError, ...), so errors.As finds
+// those through it.
+type MemberError struct {
+	Group  string
+	Member int
+	Rank   int
+	Err    error
+}
+
+func (e *MemberError) Error() string {
+	return fmt.Sprintf("%v (rank %d is member %d of %s)", e.Err, e.Rank, e.Member, e.Group)
+}
+
+func (e *MemberError) Unwrap() error { return e.Err }

@@ -35,10 +35,10 @@ func world(n int, f func(g *dist.ProcessGroup)) {
 func ExampleProcessGroup_AllReduce() {
 	world(4, func(g *dist.ProcessGroup) {
 		grad := []float32{float32(g.Rank()), 1}
-		if err := g.AllReduce(context.Background(), grad, dist.Sum); err != nil {
+		if err := g.AllReduce(context.Background(), dist.F32(grad), dist.Sum); err != nil {
 			panic(err)
 		}
-		if g.IsLeader() {
+		if g.Rank() == 0 {
 			fmt.Println(grad)
 		}
 	})
@@ -49,32 +49,32 @@ func ExampleProcessGroup_AllReduceAsync() {
 	world(2, func(g *dist.ProcessGroup) {
 		ctx := context.Background() // no deadline: the group's WithTimeout applies
 		bucket := []float32{float32(g.Rank() + 1)}
-		w := g.AllReduceAsync(ctx, bucket, dist.Mean)
+		w := g.AllReduceAsync(ctx, dist.F32(bucket), dist.Mean)
 		// ... compute the next bucket while this one travels ...
 		if err := w.Wait(ctx); err != nil {
 			panic(err)
 		}
-		if g.IsLeader() {
+		if g.Rank() == 0 {
 			fmt.Println(bucket, !w.Finished().IsZero())
 		}
 	})
 	// Output: [1.5] true
 }
 
-func ExampleProcessGroup_AllReduceTyped() {
+func ExampleTyped() {
 	world(2, func(g *dist.ProcessGroup) {
 		vals := []float32{0.1, float32(g.Rank())}
-		buf := make([]byte, len(vals)*dist.BF16.Size())
-		if err := dist.EncodeFloat32(buf, vals, dist.BF16); err != nil {
+		buf := make([]byte, len(vals)*dist.BFloat16.Size())
+		if err := dist.EncodeFloat32(buf, vals, dist.BFloat16); err != nil {
 			panic(err)
 		}
-		if err := g.AllReduceTyped(context.Background(), buf, dist.BF16, dist.Sum); err != nil {
+		if err := g.AllReduce(context.Background(), dist.Typed(buf, dist.BFloat16), dist.Sum); err != nil {
 			panic(err)
 		}
-		if err := dist.DecodeFloat32(vals, buf, dist.BF16); err != nil {
+		if err := dist.DecodeFloat32(vals, buf, dist.BFloat16); err != nil {
 			panic(err)
 		}
-		if g.IsLeader() {
+		if g.Rank() == 0 {
 			fmt.Println(vals) // 0.1 is 0.10009765625 in bfloat16
 		}
 	})
@@ -85,7 +85,7 @@ func ExampleProcessGroup_AllGather() {
 	world(3, func(g *dist.ProcessGroup) {
 		mine := []float32{float32(10 * g.Rank()), float32(10*g.Rank() + 1)}
 		all := make([]float32, g.WorldSize()*len(mine))
-		if err := g.AllGather(context.Background(), all, mine); err != nil {
+		if err := g.AllGather(context.Background(), dist.F32(all), dist.F32(mine)); err != nil {
 			panic(err)
 		}
 		if g.Rank() == 2 {
@@ -101,7 +101,7 @@ func ExampleProcessGroup_Broadcast() {
 		if g.Rank() == 1 {
 			params[0], params[1] = 0.5, -2
 		}
-		if err := g.Broadcast(context.Background(), params, 1); err != nil {
+		if err := g.Broadcast(context.Background(), dist.F32(params), 1); err != nil {
 			panic(err)
 		}
 		if g.Rank() == 2 {
@@ -118,7 +118,7 @@ func ExampleProcessGroup_FederatedAverage() {
 		if err != nil {
 			panic(err)
 		}
-		if g.IsLeader() {
+		if g.Rank() == 0 {
 			fmt.Println(n, "ranks averaged:", model)
 		}
 	})
@@ -129,9 +129,9 @@ func ExampleDesyncError() {
 	world(2, func(g *dist.ProcessGroup) {
 		// Rank 1 passes a shorter vector: both ranks get a *DesyncError,
 		// which unwraps to a *LengthMismatchError.
-		err := g.AllReduce(context.Background(), make([]float32, 4-g.Rank()), dist.Sum)
+		err := g.AllReduce(context.Background(), dist.F32(make([]float32, 4-g.Rank())), dist.Sum)
 		var lm *dist.LengthMismatchError
-		if g.IsLeader() && errors.As(err, &lm) {
+		if g.Rank() == 0 && errors.As(err, &lm) {
 			fmt.Printf("%s: want %d elements, rank 1 has %d\n", lm.Op, lm.Want, lm.Got)
 		}
 	})
@@ -147,7 +147,7 @@ func ExampleProcessGroup_Abort() {
 			g.Abort("train", errors.New("loss is NaN"))
 			return // and Close, deferred by world
 		}
-		err := g.AllReduce(context.Background(), make([]float32, 4), dist.Sum)
+		err := g.AllReduce(context.Background(), dist.F32(make([]float32, 4)), dist.Sum)
 		var (
 			pe *dist.PeerError
 			a  *dist.AbortError

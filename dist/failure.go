@@ -30,64 +30,67 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 )
 
-// setCauseLocked records the group's first failure, wakes every
-// collective blocked in the transport and, for a failure to tell the peers
-// about (a != nil), starts sending the notice. The sender is registered
-// with Close under the lock that records the cause: a rank whose call
-// fails with this cause and which closes at once still tells its peers
-// why before it says goodbye.
-func (g *ProcessGroup) setCauseLocked(a *AbortError, cause error) {
-	g.cause, g.abort = cause, a
-	if g.running {
-		g.causeSeq = g.cur.seq
+// setCauseLocked records the job's first failure, wakes every
+// collective blocked in the transport, in every group, and, for a failure
+// to tell the peers about (a != nil), starts sending the notice. The
+// sender is registered with Close under the lock that records the cause:
+// a rank whose call fails with this cause and which closes at once still
+// tells its peers why before it says goodbye. d.mu is held.
+func (d *domain) setCauseLocked(a *AbortError, cause error) {
+	d.cause, d.abort = cause, a
+	for _, g := range d.groups {
+		if g.running {
+			g.causeSeq = g.cur.seq
+		}
+		g.stopLocked()
 	}
-	close(g.abortCh)
-	g.failCancel()
-	if a != nil && !g.transportClosing {
-		g.wg.Add(1)
-		g.sending.Add(1)
-		go g.sendAbort(encodeNotice(a))
+	close(d.abortCh)
+	d.failCancel()
+	if a != nil && !d.transportClosing {
+		d.wg.Add(1)
+		d.sending.Add(1)
+		go d.sendAbort(encodeNotice(a))
 	}
 }
 
 // fail records a (and cause, the error of the operation that found it)
-// unless the group has failed already, and tells the peers. It reports
+// unless the job has failed already, and tells the peers. It reports
 // whether a became the cause.
-func (g *ProcessGroup) fail(a *AbortError, cause error) bool {
-	g.mu.Lock()
-	if g.cause != nil {
-		g.mu.Unlock()
+func (d *domain) fail(a *AbortError, cause error) bool {
+	d.mu.Lock()
+	if d.cause != nil {
+		d.mu.Unlock()
 		return false
 	}
-	g.setCauseLocked(a, cause)
-	g.mu.Unlock()
-	g.aborted(a)
+	d.setCauseLocked(a, cause)
+	d.mu.Unlock()
+	d.aborted(a)
 	return true
 }
 
 // aborted logs a new abort (setCauseLocked has started telling the
 // peers).
-func (g *ProcessGroup) aborted(a *AbortError) {
-	g.log.Warn("dist: process group aborted", "culprit", a.Rank, "kind", a.Kind.String(),
+func (d *domain) aborted(a *AbortError) {
+	d.log.Warn("dist: process group aborted", "culprit", a.Rank, "kind", a.Kind.String(),
 		"op", a.Op, "seq", a.Seq, "err", a.Error())
 }
 
 // sendAbort tells every peer (in parallel, each bounded by
-// abortSendTimeout) why the group failed. Close waits for it before the
+// abortSendTimeout) why the job failed. Close waits for it before the
 // transport says goodbye.
-func (g *ProcessGroup) sendAbort(msg []byte) {
-	defer g.wg.Done()
-	defer g.sending.Done()
+func (d *domain) sendAbort(msg []byte) {
+	defer d.wg.Done()
+	defer d.sending.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), abortSendTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
-	for p := range g.world {
-		if p == g.rank {
+	for p := range d.world {
+		if p == d.rank {
 			continue
 		}
 		wg.Go(func() {
-			if err := g.t.Send(ctx, p, tagAbort, transport.Header{}, msg); err != nil {
-				g.log.Debug("dist: could not send abort notice", "peer", p, "err", err)
+			if err := d.t.Send(ctx, p, TagReservedBase+tagAbort, transport.Header{}, msg); err != nil {
+				d.log.Debug("dist: could not send abort notice", "peer", p, "err", err)
 			}
 		})
 	}
@@ -95,47 +98,53 @@ func (g *ProcessGroup) sendAbort(msg []byte) {
 }
 
 // opFailed turns the error a collective's algorithm returned into the error
-// the caller sees, failing the group (and telling the peers) if this is the
-// group's first failure.
+// the caller sees, failing the job (and telling the peers) if this is the
+// job's first failure.
 func (g *ProcessGroup) opFailed(seq uint64, kind opKind, err error) error {
-	_ = g.classify(kind.String(), seq, err, g.runCtxErr())
-	return g.derive(seq, kind.String())
+	name := g.opName(kind)
+	if g.isClosed() && !g.d.failed() {
+		// The group was closed under the collective: nothing to tell.
+		return fmt.Errorf("dist: %s: %w", name, ErrClosed)
+	}
+	_ = g.classify(name, seq, err, g.runCtxErr())
+	return g.derive(seq, name)
 }
 
 // runCtxErr returns the error of the running collective's context.
 func (g *ProcessGroup) runCtxErr() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	g.d.mu.Lock()
+	defer g.d.mu.Unlock()
 	if g.runCtx == nil {
 		return nil
 	}
 	return g.runCtx.Err()
 }
 
-// classify records err, met by operation op (collective seq, or 0), as the
-// group's failure unless the group has failed already. ctxErr is the error
-// of the caller's context, if it has ended: then the failure is this
+// classify records err, met by operation op of g (collective seq, or 0),
+// as the job's failure unless the job has failed already. ctxErr is the
+// error of the caller's context, if it has ended: then the failure is this
 // rank's own cancellation or timeout, whatever the transport said. It
-// reports whether err became the group's cause.
+// reports whether err became the job's cause.
 func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) bool {
+	d := g.d
 	var pe *PeerError
 	if ctxErr == nil && errors.As(err, &pe) && (errors.Is(pe.Err, ErrPeerClosed) || errors.Is(pe.Err, ErrPeerLost)) {
 		// The peer left: first let its notice, if it sent one, be handled.
-		g.awaitWatcher(pe.Rank)
+		d.awaitWatcher(pe.Rank)
 	}
-	if g.failed() {
+	if d.failed() {
 		return false
 	}
-	a := &AbortError{Rank: g.rank, Reporter: g.rank, Op: op, Seq: seq, Err: err}
+	a := &AbortError{Rank: d.rank, Reporter: d.rank, Op: op, Seq: seq, Err: err}
 	var (
 		cause = err
 		de    *DesyncError
 	)
 	switch {
 	case ctxErr != nil && errors.Is(ctxErr, context.DeadlineExceeded) && seq != 0:
-		g.mu.Lock()
+		d.mu.Lock()
 		cur, started := g.cur, g.prog.self.started.at
-		g.mu.Unlock()
+		d.mu.Unlock()
 		if cur.seq == seq {
 			return g.timedOut(cur, started)
 		}
@@ -156,19 +165,19 @@ func (g *ProcessGroup) classify(op string, seq uint64, err, ctxErr error) bool {
 		a.Msg = pe.Err.Error()
 		cause = &PeerError{Rank: pe.Rank, Op: op, Err: a}
 	case errors.Is(err, ErrClosed):
-		// The transport was closed under the group: nothing to tell.
-		g.mu.Lock()
-		first := g.cause == nil
+		// The transport was closed under the job: nothing to tell.
+		d.mu.Lock()
+		first := d.cause == nil
 		if first {
-			g.setCauseLocked(nil, err)
+			d.setCauseLocked(nil, err)
 		}
-		g.mu.Unlock()
+		d.mu.Unlock()
 		return first
 	default:
 		a.Kind, a.Msg = KindUser, err.Error()
 		cause = &ownError{a: a, err: fmt.Errorf("dist: %s: %w", opLabel(op, seq), err)}
 	}
-	return g.fail(a, cause)
+	return d.fail(a, cause)
 }
 
 // opLabel names operation op and its sequence number, if any.
@@ -238,19 +247,20 @@ func (e *ctxEndedError) Error() string {
 }
 func (e *ctxEndedError) Unwrap() []error { return []error{e.ctx, e.err} }
 
-// failedHere reports whether this rank failed the group, for a reason of
-// its own, while collective seq ran.
+// failedHere reports whether this rank failed the job, for a reason of its
+// own, while collective seq of g ran.
 func (g *ProcessGroup) failedHere(seq uint64) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.abort != nil && g.causeSeq == seq && g.abort.Reporter == g.rank &&
-		(g.abort.Kind == KindCancelled || g.abort.Kind == KindTimeout)
+	d := g.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.abort != nil && g.causeSeq == seq && d.abort.Reporter == d.rank &&
+		(d.abort.Kind == KindCancelled || d.abort.Kind == KindTimeout)
 }
 
-func (g *ProcessGroup) failed() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.cause != nil
+func (d *domain) failed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cause != nil
 }
 
 // awaitWatcher waits until the abort watcher of peer r has returned: it
@@ -258,109 +268,147 @@ func (g *ProcessGroup) failed() bool {
 // reported r closed or lost, so r's notice, if it sent one, was delivered
 // (or r's messages were failed) already: the watcher returns promptly and
 // no time bound is needed. Close ends the wait too.
-func (g *ProcessGroup) awaitWatcher(r int) {
-	if r < 0 || r >= len(g.watchDone) || g.watchDone[r] == nil {
+func (d *domain) awaitWatcher(r int) {
+	if r < 0 || r >= len(d.watchDone) || d.watchDone[r] == nil {
 		return
 	}
 	select {
-	case <-g.watchDone[r]:
-	case <-g.done:
+	case <-d.watchDone[r]:
+	case <-d.done:
 	}
 }
 
-// derive returns the error operation op (collective seq, or 0) reports
-// because the group failed: the cause itself for the collective that was
-// running when it happened, a *PeerError naming the culprit and this
-// operation when a peer failed or a peer's notice explained the failure,
-// and otherwise an error wrapping both ErrAborted and the cause.
+// derive returns the error operation op of g (collective seq, or 0)
+// reports because the job failed or g was closed: the cause itself for the
+// collective that was running when it happened, a *PeerError naming the
+// culprit and this operation when a peer failed or a peer's notice
+// explained the failure, and otherwise an error wrapping both ErrAborted
+// and the cause. On a subgroup, an error naming a member also says which
+// member it is.
 func (g *ProcessGroup) derive(seq uint64, name string) error {
-	g.mu.Lock()
-	cause, cseq, closed := g.cause, g.causeSeq, g.closed
-	g.mu.Unlock()
-	if closed && cseq != seq || errors.Is(cause, ErrClosed) {
+	d := g.d
+	d.mu.Lock()
+	cause, cseq, closed := d.cause, g.causeSeq, d.closed
+	gclosed := g.closed && !d.closed
+	d.mu.Unlock()
+	if gclosed || closed && cseq != seq || errors.Is(cause, ErrClosed) {
 		return fmt.Errorf("dist: %s: %w", name, ErrClosed)
 	}
+	var err error
 	if pe, ok := cause.(*PeerError); ok {
 		if pe.Op == name && (seq == 0 || cseq == seq) {
-			return pe
+			err = pe
+		} else {
+			err = &PeerError{Rank: pe.Rank, Op: name, Err: pe.Err}
 		}
-		return &PeerError{Rank: pe.Rank, Op: name, Err: pe.Err}
+	} else if seq != 0 && cseq == seq {
+		err = cause
+	} else {
+		err = fmt.Errorf("dist: %s: %w: %w", name, ErrAborted, cause)
 	}
-	if seq != 0 && cseq == seq {
-		return cause
+	return g.inGroup(err)
+}
+
+// inGroup adds to err, on a subgroup, which member the culprit is. The
+// culprit is the one the error blames: the other side of a desync this
+// rank took part in, else the cause's culprit, or its reporter when that
+// is this rank (a peer gave up waiting for it).
+func (g *ProcessGroup) inGroup(err error) error {
+	if g.id == 0 {
+		return err
 	}
-	return fmt.Errorf("dist: %s: %w: %w", name, ErrAborted, cause)
+	var a *AbortError
+	if !errors.As(err, &a) {
+		return err
+	}
+	culprit := a.Rank
+	if culprit == g.d.rank {
+		culprit = a.Reporter
+	}
+	if de := (*DesyncError)(nil); errors.As(err, &de) && de.Rank == g.d.rank {
+		culprit = de.Peer
+	}
+	if m := g.member(culprit); m >= 0 {
+		return &MemberError{Group: g.name, Member: m, Rank: culprit, Err: err}
+	}
+	return err
 }
 
 // watch receives the abort notice of peer p, if it sends one, for the
-// life of the group. A peer that is lost (not one that closed cleanly)
-// fails the group too: its collectives could never complete. The receive
+// life of the job. A peer that is lost (not one that closed cleanly)
+// fails the job too: its collectives could never complete. The receive
 // is posted into a buffer of its own, so a notice that has arrived is
 // handed over even if the link breaks right after it.
-func (g *ProcessGroup) watch(p int, done chan<- struct{}) {
-	defer g.wg.Done()
+func (d *domain) watch(p int, done chan<- struct{}) {
+	defer d.wg.Done()
 	defer close(done)
 	buf := make([]byte, maxNotice)
-	_, n, err := g.t.RecvInto(g.gctx, p, tagAbort, buf)
+	_, n, err := d.t.RecvInto(d.gctx, p, TagReservedBase+tagAbort, buf)
 	if err != nil {
 		var pe *PeerError
 		switch {
 		case errors.As(err, &pe) && errors.Is(pe.Err, ErrPeerLost):
-			op, seq := g.runningOp()
-			a := &AbortError{Kind: peerKind(pe.Err), Rank: pe.Rank, Reporter: g.rank, Op: op, Seq: seq, Err: pe.Err, Msg: pe.Err.Error()}
-			g.fail(a, &PeerError{Rank: pe.Rank, Op: op, Err: a})
+			op, seq := d.runningOp()
+			a := &AbortError{Kind: peerKind(pe.Err), Rank: pe.Rank, Reporter: d.rank, Op: op, Seq: seq, Err: pe.Err, Msg: pe.Err.Error()}
+			d.fail(a, &PeerError{Rank: pe.Rank, Op: op, Err: a})
 		case errors.Is(err, ErrMessageTooLong):
-			a := &AbortError{Kind: KindProtocol, Rank: p, Reporter: g.rank, Op: "abort notice", Err: ErrProtocol, Msg: "abort notice too long"}
-			g.fail(a, &PeerError{Rank: p, Op: "abort notice", Err: a})
+			a := &AbortError{Kind: KindProtocol, Rank: p, Reporter: d.rank, Op: "abort notice", Err: ErrProtocol, Msg: "abort notice too long"}
+			d.fail(a, &PeerError{Rank: p, Op: "abort notice", Err: a})
 		}
 		return
 	}
-	a, derr := decodeNotice(g.rank, g.world, p, buf[:n])
+	a, derr := decodeNotice(d.rank, d.world, p, buf[:n])
 	if derr != nil {
 		var pe *PeerError
 		errors.As(derr, &pe)
-		a = &AbortError{Kind: KindProtocol, Rank: p, Reporter: g.rank, Op: "abort notice", Err: pe.Err, Msg: pe.Err.Error()}
-		g.fail(a, &PeerError{Rank: p, Op: "abort notice", Err: a})
+		a = &AbortError{Kind: KindProtocol, Rank: p, Reporter: d.rank, Op: "abort notice", Err: pe.Err, Msg: pe.Err.Error()}
+		d.fail(a, &PeerError{Rank: p, Op: "abort notice", Err: a})
 		return
 	}
 	// The peer to blame from here: the culprit, unless that is this rank
 	// (a peer timed out waiting for it), then the rank that gave up.
 	blame := a.Rank
-	if blame == g.rank {
+	if blame == d.rank {
 		blame = a.Reporter
 	}
 	var cause error = &PeerError{Rank: blame, Op: a.Op, Err: a}
 	if de, ok := a.Err.(*DesyncError); ok {
 		cause = &ownError{a: a, err: de}
 	}
-	g.fail(a, cause)
+	d.fail(a, cause)
 }
 
-// runningOp names the running collective, or "group" if none runs.
-func (g *ProcessGroup) runningOp() (string, uint64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.running {
-		return g.cur.kind.String(), g.cur.seq
+// runningOp names a running collective (the job's group's if it runs
+// one, else any group's), or "group" if none runs.
+func (d *domain) runningOp() (string, uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if g := d.groups[0]; g != nil && g.running {
+		return g.opName(g.cur.kind), g.cur.seq
+	}
+	for _, g := range d.groups {
+		if g.running {
+			return g.opName(g.cur.kind), g.cur.seq
+		}
 	}
 	return "group", 0
 }
 
-// Abort fails the group on behalf of a layer above it (a pipeline, a
+// Abort fails the job on behalf of a layer above it (a pipeline, a
 // training loop) because operation op failed with err, and returns the
-// error that operation should report. If the group has failed already the
+// error that operation should report. If the job has failed already the
 // first failure wins: Abort returns the error derived from it (a
 // *PeerError naming the culprit, wrapping ErrAborted and the cause).
-// Otherwise err becomes the group's cause and every peer is told, encoded:
-// their collectives, point-to-point calls and pipelines fail with a
-// *PeerError naming this rank and carrying an *AbortError. err is
-// classified like a collective's error: a *PeerError reporting a peer
-// closed or lost names that peer (after that peer's own notice, if any,
-// has been handled), a *DesyncError stays one, a context's error is a
+// Otherwise err becomes the job's cause and every peer is told, encoded:
+// their collectives, point-to-point calls and pipelines, in every group,
+// fail with a *PeerError naming this rank and carrying an *AbortError.
+// err is classified like a collective's error: a *PeerError reporting a
+// peer closed or lost names that peer (after that peer's own notice, if
+// any, has been handled), a *DesyncError stays one, a context's error is a
 // cancellation or timeout, anything else a KindUser failure of this rank.
 // Abort returns err itself (wrapped, so that errors.As finds the
 // *AbortError too) when err became the cause. Abort(op, nil) is a no-op
-// that returns the group's error, if any.
+// that returns the job's error, if any.
 func (g *ProcessGroup) Abort(op string, err error) error {
 	if err == nil {
 		return g.Err()
@@ -373,42 +421,35 @@ func (g *ProcessGroup) Abort(op string, err error) error {
 		}
 	}
 	if errors.Is(err, ErrAborted) || errors.Is(err, ErrClosed) {
-		// An echo of the group's failure (or of Close), not a new one.
+		// An echo of the job's failure (or of Close), not a new one.
 		if e := g.Err(); e != nil {
 			return g.deriveOp(op)
 		}
 	}
 	if g.classify(op, 0, err, ctxErr) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return g.cause
+		g.d.mu.Lock()
+		defer g.d.mu.Unlock()
+		return g.d.cause
 	}
 	return g.deriveOp(op)
 }
 
 // deriveOp is derive for an operation that is not a collective.
 func (g *ProcessGroup) deriveOp(op string) error {
-	if !g.failed() {
+	if !g.d.failed() && !g.isClosed() {
 		return nil
 	}
 	return g.derive(0, op)
 }
 
-// Err returns nil while the group is healthy and, once it has failed (or
-// was closed), the error a new operation on it reports: a *PeerError
-// naming the culprit, a *DesyncError, or an error wrapping ErrAborted or
-// ErrClosed. Use errors.As with *AbortError to read the cause.
+// Err returns nil while the job is healthy and the group open and, once
+// the job has failed (or the group was closed), the error a new operation
+// on the group reports: a *PeerError naming the culprit, a *DesyncError,
+// or an error wrapping ErrAborted or ErrClosed. Use errors.As with
+// *AbortError to read the cause.
 func (g *ProcessGroup) Err() error { return g.deriveOp("group") }
 
-// Failed returns a channel that is closed when the group fails or is
-// closed: layers above select on it to stop waiting for peers that will
+// Failed returns a channel that is closed when the job fails or the group
+// is closed: layers above select on it to stop waiting for peers that will
 // not come.
-func (g *ProcessGroup) Failed() <-chan struct{} { return g.abortCh }
-
-// Cause returns the group's first failure, or nil while it is healthy
-// (and after a Close that was not caused by a failure).
-func (g *ProcessGroup) Cause() *AbortError {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.abort
-}
+func (g *ProcessGroup) Failed() <-chan struct{} { return g.stop }

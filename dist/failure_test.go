@@ -28,7 +28,7 @@ func TestKillMidAllReduce(t *testing.T) {
 				}
 				// Later collectives fail the same way, naming themselves.
 				var pe *PeerError
-				err := c.gs[r].Broadcast(bg, make([]float32, 3), 0)
+				err := c.gs[r].Broadcast(bg, F32(make([]float32, 3)), 0)
 				require.ErrorAs(t, err, &pe)
 				assert.Equal(t, victim, pe.Rank)
 				assert.Equal(t, "broadcast", pe.Op)
@@ -59,7 +59,7 @@ func requireKillNamed(t *testing.T, c *cluster, victim, length int) {
 			if r == victim && i == 3 {
 				go func() { time.Sleep(time.Millisecond); kill() }()
 			}
-			if err := g.AllReduce(bg, d, Sum); err != nil {
+			if err := g.AllReduce(bg, F32(d), Sum); err != nil {
 				failedAt[r] = time.Now()
 				return err
 			}
@@ -88,7 +88,7 @@ func TestKillWhileWaiting(t *testing.T) {
 		if r == victim {
 			return nil
 		}
-		return g.AllReduce(bg, make([]float32, 10), Sum)
+		return g.AllReduce(bg, F32(make([]float32, 10)), Sum)
 	})
 	for r, err := range errs {
 		if r == victim {
@@ -113,7 +113,7 @@ func TestDesyncLengths(t *testing.T) {
 					if r == 1 {
 						length = 10
 					}
-					return g.AllReduce(bg, make([]float32, length), Sum)
+					return g.AllReduce(bg, F32(make([]float32, length)), Sum)
 				})
 				for r, err := range errs {
 					var de *DesyncError
@@ -144,14 +144,14 @@ func TestDesyncCollectives(t *testing.T) {
 		other func(g *ProcessGroup) error
 	}
 	variants := []variant{
-		{"broadcast", func(g *ProcessGroup) error { return g.Broadcast(bg, make([]float32, 8), 0) }},
-		{"broadcast_own_root", func(g *ProcessGroup) error { return g.Broadcast(bg, make([]float32, 8), g.Rank()) }},
-		{"f64", func(g *ProcessGroup) error { return g.AllReduceF64(bg, make([]float64, 8), Sum) }},
-		{"max", func(g *ProcessGroup) error { return g.AllReduce(bg, make([]float32, 8), Max) }},
+		{"broadcast", func(g *ProcessGroup) error { return g.Broadcast(bg, F32(make([]float32, 8)), 0) }},
+		{"broadcast_own_root", func(g *ProcessGroup) error { return g.Broadcast(bg, F32(make([]float32, 8)), g.Rank()) }},
+		{"f64", func(g *ProcessGroup) error { return g.AllReduce(bg, F64(make([]float64, 8)), Sum) }},
+		{"max", func(g *ProcessGroup) error { return g.AllReduce(bg, F32(make([]float32, 8)), Max) }},
 		{"barrier", func(g *ProcessGroup) error { return g.Barrier(bg) }},
-		{"reduce", func(g *ProcessGroup) error { return g.Reduce(bg, make([]float32, 8), Sum, 0) }},
+		{"reduce", func(g *ProcessGroup) error { return g.Reduce(bg, F32(make([]float32, 8)), Sum, 0) }},
 		{"all_gather", func(g *ProcessGroup) error {
-			return g.AllGather(bg, make([]float32, 8*g.WorldSize()), make([]float32, 8))
+			return g.AllGather(bg, F32(make([]float32, 8*g.WorldSize())), F32(make([]float32, 8)))
 		}},
 	}
 	for _, n := range []int{2, 3, 4} {
@@ -165,7 +165,7 @@ func TestDesyncCollectives(t *testing.T) {
 							if r == odd {
 								return v.other(g)
 							}
-							return g.AllReduce(bg, make([]float32, 8), Sum)
+							return g.AllReduce(bg, F32(make([]float32, 8)), Sum)
 						})
 						for r, err := range errs {
 							var de *DesyncError
@@ -184,29 +184,29 @@ func TestBadArgumentsDoNotAbort(t *testing.T) {
 	c := newCluster(t, 2)
 	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
 		ctx := bg
-		assert.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 3), F16, Sum), ErrInvalidArgument)
-		assert.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 4), DType(0), Sum), ErrUnsupportedDType)
-		assert.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 4), DType(9), Sum), ErrUnsupportedDType)
-		assert.ErrorIs(t, g.AllReduceTypedAsync(ctx, make([]byte, 4), DType(9), Sum).Wait(ctx), ErrUnsupportedDType)
-		assert.ErrorIs(t, g.AllReduceTypedAsync(ctx, make([]byte, 5), F32, Sum).Wait(ctx), ErrInvalidArgument)
-		assert.ErrorIs(t, g.AllReduce(ctx, make([]float32, 4), ReduceOp(17)), ErrInvalidArgument)
-		assert.ErrorIs(t, g.AllReduceAsync(ctx, make([]float32, 4), ReduceOp(17)).Wait(ctx), ErrInvalidArgument)
+		assert.ErrorIs(t, g.AllReduce(ctx, Typed(make([]byte, 3), Float16), Sum), ErrInvalidArgument)
+		assert.ErrorIs(t, g.AllReduce(ctx, Typed(make([]byte, 4), DType(0)), Sum), ErrUnsupportedDType)
+		assert.ErrorIs(t, g.AllReduce(ctx, Typed(make([]byte, 4), DType(9)), Sum), ErrUnsupportedDType)
+		assert.ErrorIs(t, g.AllReduceAsync(ctx, Typed(make([]byte, 4), DType(9)), Sum).Wait(ctx), ErrUnsupportedDType)
+		assert.ErrorIs(t, g.AllReduceAsync(ctx, Typed(make([]byte, 5), Float32), Sum).Wait(ctx), ErrInvalidArgument)
+		assert.ErrorIs(t, g.AllReduce(ctx, F32(make([]float32, 4)), ReduceOp(17)), ErrInvalidArgument)
+		assert.ErrorIs(t, g.AllReduceAsync(ctx, F32(make([]float32, 4)), ReduceOp(17)).Wait(ctx), ErrInvalidArgument)
 		var lm *LengthMismatchError
-		assert.ErrorAs(t, g.AllGather(ctx, make([]float32, 5), make([]float32, 3)), &lm)
+		assert.ErrorAs(t, g.AllGather(ctx, F32(make([]float32, 5)), F32(make([]float32, 3))), &lm)
 		assert.Equal(t, &LengthMismatchError{Op: "all_gather", Want: 6, Got: 5}, lm)
-		assert.ErrorAs(t, g.ReduceScatter(ctx, make([]float32, 3), make([]float32, 7), Sum), &lm)
-		assert.ErrorAs(t, g.AllGatherF64(ctx, make([]float64, 5), make([]float64, 3)), &lm)
-		assert.ErrorAs(t, g.ReduceScatterF64(ctx, make([]float64, 3), make([]float64, 7), Sum), &lm)
-		assert.ErrorIs(t, g.Broadcast(ctx, make([]float32, 3), 2), ErrInvalidRank)
-		assert.ErrorIs(t, g.Reduce(ctx, make([]float32, 3), Sum, -1), ErrInvalidRank)
+		assert.ErrorAs(t, g.ReduceScatter(ctx, F32(make([]float32, 3)), F32(make([]float32, 7)), Sum), &lm)
+		assert.ErrorAs(t, g.AllGather(ctx, F64(make([]float64, 5)), F64(make([]float64, 3))), &lm)
+		assert.ErrorAs(t, g.ReduceScatter(ctx, F64(make([]float64, 3)), F64(make([]float64, 7)), Sum), &lm)
+		assert.ErrorIs(t, g.Broadcast(ctx, F32(make([]float32, 3)), 2), ErrInvalidRank)
+		assert.ErrorIs(t, g.Reduce(ctx, F32(make([]float32, 3)), Sum, -1), ErrInvalidRank)
 		assert.ErrorIs(t, g.Send(ctx, 1, TagReservedBase, nil), ErrReservedTag)
 		assert.ErrorIs(t, g.Send(ctx, 1, 0xFFFFFFFF, nil), ErrReservedTag)
 		_, err := g.Recv(ctx, 1, TagReservedBase+1)
 		assert.ErrorIs(t, err, ErrReservedTag)
-		assert.ErrorIs(t, g.SendF32(ctx, 2, 1, nil), ErrInvalidRank)
+		assert.ErrorIs(t, g.Send(ctx, 2, 1, F32(nil).Bytes()), ErrInvalidRank)
 		// None of that touched the group: a real collective still works.
 		d := []float32{float32(r)}
-		if err := g.AllReduce(ctx, d, Sum); err != nil {
+		if err := g.AllReduce(ctx, F32(d), Sum); err != nil {
 			return err
 		}
 		assert.Equal(t, []float32{1}, d)
@@ -219,7 +219,7 @@ func TestCancelledContext(t *testing.T) {
 		c := newCluster(t, 2)
 		ctx, cancel := context.WithCancel(bg)
 		cancel()
-		err := c.gs[0].AllReduce(ctx, make([]float32, 4), Sum)
+		err := c.gs[0].AllReduce(ctx, F32(make([]float32, 4)), Sum)
 		require.ErrorIs(t, err, context.Canceled)
 		// It took no turn and aborted nothing.
 		requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error { return g.Barrier(bg) }))
@@ -229,7 +229,7 @@ func TestCancelledContext(t *testing.T) {
 		ctx, cancel := context.WithTimeout(bg, 30*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		err := c.gs[0].AllReduce(ctx, make([]float32, 4), Sum) // the others never join
+		err := c.gs[0].AllReduce(ctx, F32(make([]float32, 4)), Sum) // the others never join
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Less(t, time.Since(start), 2*time.Second)
 		// The peers learn about it: their collective fails at once.
@@ -237,7 +237,7 @@ func TestCancelledContext(t *testing.T) {
 			if r == 0 {
 				return nil
 			}
-			return g.AllReduce(bg, make([]float32, 4), Sum)
+			return g.AllReduce(bg, F32(make([]float32, 4)), Sum)
 		})
 		requireTimeoutNotice(t, errs)
 	})
@@ -250,7 +250,7 @@ func TestCancelledContext(t *testing.T) {
 		}
 		time.AfterFunc(20*time.Millisecond, cancel)
 		start := time.Now()
-		err := c.gs[0].AllReduce(ctx, make([]float32, 4), Sum) // rank 1 never joins
+		err := c.gs[0].AllReduce(ctx, F32(make([]float32, 4)), Sum) // rank 1 never joins
 		require.ErrorIs(t, err, context.Canceled)
 		require.Less(t, time.Since(start), 2*time.Second)
 		// A call with the cancelled context returns at once.
@@ -262,12 +262,12 @@ func TestCancelledContext(t *testing.T) {
 		err := c.gs[1].Barrier(bg)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Less(t, time.Since(start), 2*time.Second)
-		w := c.gs[1].AllReduceAsync(bg, make([]float32, 2), Sum)
+		w := c.gs[1].AllReduceAsync(bg, F32(make([]float32, 2)), Sum)
 		require.ErrorIs(t, w.Wait(bg), ErrAborted)
 	})
 	t.Run("waiting for turn", func(t *testing.T) {
 		c := newCluster(t, 2)
-		w := c.gs[0].AllReduceAsync(bg, make([]float32, 4), Sum) // rank 1 never joins
+		w := c.gs[0].AllReduceAsync(bg, F32(make([]float32, 4)), Sum) // rank 1 never joins
 		ctx, cancel := context.WithTimeout(bg, 30*time.Millisecond)
 		defer cancel()
 		err := c.gs[0].Barrier(ctx)
@@ -287,9 +287,9 @@ func TestClose(t *testing.T) {
 	g := c.gs[0]
 	// A blocked collective and queued async ones end with ErrClosed.
 	blocked := make(chan error, 1)
-	go func() { blocked <- g.AllReduce(bg, make([]float32, 4), Sum) }()
+	go func() { blocked <- g.AllReduce(bg, F32(make([]float32, 4)), Sum) }()
 	time.Sleep(20 * time.Millisecond)
-	w := g.AllReduceAsync(bg, make([]float32, 4), Sum)
+	w := g.AllReduceAsync(bg, F32(make([]float32, 4)), Sum)
 	require.NoError(t, g.Close())
 	require.NoError(t, g.Close(), "idempotent")
 	select {
@@ -301,21 +301,21 @@ func TestClose(t *testing.T) {
 	require.ErrorIs(t, w.Wait(bg), ErrClosed)
 
 	ctx := bg
-	require.ErrorIs(t, g.AllReduce(ctx, make([]float32, 4), Sum), ErrClosed)
-	require.ErrorIs(t, g.AllReduceF64(ctx, make([]float64, 4), Sum), ErrClosed)
-	require.ErrorIs(t, g.AllReduceTyped(ctx, make([]byte, 4), F16, Sum), ErrClosed)
-	require.ErrorIs(t, g.AllReduceAsync(ctx, make([]float32, 4), Sum).Wait(ctx), ErrClosed)
-	require.ErrorIs(t, g.AllGather(ctx, make([]float32, 2), make([]float32, 1)), ErrClosed)
-	require.ErrorIs(t, g.ReduceScatter(ctx, make([]float32, 1), make([]float32, 2), Sum), ErrClosed)
-	require.ErrorIs(t, g.Broadcast(ctx, make([]float32, 1), 0), ErrClosed)
-	require.ErrorIs(t, g.Reduce(ctx, make([]float32, 1), Sum, 0), ErrClosed)
+	require.ErrorIs(t, g.AllReduce(ctx, F32(make([]float32, 4)), Sum), ErrClosed)
+	require.ErrorIs(t, g.AllReduce(ctx, F64(make([]float64, 4)), Sum), ErrClosed)
+	require.ErrorIs(t, g.AllReduce(ctx, Typed(make([]byte, 4), Float16), Sum), ErrClosed)
+	require.ErrorIs(t, g.AllReduceAsync(ctx, F32(make([]float32, 4)), Sum).Wait(ctx), ErrClosed)
+	require.ErrorIs(t, g.AllGather(ctx, F32(make([]float32, 2)), F32(make([]float32, 1))), ErrClosed)
+	require.ErrorIs(t, g.ReduceScatter(ctx, F32(make([]float32, 1)), F32(make([]float32, 2)), Sum), ErrClosed)
+	require.ErrorIs(t, g.Broadcast(ctx, F32(make([]float32, 1)), 0), ErrClosed)
+	require.ErrorIs(t, g.Reduce(ctx, F32(make([]float32, 1)), Sum, 0), ErrClosed)
 	require.ErrorIs(t, g.Barrier(ctx), ErrClosed)
 	_, err := g.FederatedAverage(ctx, make([]float32, 1), time.Now())
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorIs(t, g.Send(ctx, 1, 1, nil), ErrClosed)
 	_, err = g.Recv(ctx, 1, 1)
 	require.ErrorIs(t, err, ErrClosed)
-	_, err = g.RecvF32(ctx, 1, 1)
+	_, err = g.RecvInto(ctx, 1, 1, make([]byte, 4))
 	require.ErrorIs(t, err, ErrClosed)
 	require.Equal(t, 0, g.Rank())
 	require.Equal(t, 2, g.WorldSize())

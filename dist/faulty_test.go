@@ -80,13 +80,13 @@ func TestRandomCuts(t *testing.T) {
 					var err error
 					switch i % 5 {
 					case 0:
-						err = g.AllReduce(bg, small, Sum)
+						err = g.AllReduce(bg, F32(small), Sum)
 					case 1:
-						err = g.AllReduceAsync(bg, big, Max).Wait(bg)
+						err = g.AllReduceAsync(bg, F32(big), Max).Wait(bg)
 					case 2:
-						err = g.Broadcast(bg, big, i%n)
+						err = g.Broadcast(bg, F32(big), i%n)
 					case 3:
-						err = g.AllGather(bg, big[:n*100], big[:100])
+						err = g.AllGather(bg, F32(big[:n*100]), F32(big[:100]))
 					default:
 						err = g.Barrier(bg)
 					}

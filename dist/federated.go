@@ -42,39 +42,37 @@ type fedCall struct {
 // timeouts (ctx or WithTimeout), not by desync detection.
 func (g *ProcessGroup) FederatedAverage(ctx context.Context, data []float32, deadline time.Time) (int, error) {
 	fc := fedCall{deadline: deadline}
-	c := call{kind: kFederated, dt: F32, op: Mean, count: len(data), data: f32Bytes(data), fed: &fc}
-	if err := c.check(g); err != nil {
-		return 0, err
-	}
-	if err := g.runSync(ctx, &c); err != nil {
+	c := call{kind: kFederated, dt: Float32, op: Mean, count: len(data), data: f32Bytes(data), fed: &fc}
+	if err := g.run(ctx, &c, nil); err != nil {
 		return 0, err
 	}
 	return fc.n, nil
 }
 
 func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
+	t := g.d.t
 	g.fed.round++
 	round := g.fed.round
 	meta := collHeader(round, g.cur.fp)
 	if g.rank != 0 {
-		if err := g.t.Send(ctx, 0, tagFedUp, meta, c.data); err != nil {
+		if err := t.Send(ctx, g.global(0), g.tag+tagFedUp, meta, c.data); err != nil {
 			return err
 		}
 		for {
-			m, err := g.t.Recv(ctx, 0, tagFedDown)
+			m, err := t.Recv(ctx, g.global(0), g.tag+tagFedDown)
 			if err != nil {
 				return err
 			}
 			if seq, _ := parseHeader(m.Header); seq < round { // the average of a round we gave up on
-				g.t.Release(m.Payload)
+				g.d.t.Release(m.Payload)
 				continue
 			}
 			if m.Header != meta || len(m.Payload) != len(c.data) {
-				g.t.Release(m.Payload)
+				g.d.t.Release(m.Payload)
 				return g.fedDesync(0, m.Header, round)
 			}
 			copy(c.data, m.Payload)
-			g.t.Release(m.Payload)
+			g.d.t.Release(m.Payload)
 			c.fed.n = 0
 			return nil
 		}
@@ -83,7 +81,7 @@ func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
 	dctx, cancel := context.WithDeadline(ctx, c.fed.deadline)
 	defer cancel()
 	n := 1
-	for p := 1; p < g.world; p++ {
+	for p := 1; p < g.size; p++ {
 		m, ok, err := g.fedCollect(dctx, ctx, p, round)
 		if err != nil {
 			return err
@@ -92,17 +90,17 @@ func (g *ProcessGroup) federated(ctx context.Context, c *call) error {
 			continue
 		}
 		if _, fp := parseHeader(m.Header); fp != g.cur.fp || len(m.Payload) != len(c.data) {
-			g.t.Release(m.Payload)
+			g.d.t.Release(m.Payload)
 			return g.fedDesync(p, m.Header, round)
 		}
-		red := reducer{F32, Sum}
+		red := reducer{Float32, Sum}
 		red.into(c.data, m.Payload)
-		g.t.Release(m.Payload)
+		g.d.t.Release(m.Payload)
 		n++
 	}
-	reducer{F32, Mean}.finish(c.data, n)
-	for p := 1; p < g.world; p++ {
-		if err := g.t.Send(ctx, p, tagFedDown, meta, c.data); err != nil {
+	reducer{Float32, Mean}.finish(c.data, n)
+	for p := 1; p < g.size; p++ {
+		if err := t.Send(ctx, g.global(p), g.tag+tagFedDown, meta, c.data); err != nil {
 			return err
 		}
 	}
@@ -124,10 +122,10 @@ func (g *ProcessGroup) fedCollect(dctx, ctx context.Context, p int, round uint64
 			return transport.Message{}, false, nil
 		}
 		delete(g.fed.pending, p)
-		g.t.Release(m.Payload)
+		g.d.t.Release(m.Payload)
 	}
 	for {
-		m, err := g.t.Recv(dctx, p, tagFedUp)
+		m, err := g.d.t.Recv(dctx, g.global(p), g.tag+tagFedUp)
 		if err != nil {
 			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 				return transport.Message{}, false, nil // late: skip it this round
@@ -136,7 +134,7 @@ func (g *ProcessGroup) fedCollect(dctx, ctx context.Context, p int, round uint64
 		}
 		switch seq, _ := parseHeader(m.Header); {
 		case seq < round:
-			g.t.Release(m.Payload)
+			g.d.t.Release(m.Payload)
 		case seq > round:
 			if g.fed.pending == nil {
 				g.fed.pending = make(map[int]transport.Message)
@@ -152,7 +150,7 @@ func (g *ProcessGroup) fedCollect(dctx, ctx context.Context, p int, round uint64
 func (g *ProcessGroup) fedDesync(peer int, h transport.Header, round uint64) error {
 	seq, fp := parseHeader(h)
 	return &DesyncError{
-		Rank: g.rank, Peer: peer,
+		Rank: g.d.rank, Peer: g.global(peer),
 		Seq: round, PeerSeq: seq,
 		Local: describe(g.cur.fp), Remote: describe(fp),
 	}

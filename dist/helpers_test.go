@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 }
 
 var allOps = []ReduceOp{Sum, Mean, Max, Min, Prod}
-var allDTypes = []DType{F16, BF16, F32, F64}
+var allDTypes = []DType{Float16, BFloat16, Float32, Float64}
 
 // cluster is n in-process ranks.
 type cluster struct {
@@ -115,14 +115,14 @@ func refBF16(f float32) float32 {
 	}
 }
 
-// roundTo rounds v to dt the way the wire does (F16 and BF16 through float32).
+// roundTo rounds v to dt the way the wire does (Float16 and BFloat16 through float32).
 func roundTo(dt DType, v float64) float64 {
 	switch dt {
-	case F16:
+	case Float16:
 		return float64(float16.Fromfloat32(float32(v)).Float32())
-	case BF16:
+	case BFloat16:
 		return float64(refBF16(float32(v)))
-	case F32:
+	case Float32:
 		return float64(float32(v))
 	}
 	return v
@@ -169,7 +169,7 @@ func encodeValues(t require.TestingT, dt DType, vs []float64) []byte {
 		f[i] = float32(v)
 	}
 	b := make([]byte, len(vs)*dt.Size())
-	if dt == F64 {
+	if dt == Float64 {
 		for i, v := range vs {
 			codecF64.store(b[8*i:], v)
 		}
@@ -181,7 +181,7 @@ func encodeValues(t require.TestingT, dt DType, vs []float64) []byte {
 
 func decodeValues(t require.TestingT, dt DType, b []byte) []float64 {
 	out := make([]float64, len(b)/dt.Size())
-	if dt == F64 {
+	if dt == Float64 {
 		for i := range out {
 			out[i] = codecF64.load(b[8*i:])
 		}

@@ -28,10 +28,10 @@ func ExampleWithHierarchical() {
 		wg.Go(func() {
 			defer g.Close()
 			grad := []float32{float32(g.Rank()), 1}
-			if err := g.AllReduce(context.Background(), grad, dist.Mean); err != nil {
+			if err := g.AllReduce(context.Background(), dist.F32(grad), dist.Mean); err != nil {
 				panic(err)
 			}
-			if g.IsLeader() {
+			if g.Rank() == 0 {
 				fmt.Println(grad)
 			}
 		})

@@ -71,7 +71,7 @@ func childHier() int {
 		return 1
 	}
 	defer g.Close()
-	if g.hier == nil {
+	if g.net.Hier == nil {
 		fmt.Fprintln(os.Stderr, "hier child: the group is not hierarchical")
 		return 1
 	}

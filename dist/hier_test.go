@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gdist/gdist/dist/internal/coll"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/transporttest"
 )
@@ -47,7 +48,7 @@ func hostLayouts(n int) [][]int {
 		}
 	}
 	for _, h := range [][]int{blocks, rr, last, uneven, spread} {
-		if err := checkHosts(h, n); err == nil && newHierPlan(h, 0) != nil {
+		if err := transport.CheckHosts(h); err == nil && coll.NewPlan(h, 0) != nil {
 			add(h)
 		}
 	}
@@ -76,17 +77,18 @@ func TestHierPlan(t *testing.T) {
 		t.Run(fmt.Sprint(tc.hosts), func(t *testing.T) {
 			c := newHostCluster(t, tc.hosts)
 			for r, g := range c.gs {
-				require.Equal(t, tc.hier, g.hier != nil, "rank %d", r)
-				if g.hier == nil {
+				require.Equal(t, tc.hier, g.net.Hier != nil, "rank %d", r)
+				if g.net.Hier == nil {
 					continue
 				}
-				p := g.hier
-				assert.Equal(t, tc.hosts[r], p.host)
-				assert.Equal(t, r, p.local.at(p.local.me), "rank %d is its own local member", r)
-				for i := range p.local.n {
-					assert.Equal(t, p.host, tc.hosts[p.local.at(i)])
+				p := g.net.Hier
+				assert.Equal(t, tc.hosts[r], p.Host())
+				local, me := p.Local()
+				assert.Equal(t, r, local[me], "rank %d is its own local member", r)
+				for _, m := range local {
+					assert.Equal(t, p.Host(), tc.hosts[m])
 				}
-				for h, l := range p.leaders {
+				for h, l := range p.Leaders() {
 					assert.Equal(t, h, tc.hosts[l])
 					assert.Equal(t, l, slices.Index(tc.hosts, h), "leader of host %d is its lowest rank", h)
 				}
@@ -96,18 +98,18 @@ func TestHierPlan(t *testing.T) {
 	t.Run("off", func(t *testing.T) {
 		c := newHostCluster(t, []int{0, 0, 1, 1}, WithHierarchical(false))
 		for _, g := range c.gs {
-			assert.Nil(t, g.hier)
+			assert.Nil(t, g.net.Hier)
 		}
 	})
 	t.Run("env", func(t *testing.T) {
 		t.Setenv(EnvHierarchical, "0")
 		c := newHostCluster(t, []int{0, 0, 1, 1})
-		assert.Nil(t, c.gs[0].hier)
+		assert.Nil(t, c.gs[0].net.Hier)
 		c = newHostCluster(t, []int{0, 0, 1, 1}, WithHierarchical(true))
-		assert.NotNil(t, c.gs[0].hier, "the option wins over the environment")
+		assert.NotNil(t, c.gs[0].net.Hier, "the option wins over the environment")
 		t.Setenv(EnvHierarchical, "1")
 		c = newHostCluster(t, []int{0, 0, 1, 1})
-		assert.NotNil(t, c.gs[0].hier)
+		assert.NotNil(t, c.gs[0].net.Hier)
 		t.Setenv(EnvHierarchical, "yes")
 		_, err := New(transporttest.NewLocal(t, 1)[0])
 		require.ErrorIs(t, err, ErrEnv)
@@ -157,7 +159,7 @@ func TestHierMatchReference(t *testing.T) {
 				t.Run(fmt.Sprintf("n=%d/hosts=%v/%s", n, hosts, cfg.name), func(t *testing.T) {
 					t.Parallel()
 					c := newHostCluster(t, hosts, cfg.opts...)
-					require.NotNil(t, c.gs[0].hier)
+					require.NotNil(t, c.gs[0].net.Hier)
 					requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
 						for _, length := range testLengths(n) {
 							if err := checkHierRank(t, g, n, r, length); err != nil {
@@ -192,7 +194,7 @@ func TestHierLarge(t *testing.T) {
 					d[i] = float32(exactInput(Mean, r, i))
 				}
 				results[r] = d
-				if err := g.AllReduce(bg, d, Mean); err != nil {
+				if err := g.AllReduce(bg, F32(d), Mean); err != nil {
 					return err
 				}
 				b := make([]float32, length)
@@ -200,9 +202,9 @@ func TestHierLarge(t *testing.T) {
 					b[i] = float32(r*1000 + i%1000)
 				}
 				bcast[r] = b
-				return g.Broadcast(bg, b, n-1)
+				return g.Broadcast(bg, F32(b), n-1)
 			}))
-			want := refAllReduce(Mean, F32, n, length)
+			want := refAllReduce(Mean, Float32, n, length)
 			for r := range n {
 				for i, v := range results[r] {
 					if float64(v) != want[i] {
@@ -226,7 +228,7 @@ func TestHierBitwiseIdentical(t *testing.T) {
 		for _, cfg := range algoConfigs {
 			t.Run(fmt.Sprintf("%v/%s", hosts, cfg.name), func(t *testing.T) {
 				t.Parallel()
-				requireSameBits(t, newHostCluster(t, hosts, cfg.opts...), len(hosts), BF16)
+				requireSameBits(t, newHostCluster(t, hosts, cfg.opts...), len(hosts), BFloat16)
 			})
 		}
 	}
@@ -240,14 +242,14 @@ func TestHierDesync(t *testing.T) {
 		name  string
 		other func(g *ProcessGroup) error
 	}{
-		{"broadcast", func(g *ProcessGroup) error { return g.Broadcast(bg, make([]float32, 8), 0) }},
-		{"broadcast_own_root", func(g *ProcessGroup) error { return g.Broadcast(bg, make([]float32, 8), g.Rank()) }},
-		{"length", func(g *ProcessGroup) error { return g.AllReduce(bg, make([]float32, 9), Sum) }},
-		{"max", func(g *ProcessGroup) error { return g.AllReduce(bg, make([]float32, 8), Max) }},
+		{"broadcast", func(g *ProcessGroup) error { return g.Broadcast(bg, F32(make([]float32, 8)), 0) }},
+		{"broadcast_own_root", func(g *ProcessGroup) error { return g.Broadcast(bg, F32(make([]float32, 8)), g.Rank()) }},
+		{"length", func(g *ProcessGroup) error { return g.AllReduce(bg, F32(make([]float32, 9)), Sum) }},
+		{"max", func(g *ProcessGroup) error { return g.AllReduce(bg, F32(make([]float32, 8)), Max) }},
 		{"barrier", func(g *ProcessGroup) error { return g.Barrier(bg) }},
-		{"reduce", func(g *ProcessGroup) error { return g.Reduce(bg, make([]float32, 8), Sum, 0) }},
+		{"reduce", func(g *ProcessGroup) error { return g.Reduce(bg, F32(make([]float32, 8)), Sum, 0) }},
 		{"all_gather", func(g *ProcessGroup) error {
-			return g.AllGather(bg, make([]float32, 8*g.WorldSize()), make([]float32, 8))
+			return g.AllGather(bg, F32(make([]float32, 8*g.WorldSize())), F32(make([]float32, 8)))
 		}},
 	}
 	for _, hosts := range [][]int{{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1}, {0, 1, 1}} {
@@ -264,7 +266,7 @@ func TestHierDesync(t *testing.T) {
 							if r == odd {
 								return v.other(g)
 							}
-							return g.AllReduce(ctx, make([]float32, 8), Sum)
+							return g.AllReduce(ctx, F32(make([]float32, 8)), Sum)
 						})
 						for r, err := range errs {
 							var de *DesyncError
@@ -319,9 +321,9 @@ func TestHierZeroAllocs(t *testing.T) {
 			}
 			step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
 				if tc.bcast {
-					return g.Broadcast(bg, bufs[r], len(bufs)-1)
+					return g.Broadcast(bg, F32(bufs[r]), len(bufs)-1)
 				}
-				return g.AllReduce(bg, bufs[r], Sum)
+				return g.AllReduce(bg, F32(bufs[r]), Sum)
 			})
 			defer stop()
 			for range 10 {
@@ -343,7 +345,7 @@ type hostTransport struct {
 func (h *hostTransport) Hosts() []int { return slices.Clone(h.hosts) }
 
 func (h *hostTransport) Send(ctx context.Context, to int, tag uint32, hd transport.Header, p []byte) error {
-	if tag == tagColl && h.hosts[to] != h.hosts[h.Rank()] {
+	if tag == TagReservedBase+tagColl && h.hosts[to] != h.hosts[h.Rank()] {
 		h.cross.Add(int64(len(p)))
 	}
 	return h.Transport.Send(ctx, to, tag, hd, p)
@@ -372,7 +374,7 @@ func TestHierCrossHostBytes(t *testing.T) {
 					require.NoError(t, err)
 					gs[r] = g
 				}
-				require.Equal(t, hier, gs[0].hier != nil)
+				require.Equal(t, hier, gs[0].net.Hier != nil)
 				c := &cluster{gs: gs}
 				t.Cleanup(func() {
 					for _, g := range gs {
@@ -380,7 +382,7 @@ func TestHierCrossHostBytes(t *testing.T) {
 					}
 				})
 				requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-					return g.AllReduce(bg, make([]float32, size/4), Sum)
+					return g.AllReduce(bg, F32(make([]float32, size/4)), Sum)
 				}))
 				var total int64
 				per := make([]int64, n)
@@ -419,7 +421,7 @@ func TestHierTCP(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/%s", hosts, cfg.name), func(t *testing.T) {
 				n := len(hosts)
 				c := newTCPHostCluster(t, hosts, cfg.opts...)
-				require.NotNil(t, c.gs[0].hier)
+				require.NotNil(t, c.gs[0].net.Hier)
 				requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
 					for _, length := range []int{0, 1, 7, 333} {
 						if err := checkHierRank(t, g, n, r, length); err != nil {
@@ -458,7 +460,7 @@ func BenchmarkAllReduceHier(b *testing.B) {
 						bufs[r] = make([]float32, size/4)
 					}
 					step, stop := lockstep(b, c, func(r int, g *ProcessGroup) error {
-						return g.AllReduce(bg, bufs[r], Sum)
+						return g.AllReduce(bg, F32(bufs[r]), Sum)
 					})
 					defer stop()
 					for range 3 {
@@ -510,7 +512,7 @@ func TestHierMixedSetting(t *testing.T) {
 				ctx, cancel := context.WithTimeout(bg, 20*time.Second)
 				defer cancel()
 				errs := c.run(func(r int, g *ProcessGroup) error {
-					return g.AllReduce(ctx, make([]float32, length), Sum)
+					return g.AllReduce(ctx, F32(make([]float32, length)), Sum)
 				})
 				protocol := 0
 				for r, err := range errs {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/x448/float16"
 
+	"github.com/gdist/gdist/dist/internal/coll"
 	"github.com/gdist/gdist/internal/vec"
 )
 
@@ -214,11 +215,11 @@ func divElems(c codec, dst []byte, n int) {
 
 func codecOf(dt DType) codec {
 	switch dt {
-	case F16:
+	case Float16:
 		return codecF16
-	case BF16:
+	case BFloat16:
 		return codecBF16
-	case F32:
+	case Float32:
 		return codecF32
 	}
 	return codecF64
@@ -234,7 +235,7 @@ type reducer struct {
 // whole number of elements.
 func (r reducer) into(dst, src []byte) {
 	switch r.dt {
-	case F32:
+	case Float32:
 		if d, ok := asF32(dst); ok {
 			if s, ok := asF32(src); ok {
 				if r.op == Sum || r.op == Mean {
@@ -245,7 +246,7 @@ func (r reducer) into(dst, src []byte) {
 				return
 			}
 		}
-	case F64:
+	case Float64:
 		if d, ok := asF64(dst); ok {
 			if s, ok := asF64(src); ok {
 				if r.op == Sum || r.op == Mean {
@@ -267,12 +268,12 @@ func (r reducer) finish(dst []byte, n int) {
 		return
 	}
 	switch r.dt {
-	case F32:
+	case Float32:
 		if d, ok := asF32(dst); ok {
 			divInto(d, float32(n))
 			return
 		}
-	case F64:
+	case Float64:
 		if d, ok := asF64(dst); ok {
 			divInto(d, float64(n))
 			return
@@ -280,6 +281,25 @@ func (r reducer) finish(dst []byte, n int) {
 	}
 	divElems(codecOf(r.dt), dst, n)
 }
+
+// collReducers holds every (dtype, op) as the coll.Reducer the algorithms
+// take, made once so that passing one (and handing its Combine to a
+// transport's RecvReduce) allocates nothing.
+var collReducers = func() (t [Float64 + 1][Prod + 1]coll.Reducer) {
+	for dt := Float16; dt <= Float64; dt++ {
+		for op := range t[dt] {
+			r := reducer{dt: dt, op: ReduceOp(op)}
+			t[dt][op] = coll.Reducer{Size: dt.Size(), Combine: r.into}
+			if r.op == Mean {
+				t[dt][op].Finish = r.finish
+			}
+		}
+	}
+	return t
+}()
+
+// asColl returns r as the algorithms take it.
+func (r reducer) asColl() coll.Reducer { return collReducers[r.dt][r.op] }
 
 // EncodeFloat32 writes src into dst as little-endian elements of type dt,
 // rounding to nearest even (F16, BF16) or widening (F64). len(dst) must be
@@ -293,7 +313,7 @@ func EncodeFloat32(dst []byte, src []float32, dt DType) error {
 		return fmt.Errorf("dist: %w: encode %d values as %v needs %d bytes, got %d", ErrInvalidArgument, len(src), dt, len(src)*dt.Size(), len(dst))
 	}
 	switch dt {
-	case F32:
+	case Float32:
 		copy(dst, f32Bytes(src))
 	default:
 		c := codecOf(dt)
@@ -315,7 +335,7 @@ func DecodeFloat32(dst []float32, src []byte, dt DType) error {
 		return fmt.Errorf("dist: %w: decode %d values of %v needs %d bytes, got %d", ErrInvalidArgument, len(dst), dt, len(dst)*dt.Size(), len(src))
 	}
 	switch dt {
-	case F32:
+	case Float32:
 		copy(f32Bytes(dst), src)
 	default:
 		c := codecOf(dt)

@@ -9,7 +9,7 @@ import (
 )
 
 // TestSumKernelsBitwise: the vectorised Sum kernels give exactly dst[i] +
-// src[i] (the float64 sum rounded once, for F32) for every length and
+// src[i] (the float64 sum rounded once, for Float32) for every length and
 // alignment, including zeros of both signs, subnormals and infinities.
 func TestSumKernelsBitwise(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 11))

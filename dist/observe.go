@@ -75,24 +75,24 @@ type observability struct {
 func (o *observability) on() bool { return o.tl != nil || o.met != nil }
 
 // startObservability turns on what cfg asks for.
-func (g *ProcessGroup) startObservability(cfg *config) error {
+func (d *domain) startObservability(cfg *config) error {
 	if cfg.timeline == "" && cfg.metricsAddr == "" {
 		return nil
 	}
-	g.obs.log = g.log
+	d.obs.log = d.log
 	if !cfg.loggerSet && cfg.debug == DebugOff {
-		g.obs.log = logx.FromEnv(os.Stderr, slog.LevelInfo).With("rank", g.rank)
+		d.obs.log = logx.FromEnv(os.Stderr, slog.LevelInfo).With("rank", d.rank)
 	}
 	if cfg.timeline != "" {
-		tl, err := timeline.New(g.rank)
+		tl, err := timeline.New(d.rank)
 		if err != nil {
 			return err
 		}
-		path := timeline.RankPath(cfg.timeline, g.rank)
+		path := timeline.RankPath(cfg.timeline, d.rank)
 		if err := timeline.Prepare(path); err != nil {
-			return fmt.Errorf("dist: rank %d: %w", g.rank, err)
+			return fmt.Errorf("dist: rank %d: %w", d.rank, err)
 		}
-		g.obs.tl, g.obs.tlPath = tl, path
+		d.obs.tl, d.obs.tlPath = tl, path
 	}
 	if cfg.metricsAddr != "" {
 		names := make([]string, 0, len(opNames))
@@ -101,63 +101,63 @@ func (g *ProcessGroup) startObservability(cfg *config) error {
 				names = append(names, n)
 			}
 		}
-		m := metrics.New(g.rank, g.world, names)
+		m := metrics.New(d.rank, d.world, names)
 		srv, err := m.Serve(cfg.metricsAddr)
 		if err != nil {
-			return fmt.Errorf("dist: rank %d: %w", g.rank, err)
+			return fmt.Errorf("dist: rank %d: %w", d.rank, err)
 		}
 		m.SetRestarts(cfg.restarts)
-		g.obs.met, g.obs.srv = m, srv
-		g.obs.log.Info("dist: serving metrics", "addr", "http://"+srv.Addr().String()+"/metrics")
+		d.obs.met, d.obs.srv = m, srv
+		d.obs.log.Info("dist: serving metrics", "addr", "http://"+srv.Addr().String()+"/metrics")
 	}
 	return nil
 }
 
 // stopObservability writes the timeline and stops the metrics server.
-func (g *ProcessGroup) stopObservability() error {
+func (d *domain) stopObservability() error {
 	var errs []error
-	if g.obs.tl != nil {
-		if err := g.obs.tl.WriteFile(g.obs.tlPath); err != nil {
-			errs = append(errs, fmt.Errorf("dist: rank %d: %w", g.rank, err))
+	if d.obs.tl != nil {
+		if err := d.obs.tl.WriteFile(d.obs.tlPath); err != nil {
+			errs = append(errs, fmt.Errorf("dist: rank %d: %w", d.rank, err))
 		} else {
-			kept, dropped := g.obs.tl.Len()
-			g.obs.log.Info("dist: wrote timeline", "path", g.obs.tlPath, "events", kept, "dropped", dropped)
+			kept, dropped := d.obs.tl.Len()
+			d.obs.log.Info("dist: wrote timeline", "path", d.obs.tlPath, "events", kept, "dropped", dropped)
 		}
 	}
-	if g.obs.srv != nil {
-		if err := g.obs.srv.Close(); err != nil {
+	if d.obs.srv != nil {
+		if err := d.obs.srv.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// Timeline returns the group's timeline recorder, or nil when the timeline
+// Timeline returns the job's timeline recorder, or nil when the timeline
 // is off (a nil recorder records nothing). Layers above dist (ddp, pipeline)
 // and programs add their own events to it.
-func (g *ProcessGroup) Timeline() *timeline.Recorder { return g.obs.tl }
+func (g *ProcessGroup) Timeline() *timeline.Recorder { return g.d.obs.tl }
 
-// Metrics returns the group's metrics, or nil when they are off (nil records
+// Metrics returns the job's metrics, or nil when they are off (nil records
 // nothing).
-func (g *ProcessGroup) Metrics() *metrics.Metrics { return g.obs.met }
+func (g *ProcessGroup) Metrics() *metrics.Metrics { return g.d.obs.met }
 
 // MetricsAddr returns the address the metrics endpoint listens on, or "" if
 // it is off.
 func (g *ProcessGroup) MetricsAddr() string {
-	if g.obs.srv == nil {
+	if g.d.obs.srv == nil {
 		return ""
 	}
-	return g.obs.srv.Addr().String()
+	return g.d.obs.srv.Addr().String()
 }
 
-// algorithm names the algorithm dispatch picks for c, for the timeline.
+// algorithm names the algorithm the group runs for c, for the timeline.
 func (g *ProcessGroup) algorithm(c *call) string {
-	if g.world == 1 {
+	if g.size == 1 {
 		return "local"
 	}
-	small := len(c.data) < g.cfg.small
-	if g.hier != nil && (c.kind == kAllReduce || c.kind == kBroadcast) {
-		return "hierarchical" // hier.go
+	small := len(c.data) < g.net.Small
+	if g.net.Hier != nil && (c.kind == kAllReduce || c.kind == kBroadcast) {
+		return "hierarchical"
 	}
 	switch c.kind {
 	case kAllReduce:
@@ -165,13 +165,17 @@ func (g *ProcessGroup) algorithm(c *call) string {
 			return "recursive_doubling"
 		}
 		return "ring"
-	case kAllGather, kReduceScatter:
+	case kAllGather, kAllGatherV, kReduceScatter, kNewGroup, kSplit:
 		return "ring"
 	case kBroadcast, kReduce:
 		if small {
 			return "tree"
 		}
 		return "chain"
+	case kAllToAll, kAllToAllV:
+		return "pairwise"
+	case kGather, kScatter:
+		return "linear"
 	case kBarrier:
 		return "dissemination"
 	}
@@ -181,20 +185,22 @@ func (g *ProcessGroup) algorithm(c *call) string {
 // observe records collective c (sequence number seq): it was called at
 // queued, got its turn at start and finished at end with err.
 func (g *ProcessGroup) observe(c *call, seq uint64, queued, start, end time.Time, err error) {
+	obs := &g.d.obs
 	name := c.kind.String()
-	g.obs.met.Collective(name, len(c.data), end.Sub(start))
-	if g.obs.tl == nil {
+	obs.met.Collective(name, len(c.data), end.Sub(start))
+	if obs.tl == nil {
 		return
 	}
+	lane := g.lane
 	if !queued.IsZero() && start.Sub(queued) > time.Microsecond {
-		g.obs.tl.Add(timeline.Event{Lane: "collectives", Name: name + " (waiting for its turn)", Cat: "queue",
+		obs.tl.Add(timeline.Event{Lane: lane, Name: name + " (waiting for its turn)", Cat: "queue",
 			Start: queued, End: start, Args: [4]timeline.Arg{{Key: "seq", Int: int64(seq)}}})
 	}
 	status := "ok"
 	if err != nil {
 		status = err.Error()
 	}
-	g.obs.tl.Add(timeline.Event{Lane: "collectives", Name: name, Cat: "collective", Start: start, End: end,
+	obs.tl.Add(timeline.Event{Lane: lane, Name: name, Cat: "collective", Start: start, End: end,
 		Args: [4]timeline.Arg{
 			{Key: "seq", Int: int64(seq)},
 			{Key: "bytes", Int: int64(len(c.data))},

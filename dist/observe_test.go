@@ -45,8 +45,8 @@ func TestTimeline(t *testing.T) {
 	errs := c.run(func(r int, g *ProcessGroup) error {
 		small := []float32{1, 2, 3}
 		big := make([]float32, 1000)
-		return errors.Join(g.AllReduce(bg, small, Sum), g.AllReduce(bg, big, Sum),
-			g.Broadcast(bg, small, 0), g.Barrier(bg), g.AllReduceAsync(bg, small, Max).Wait(bg))
+		return errors.Join(g.AllReduce(bg, F32(small), Sum), g.AllReduce(bg, F32(big), Sum),
+			g.Broadcast(bg, F32(small), 0), g.Barrier(bg), g.AllReduceAsync(bg, F32(small), Max).Wait(bg))
 	})
 	require.NoError(t, errors.Join(errs...))
 	g0 := gs[0]
@@ -166,7 +166,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	errs := c.run(func(r int, g *ProcessGroup) error {
 		d := make([]float32, 100)
 		for range 5 {
-			if err := g.AllReduce(bg, d, Sum); err != nil {
+			if err := g.AllReduce(bg, F32(d), Sum); err != nil {
 				return err
 			}
 		}

@@ -80,5 +80,5 @@ func TestWithLocalRank(t *testing.T) {
 	assert.Equal(t, 0, g0.LocalRank())
 	assert.Equal(t, 0, g1.LocalRank())
 	assert.Equal(t, 1, g1.Rank())
-	assert.Equal(t, 2, g1.cfg.restarts)
+	assert.Equal(t, 2, g1.d.cfg.restarts)
 }

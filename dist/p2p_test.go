@@ -17,19 +17,19 @@ func TestPointToPoint(t *testing.T) {
 		if err := g.Send(ctx, next, 5, []byte{byte(r)}); err != nil {
 			return err
 		}
-		if err := g.SendF32(ctx, next, 6, []float32{float32(r), 0.5}); err != nil {
+		if err := g.Send(ctx, next, 6, F32([]float32{float32(r), 0.5}).Bytes()); err != nil {
 			return err
 		}
-		if err := g.SendF64(ctx, next, 7, []float64{float64(r), 0.25, -1}); err != nil {
+		if err := g.Send(ctx, next, 7, F64([]float64{float64(r), 0.25, -1}).Bytes()); err != nil {
 			return err
 		}
-		if err := g.SendF32(ctx, next, 8, []float32{1, 2, 3}); err != nil {
+		if err := g.Send(ctx, next, 8, F32([]float32{1, 2, 3}).Bytes()); err != nil {
 			return err
 		}
-		if err := g.SendF64(ctx, next, 9, []float64{4, 5}); err != nil {
+		if err := g.Send(ctx, next, 9, F64([]float64{4, 5}).Bytes()); err != nil {
 			return err
 		}
-		if err := g.SendF32(ctx, next, 10, []float32{1, 2}); err != nil {
+		if err := g.Send(ctx, next, 10, F32([]float32{1, 2}).Bytes()); err != nil {
 			return err
 		}
 		if err := g.Send(ctx, next, 11, []byte{1, 2, 3}); err != nil {
@@ -39,23 +39,30 @@ func TestPointToPoint(t *testing.T) {
 		p, err := g.Recv(ctx, prev, 5)
 		require.NoError(t, err)
 		assert.Equal(t, []byte{byte(prev)}, p)
-		f, err := g.RecvF32(ctx, prev, 6)
+		f := make([]float32, 2)
+		n, err := g.RecvInto(ctx, prev, 6, F32(f).Bytes())
 		require.NoError(t, err)
+		assert.Equal(t, 8, n)
 		assert.Equal(t, []float32{float32(prev), 0.5}, f)
-		d, err := g.RecvF64(ctx, prev, 7)
+		d := make([]float64, 3)
+		n, err = g.RecvInto(ctx, prev, 7, F64(d).Bytes())
 		require.NoError(t, err)
+		assert.Equal(t, 24, n)
 		assert.Equal(t, []float64{float64(prev), 0.25, -1}, d)
 		into := make([]float32, 3)
-		require.NoError(t, g.RecvF32Into(ctx, prev, 8, into))
+		_, err = g.RecvInto(ctx, prev, 8, F32(into).Bytes())
+		require.NoError(t, err)
 		assert.Equal(t, []float32{1, 2, 3}, into)
 		into64 := make([]float64, 2)
-		require.NoError(t, g.RecvF64Into(ctx, prev, 9, into64))
+		_, err = g.RecvInto(ctx, prev, 9, F64(into64).Bytes())
+		require.NoError(t, err)
 		assert.Equal(t, []float64{4, 5}, into64)
-		var lm *LengthMismatchError
-		require.ErrorAs(t, g.RecvF32Into(ctx, prev, 10, make([]float32, 3)), &lm)
-		assert.Equal(t, &LengthMismatchError{Op: "recv", Want: 3, Got: 2}, lm)
-		_, err = g.RecvF32(ctx, prev, 11)
-		require.ErrorIs(t, err, ErrProtocol)
+		n, err = g.RecvInto(ctx, prev, 10, F32(make([]float32, 3)).Bytes())
+		require.NoError(t, err)
+		assert.Equal(t, 8, n, "a shorter message: its length is returned")
+		n, err = g.RecvInto(ctx, prev, 11, F32(make([]float32, 0)).Bytes())
+		require.ErrorIs(t, err, ErrMessageTooLong)
+		assert.Equal(t, 3, n)
 
 		// Self-sends loop back.
 		require.NoError(t, g.Send(ctx, r, 12, []byte("me")))
@@ -73,16 +80,16 @@ func TestPointToPointAfterAbort(t *testing.T) {
 	t.Run("after", func(t *testing.T) {
 		c := newCluster(t, 2)
 		errs := c.run(func(r int, g *ProcessGroup) error {
-			return g.AllReduce(bg, make([]float32, 1+r), Sum) // desync
+			return g.AllReduce(bg, F32(make([]float32, 1+r)), Sum) // desync
 		})
 		for _, err := range errs {
 			require.ErrorAs(t, err, new(*DesyncError))
 		}
 		for r, err := range c.run(func(r int, g *ProcessGroup) error {
 			if r == 0 {
-				return g.SendF32(bg, 1, 1, []float32{42})
+				return g.Send(bg, 1, 1, F32([]float32{42}).Bytes())
 			}
-			_, err := g.RecvF32(bg, 0, 1)
+			_, err := g.Recv(bg, 0, 1)
 			return err
 		}) {
 			require.ErrorIs(t, err, ErrAborted, "rank %d", r)

@@ -275,7 +275,7 @@ func childFail(scenario string) int {
 		if scenario == "desync" && i == 5 && g.Rank() == failVictim {
 			buf = d[:n+1]
 		}
-		err := g.AllReduce(opCtx, buf, Sum)
+		err := g.AllReduce(opCtx, F32(buf), Sum)
 		if err == nil {
 			continue
 		}
@@ -375,7 +375,7 @@ func childStall(ctx context.Context) int {
 		if i == 4 && g.Rank() == 2 {
 			time.Sleep(3500 * time.Millisecond)
 		}
-		if err := g.AllReduce(ctx, d, Sum); err != nil {
+		if err := g.AllReduce(ctx, F32(d), Sum); err != nil {
 			fmt.Fprintln(os.Stderr, "all_reduce:", err)
 			return 1
 		}

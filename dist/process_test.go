@@ -173,7 +173,7 @@ func childKill(g *ProcessGroup) int {
 		if i == 3 {
 			fmt.Println("running")
 		}
-		err := g.AllReduce(context.Background(), d, Sum)
+		err := g.AllReduce(context.Background(), F32(d), Sum)
 		if err == nil {
 			continue
 		}

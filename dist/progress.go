@@ -1,31 +1,32 @@
 package dist
 
-// Progress: every rank knows where every peer is. Each rank sends its
-// peers, on tagProgress, the last collective it started and the last it
-// finished (sequence number, operation and how long ago), at most once per
-// progress interval and only when that changed. A collective that times
-// out names the ranks it was waiting for and where they were; a
-// collective that waits longer than the stall threshold logs the same
-// report (once per threshold), like Horovod's stall inspector.
+// Progress: every rank knows where its peers are. Each rank sends each
+// peer, on the job's progress tag, the last collective it started and the
+// last it finished in every group the two share (sequence number,
+// operation and how long ago), at most once per progress interval and only
+// when that changed. A collective that times out names the members it was
+// waiting for and where they were; a collective that waits longer than
+// the stall threshold logs the same report (once per threshold), like
+// Horovod's stall inspector.
 //
 // Message layout (progressLen bytes, little-endian): version u8, started
 // op u8 (opKind), finished op u8, reserved u8, started seq u64, finished
-// seq u64, milliseconds since it started u32, since it finished u32.
+// seq u64, milliseconds since it started u32, since it finished u32, group
+// id u32.
 
 import (
 	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gdist/gdist/dist/transport"
 )
 
 const (
-	progressVersion = 1
-	progressLen     = 28
+	progressVersion = 2
+	progressLen     = 32
 
 	// defaultProgressInterval is how often a rank tells its peers where it
 	// is, if that changed.
@@ -42,14 +43,12 @@ type mark struct {
 	at   time.Time
 }
 
-// progress is this rank's and its peers' progress. self is written by the
-// running collective under the group's lock; peers under mu.
+// progress is this rank's and the other members' progress in one group,
+// under the domain's lock; peers is indexed by member.
 type progress struct {
 	self struct {
 		started, finished mark
 	}
-
-	mu    sync.Mutex
 	peers []peerMarks
 }
 
@@ -58,8 +57,9 @@ type peerMarks struct {
 	started, finished mark // at: estimated on this rank's clock
 }
 
-// PeerProgress is where a rank was, as far as this rank knew: the last
-// collective it had started and the last it had finished (operation name,
+// PeerProgress is where a rank was in a group, as far as this rank knew
+// (Rank is its rank in the job): the last collective of the group it had
+// started and the last it had finished (operation name,
 // sequence number and when, on this rank's clock, estimated from what the
 // rank reported and when it arrived). Heard is false if nothing had been
 // heard from it yet; an empty op means none.
@@ -115,8 +115,8 @@ func describeWaiting(ps []PeerProgress, now time.Time) string {
 // unreceived, if it can tell (transport.Backlog). The group's own messages
 // are left out: collective messages queued while a collective waits are
 // its ordinary traffic.
-func (g *ProcessGroup) queued() []transport.Queued {
-	b, ok := g.t.(transport.Backlog)
+func (d *domain) queued() []transport.Queued {
+	b, ok := d.t.(transport.Backlog)
 	if !ok {
 		return nil
 	}
@@ -147,15 +147,15 @@ func describeQueued(qs []transport.Queued) string {
 	return b.String()
 }
 
-// Progress returns where every other rank was, as far as this rank knew,
-// in rank order. The caller owns the slice.
+// Progress returns where every other member of the group was, as far as
+// this rank knew, in member order. The caller owns the slice.
 func (g *ProcessGroup) Progress() []PeerProgress {
-	g.prog.mu.Lock()
-	defer g.prog.mu.Unlock()
-	out := make([]PeerProgress, 0, g.world-1)
-	for r, m := range g.prog.peers {
-		if r != g.rank {
-			out = append(out, m.public(r))
+	g.d.mu.Lock()
+	defer g.d.mu.Unlock()
+	out := make([]PeerProgress, 0, g.size-1)
+	for m, pm := range g.prog.peers {
+		if m != g.rank {
+			out = append(out, pm.public(g.global(m)))
 		}
 	}
 	return out
@@ -173,19 +173,20 @@ func (m peerMarks) public(r int) PeerProgress {
 	return p
 }
 
-// waitingFor returns the peers that collective seq waits for: those that
-// had not started it if there are any, else those that had not finished it.
+// waitingFor returns the members that collective seq of g waits for: those
+// that had not started it if there are any, else those that had not
+// finished it.
 func (g *ProcessGroup) waitingFor(seq uint64) []PeerProgress {
-	g.prog.mu.Lock()
-	defer g.prog.mu.Unlock()
+	g.d.mu.Lock()
+	defer g.d.mu.Unlock()
 	var absent, unfinished []PeerProgress
-	for r, m := range g.prog.peers {
-		if r == g.rank || m.finished.seq >= seq {
+	for m, pm := range g.prog.peers {
+		if m == g.rank || pm.finished.seq >= seq {
 			continue
 		}
-		p := m.public(r)
+		p := pm.public(g.global(m))
 		unfinished = append(unfinished, p)
-		if !m.heard || m.started.seq < seq {
+		if !pm.heard || pm.started.seq < seq {
 			absent = append(absent, p)
 		}
 	}
@@ -197,63 +198,86 @@ func (g *ProcessGroup) waitingFor(seq uint64) []PeerProgress {
 
 // startProgress starts the progress goroutines: per peer a sender and a
 // receiver, and the stall inspector.
-func (g *ProcessGroup) startProgress() {
-	g.prog.peers = make([]peerMarks, g.world)
-	if g.world == 1 {
+func (d *domain) startProgress() {
+	if d.world == 1 {
 		return
 	}
-	for p := range g.world {
-		if p == g.rank {
+	for p := range d.world {
+		if p == d.rank {
 			continue
 		}
-		g.wg.Add(2)
-		go g.sendProgress(p)
-		go g.recvProgress(p)
+		d.wg.Add(2)
+		go d.sendProgress(p)
+		go d.recvProgress(p)
 	}
-	if g.cfg.stall > 0 {
-		g.wg.Add(1)
-		go g.inspectStalls()
+	if d.cfg.stall > 0 {
+		d.wg.Add(1)
+		go d.inspectStalls()
 	}
 }
 
-// sendProgress tells peer p where this rank is whenever that changed, at
-// most once per progress interval, until the group closes or p is gone.
-// One goroutine per peer, so that a peer that reads nothing (its link's
-// flow-control window full) delays only its own updates. It allocates
-// nothing after it started.
-func (g *ProcessGroup) sendProgress(p int) {
-	defer g.wg.Done()
+// groupMarks is where this rank is in one group, as sendProgress sends it.
+type groupMarks struct {
+	id                uint32
+	started, finished mark
+}
+
+// sendProgress tells peer p where this rank is in every group they share
+// whenever that changed, at most once per progress interval, until the job
+// closes or p is gone. One goroutine per peer, so that a peer that reads
+// nothing (its link's flow-control window full) delays only its own
+// updates. It allocates only when the groups change.
+func (d *domain) sendProgress(p int) {
+	defer d.wg.Done()
 	var (
-		buf      [progressLen]byte
-		sent     [2]uint64
-		tick     = time.NewTicker(g.cfg.progressEvery)
-		hdr      transport.Header
-		le       = binary.LittleEndian
-		everSent bool
+		buf  [progressLen]byte
+		sent = make(map[uint32][2]uint64)
+		cur  []groupMarks
+		tick = time.NewTicker(d.cfg.progressEvery)
+		hdr  transport.Header
+		le   = binary.LittleEndian
 	)
 	defer tick.Stop()
 	for {
 		select {
 		case <-tick.C:
-		case <-g.done:
+		case <-d.done:
 			return
 		}
-		g.mu.Lock()
-		s, f := g.prog.self.started, g.prog.self.finished
-		g.mu.Unlock()
-		if everSent && sent == [2]uint64{s.seq, f.seq} {
-			continue
+		cur = cur[:0]
+		d.mu.Lock()
+		for id, g := range d.groups {
+			if g.member(p) < 0 {
+				continue
+			}
+			s, f := g.prog.self.started, g.prog.self.finished
+			if last, ok := sent[id]; ok && last == [2]uint64{s.seq, f.seq} {
+				continue
+			}
+			cur = append(cur, groupMarks{id, s, f})
 		}
+		if len(sent) > len(d.groups) { // forget the groups closed since
+			for id := range sent {
+				if d.groups[id] == nil {
+					delete(sent, id)
+				}
+			}
+		}
+		d.mu.Unlock()
 		now := time.Now()
-		buf[0], buf[1], buf[2], buf[3] = progressVersion, byte(s.kind), byte(f.kind), 0
-		le.PutUint64(buf[4:], s.seq)
-		le.PutUint64(buf[12:], f.seq)
-		le.PutUint32(buf[20:], agoMillis(now, s.at))
-		le.PutUint32(buf[24:], agoMillis(now, f.at))
-		if err := g.t.Send(g.gctx, p, tagProgress, hdr, buf[:]); err != nil {
-			return // closed, or p is gone: the failure is handled elsewhere
+		for _, m := range cur {
+			s, f := m.started, m.finished
+			buf[0], buf[1], buf[2], buf[3] = progressVersion, byte(s.kind), byte(f.kind), 0
+			le.PutUint64(buf[4:], s.seq)
+			le.PutUint64(buf[12:], f.seq)
+			le.PutUint32(buf[20:], agoMillis(now, s.at))
+			le.PutUint32(buf[24:], agoMillis(now, f.at))
+			le.PutUint32(buf[28:], m.id)
+			if err := d.t.Send(d.gctx, p, TagReservedBase+tagProgress, hdr, buf[:]); err != nil {
+				return // closed, or p is gone: the failure is handled elsewhere
+			}
+			sent[m.id] = [2]uint64{s.seq, f.seq}
 		}
-		sent, everSent = [2]uint64{s.seq, f.seq}, true
 	}
 }
 
@@ -264,19 +288,19 @@ func agoMillis(now, t time.Time) uint32 {
 	return uint32(min(max(now.Sub(t).Milliseconds(), 0), 1<<32-1))
 }
 
-// recvProgress records peer p's progress messages until the group closes
-// or p is gone.
-func (g *ProcessGroup) recvProgress(p int) {
-	defer g.wg.Done()
+// recvProgress records peer p's progress messages until the job closes or
+// p is gone.
+func (d *domain) recvProgress(p int) {
+	defer d.wg.Done()
 	var buf [progressLen]byte
 	le := binary.LittleEndian
 	for {
-		_, n, err := g.t.RecvInto(g.gctx, p, tagProgress, buf[:])
+		_, n, err := d.t.RecvInto(d.gctx, p, TagReservedBase+tagProgress, buf[:])
 		if err != nil {
 			return
 		}
 		if n != progressLen || buf[0] != progressVersion {
-			continue // from a newer version: ignore rather than fail the job
+			continue // from another version: ignore rather than fail the job
 		}
 		now := time.Now()
 		m := peerMarks{heard: true,
@@ -284,45 +308,53 @@ func (g *ProcessGroup) recvProgress(p int) {
 			finished: mark{seq: le.Uint64(buf[12:]), kind: opKind(buf[2])}}
 		m.started.at = now.Add(-time.Duration(le.Uint32(buf[20:])) * time.Millisecond)
 		m.finished.at = now.Add(-time.Duration(le.Uint32(buf[24:])) * time.Millisecond)
-		g.prog.mu.Lock()
-		g.prog.peers[p] = m
-		g.prog.mu.Unlock()
+		d.mu.Lock()
+		if g := d.groups[le.Uint32(buf[28:])]; g != nil {
+			if i := g.member(p); i >= 0 {
+				g.prog.peers[i] = m
+			}
+		}
+		d.mu.Unlock()
 	}
 }
 
 // inspectStalls logs a stall report for a collective that has been
 // running for the stall threshold, and again after each further
 // threshold, until it ends.
-func (g *ProcessGroup) inspectStalls() {
-	defer g.wg.Done()
-	tick := time.NewTicker(max(min(g.cfg.progressEvery, g.cfg.stall/10), time.Millisecond))
+func (d *domain) inspectStalls() {
+	defer d.wg.Done()
+	tick := time.NewTicker(max(min(d.cfg.progressEvery, d.cfg.stall/10), time.Millisecond))
 	defer tick.Stop()
-	var (
-		seq     uint64
-		reports int64
-	)
+	var stalled []*ProcessGroup
 	for {
 		select {
 		case <-tick.C:
-		case <-g.done:
+		case <-d.done:
 			return
 		}
-		g.mu.Lock()
-		running, cur, started := g.running, g.cur, g.prog.self.started.at
-		g.mu.Unlock()
-		if !running {
-			continue
+		stalled = stalled[:0]
+		d.mu.Lock()
+		for _, g := range d.groups {
+			if !g.running {
+				continue
+			}
+			waited := time.Since(g.prog.self.started.at)
+			if int64(waited/d.cfg.stall) <= g.stallCount {
+				continue
+			}
+			g.stallCount = int64(waited / d.cfg.stall)
+			stalled = append(stalled, g)
 		}
-		if cur.seq != seq {
-			seq, reports = cur.seq, 0
+		d.mu.Unlock()
+		for _, g := range stalled {
+			d.mu.Lock()
+			cur, started := g.cur, g.prog.self.started.at
+			d.mu.Unlock()
+			waited := time.Since(started)
+			name := g.opName(cur.kind)
+			msg := fmt.Sprintf("dist: %s #%d stalled: waiting %v for %s%s", name, cur.seq,
+				waited.Round(100*time.Millisecond), describeWaiting(g.waitingFor(cur.seq), time.Now()), describeQueued(d.queued()))
+			d.cfg.stallLog.Warn(msg, "op", name, "seq", cur.seq, "waited", waited)
 		}
-		waited := time.Since(started)
-		if int64(waited/g.cfg.stall) <= reports {
-			continue
-		}
-		reports = int64(waited / g.cfg.stall)
-		msg := fmt.Sprintf("dist: %s #%d stalled: waiting %v for %s%s", cur.kind, cur.seq,
-			waited.Round(100*time.Millisecond), describeWaiting(g.waitingFor(cur.seq), time.Now()), describeQueued(g.queued()))
-		g.cfg.stallLog.Warn(msg, "op", cur.kind.String(), "seq", cur.seq, "waited", waited)
 	}
 }

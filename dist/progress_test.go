@@ -20,7 +20,7 @@ import (
 func TestTimeoutNamesStraggler(t *testing.T) {
 	c := newCluster(t, 3, withProgressInterval(10*time.Millisecond))
 	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
-		return g.AllReduce(bg, make([]float32, 8), Sum)
+		return g.AllReduce(bg, F32(make([]float32, 8)), Sum)
 	}))
 	time.Sleep(50 * time.Millisecond) // the ranks hear of each other's #1
 	errs := c.run(func(r int, g *ProcessGroup) error {
@@ -28,9 +28,9 @@ func TestTimeoutNamesStraggler(t *testing.T) {
 		case 0:
 			ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
 			defer cancel()
-			return g.AllReduce(ctx, make([]float32, 8), Sum)
+			return g.AllReduce(ctx, F32(make([]float32, 8)), Sum)
 		case 1:
-			return g.AllReduce(bg, make([]float32, 8), Sum)
+			return g.AllReduce(bg, F32(make([]float32, 8)), Sum)
 		}
 		return nil
 	})
@@ -77,9 +77,9 @@ func TestStallReport(t *testing.T) {
 	time.Sleep(30 * time.Millisecond)
 	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- c.gs[0].AllReduce(bg, make([]float32, 4), Sum) }()
+	go func() { done <- c.gs[0].AllReduce(bg, F32(make([]float32, 4)), Sum) }()
 	time.Sleep(350 * time.Millisecond) // about three thresholds
-	require.NoError(t, c.gs[1].AllReduce(bg, make([]float32, 4), Sum))
+	require.NoError(t, c.gs[1].AllReduce(bg, F32(make([]float32, 4)), Sum))
 	require.NoError(t, <-done)
 	waited := time.Since(start)
 	out := logs.String()
@@ -126,8 +126,8 @@ func TestNoticeRoundTrip(t *testing.T) {
 		assert.ErrorIs(t, got, ErrAborted)
 		assert.ErrorIs(t, got, a.Kind.Sentinel())
 	}
-	de := &DesyncError{Rank: 1, Peer: 3, Seq: 7, PeerSeq: 8, Local: describe(fingerprint(kAllReduce, F32, Sum, 0, 10)),
-		Remote: describe(fingerprint(kBroadcast, F64, Sum, 2, 4)), LocalSite: "a.go:1", RemoteSite: "b.go:2"}
+	de := &DesyncError{Rank: 1, Peer: 3, Seq: 7, PeerSeq: 8, Local: describe(fingerprint(kAllReduce, Float32, Sum, 0, 10)),
+		Remote: describe(fingerprint(kBroadcast, Float64, Sum, 2, 4)), LocalSite: "a.go:1", RemoteSite: "b.go:2"}
 	a := &AbortError{Kind: KindDesync, Rank: 3, Reporter: 1, Op: "all_reduce", Seq: 7, Err: de, Msg: de.Error()}
 	got, err := decodeNotice(3, 4, 1, encodeNotice(a))
 	require.NoError(t, err)

@@ -102,7 +102,7 @@ func TestTCPZeroAllocs(t *testing.T) {
 				bufs[r] = make([]float32, tc.length)
 			}
 			step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
-				return g.AllReduce(bg, bufs[r], Sum)
+				return g.AllReduce(bg, F32(bufs[r]), Sum)
 			})
 			defer stop()
 			for range 20 {
@@ -133,7 +133,7 @@ func TestTCPKillMidAllReduce(t *testing.T) {
 					ts[victim].Kill()
 				})
 			}
-			if err := g.AllReduce(bg, d, Sum); err != nil {
+			if err := g.AllReduce(bg, F32(d), Sum); err != nil {
 				failedAt[r] = time.Now()
 				return err
 			}

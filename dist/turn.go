@@ -1,7 +1,8 @@
 package dist
 
-// Turn-taking: collectives run one at a time, in the order their sequence
-// numbers were handed out, each under the group's reusable op context.
+// Turn-taking: the collectives of a group run one at a time, in the order
+// their sequence numbers were handed out, each under the group's reusable
+// op context. Groups take turns independently of each other.
 
 import (
 	"context"
@@ -27,10 +28,11 @@ type opState struct {
 }
 
 // opCtx is the context the running collective hands to the transport: it is
-// done when the group is aborted (which is also what the collective's
-// timeout, the caller's cancellation and Close do), and otherwise carries the
-// caller's values and the collective's deadline. One is reused for every
-// collective, so running one allocates nothing.
+// done when the job is aborted (which is also what the collective's
+// timeout, the caller's cancellation and Close do) or the group closed, and
+// otherwise carries the caller's values and the collective's deadline. One
+// is reused for every collective of a group, so running one allocates
+// nothing.
 type opCtx struct {
 	g        *ProcessGroup
 	parent   context.Context
@@ -38,10 +40,10 @@ type opCtx struct {
 }
 
 func (c *opCtx) Deadline() (time.Time, bool) { return c.deadline, true }
-func (c *opCtx) Done() <-chan struct{}       { return c.g.abortCh }
+func (c *opCtx) Done() <-chan struct{}       { return c.g.stop }
 func (c *opCtx) Err() error {
 	select {
-	case <-c.g.abortCh:
+	case <-c.g.stop:
 		return context.Canceled
 	default:
 		return nil
@@ -51,9 +53,9 @@ func (c *opCtx) Value(key any) any {
 	// Contexts derived from this one may ask after the collective ended, from
 	// the context package's goroutine, while exec resets parent: read it under
 	// the group's lock.
-	c.g.mu.Lock()
+	c.g.d.mu.Lock()
 	parent := c.parent
-	c.g.mu.Unlock()
+	c.g.d.mu.Unlock()
 	if parent == nil {
 		return nil
 	}
@@ -63,18 +65,19 @@ func (c *opCtx) Value(key any) any {
 // runSync runs c on the caller's goroutine once its turn comes.
 func (g *ProcessGroup) runSync(ctx context.Context, c *call) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dist: %s: %w", c.kind, err)
+		return fmt.Errorf("dist: %s: %w", g.opName(c.kind), err)
 	}
-	g.mu.Lock()
+	d := g.d
+	d.mu.Lock()
 	if g.closed {
-		g.mu.Unlock()
-		return fmt.Errorf("dist: %s: %w", c.kind, ErrClosed)
+		d.mu.Unlock()
+		return fmt.Errorf("dist: %s: %w", g.opName(c.kind), ErrClosed)
 	}
 	seq := g.next
 	g.next++
-	g.mu.Unlock()
+	d.mu.Unlock()
 	var queued time.Time
-	if g.obs.on() {
+	if d.obs.on() {
 		queued = time.Now()
 	}
 	return g.exec(ctx, seq, c, nil, queued)
@@ -85,6 +88,7 @@ func (g *ProcessGroup) runSync(ctx context.Context, c *call) error {
 // a collective that completes after it sees it done.
 // queued (zero when observability is off) is when the caller issued c.
 func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, queued time.Time) error {
+	d := g.d
 	if err := g.waitTurn(ctx, seq, c.kind); err != nil {
 		err = ownCtxEnded(ctx, err)
 		if w != nil {
@@ -92,27 +96,28 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 		}
 		return err
 	}
-	g.mu.Lock()
-	if g.cause != nil {
-		g.mu.Unlock()
-		err := ownCtxEnded(ctx, g.derive(seq, c.kind.String()))
+	d.mu.Lock()
+	if d.cause != nil || g.closed {
+		d.mu.Unlock()
+		err := ownCtxEnded(ctx, g.derive(seq, g.opName(c.kind)))
 		if w != nil {
 			w.finish(err)
 		}
-		g.mu.Lock()
+		d.mu.Lock()
 		g.endTurnLocked(seq)
-		g.mu.Unlock()
+		d.mu.Unlock()
 		return err
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(g.cfg.timeout)
+		deadline = time.Now().Add(d.cfg.timeout)
 	}
 	g.cur = opState{seq: seq, fp: c.fingerprint(), kind: c.kind, site: c.site, wire: wireSeq(seq, c.site)}
 	g.octx.parent, g.octx.deadline = ctx, deadline
 	g.running, g.runCtx = true, ctx
+	g.stallCount = 0
 	g.prog.self.started = mark{seq: seq, kind: c.kind, at: time.Now()}
-	g.mu.Unlock()
+	d.mu.Unlock()
 
 	g.timer.Reset(time.Until(deadline))
 	if ctx.Done() != nil {
@@ -124,7 +129,7 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 		}
 	}
 	var start time.Time
-	if g.obs.on() {
+	if d.obs.on() {
 		start = time.Now()
 	}
 	err := g.dispatch(&g.octx, c)
@@ -132,40 +137,41 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	if err != nil {
 		err = g.opFailed(seq, c.kind, err)
 	} else if g.failedHere(seq) {
-		// This rank failed the group during the collective (its context
+		// This rank failed the job during the collective (its context
 		// ended, or it timed out) and told its peers so, although its own
 		// part completed: it reports the failure too, as they do.
-		err = g.derive(seq, c.kind.String())
+		err = g.derive(seq, g.opName(c.kind))
 	}
 	err = ownCtxEnded(ctx, err)
-	if g.obs.on() {
+	if d.obs.on() {
 		g.observe(c, seq, queued, start, time.Now(), err)
 	}
 
 	if w != nil {
 		w.finish(err)
 	}
-	g.mu.Lock()
+	d.mu.Lock()
 	g.running, g.runCtx = false, nil
 	g.octx.parent = nil
 	g.prog.self.finished = mark{seq: seq, kind: c.kind, at: time.Now()}
 	g.endTurnLocked(seq)
-	g.mu.Unlock()
+	d.mu.Unlock()
 	return err
 }
 
 // waitTurn waits until collective seq may run. If ctx ends or the group is
-// closed first, the turn is given up; since the peers will run that
-// collective, giving it up aborts the group.
+// closed first, the turn is given up; since the members will run that
+// collective, giving it up aborts the job.
 func (g *ProcessGroup) waitTurn(ctx context.Context, seq uint64, kind opKind) error {
-	g.mu.Lock()
+	d := g.d
+	d.mu.Lock()
 	if g.serving == seq {
-		g.mu.Unlock()
+		d.mu.Unlock()
 		return nil
 	}
 	ch := make(chan struct{})
 	g.waiters = append(g.waiters, turnWaiter{seq, ch})
-	g.mu.Unlock()
+	d.mu.Unlock()
 	var err error
 	select {
 	case <-ch:
@@ -175,33 +181,34 @@ func (g *ProcessGroup) waitTurn(ctx context.Context, seq uint64, kind opKind) er
 	case <-g.done:
 		err = ErrClosed
 	}
-	g.mu.Lock()
+	d.mu.Lock()
 	if i := slices.IndexFunc(g.waiters, func(w turnWaiter) bool { return w.seq == seq }); i >= 0 {
 		g.waiters = slices.Delete(g.waiters, i, i+1)
 	}
 	g.abandonLocked(seq)
-	g.mu.Unlock()
+	d.mu.Unlock()
 	if errors.Is(err, ErrClosed) {
-		return fmt.Errorf("dist: %s: %w", kind, ErrClosed)
+		return fmt.Errorf("dist: %s: %w", g.opName(kind), ErrClosed)
 	}
 	return g.giveUp(kind, seq, err)
 }
 
-// giveUp fails the group because collective seq's context ended (with
-// err) before its turn came, and returns the error the collective reports:
-// that failure, or the group's earlier one.
+// giveUp fails the job because collective seq's context ended (with err)
+// before its turn came, and returns the error the collective reports:
+// that failure, or the job's earlier one.
 func (g *ProcessGroup) giveUp(kind opKind, seq uint64, err error) error {
-	e := fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", kind, seq, err)
-	a := &AbortError{Kind: KindCancelled, Rank: g.rank, Reporter: g.rank, Op: kind.String(), Seq: seq, Err: err,
+	name := g.opName(kind)
+	e := fmt.Errorf("dist: %s #%d: gave up waiting for earlier collectives: %w", name, seq, err)
+	a := &AbortError{Kind: KindCancelled, Rank: g.d.rank, Reporter: g.d.rank, Op: name, Seq: seq, Err: err,
 		Msg: "gave up waiting for earlier collectives: " + err.Error()}
 	if errors.Is(err, context.DeadlineExceeded) {
 		a.Kind = KindTimeout
 	}
 	cause := &ownError{a: a, err: e}
-	if g.fail(a, cause) {
+	if g.d.fail(a, cause) {
 		return cause
 	}
-	return withCtxErr(err, g.derive(seq, kind.String()))
+	return withCtxErr(err, g.derive(seq, name))
 }
 
 // abandonLocked gives up turn seq, which nobody waits for: if it has come
@@ -239,24 +246,25 @@ func (g *ProcessGroup) endTurnLocked(seq uint64) {
 
 // onTimer fires at the running collective's deadline.
 func (g *ProcessGroup) onTimer() {
-	g.mu.Lock()
-	if !g.running || time.Now().Before(g.octx.deadline) || g.cause != nil {
-		g.mu.Unlock()
+	d := g.d
+	d.mu.Lock()
+	if !g.running || time.Now().Before(g.octx.deadline) || d.cause != nil {
+		d.mu.Unlock()
 		return
 	}
 	cur, started := g.cur, g.prog.self.started.at
-	g.mu.Unlock()
+	d.mu.Unlock()
 	_ = g.timedOut(cur, started)
 }
 
-// timedOut fails the group because collective cur, started at started,
+// timedOut fails the job because collective cur of g, started at started,
 // ran out of time: the cause names the ranks it was waiting for and where
 // they were. The first of them is the culprit (this rank if it knew of
 // none).
 func (g *ProcessGroup) timedOut(cur opState, started time.Time) bool {
-	te := &TimeoutError{Op: cur.kind.String(), Seq: cur.seq, After: time.Since(started),
-		Waiting: g.waitingFor(cur.seq), Queued: g.queued()}
-	a := &AbortError{Kind: KindTimeout, Rank: g.rank, Reporter: g.rank, Op: te.Op, Seq: cur.seq, Msg: te.Error(), Err: te}
+	te := &TimeoutError{Op: g.opName(cur.kind), Seq: cur.seq, After: time.Since(started),
+		Waiting: g.waitingFor(cur.seq), Queued: g.d.queued()}
+	a := &AbortError{Kind: KindTimeout, Rank: g.d.rank, Reporter: g.d.rank, Op: te.Op, Seq: cur.seq, Msg: te.Error(), Err: te}
 	if len(te.Waiting) > 0 {
 		a.Rank = te.Waiting[0].Rank
 	}
@@ -266,14 +274,15 @@ func (g *ProcessGroup) timedOut(cur opState, started time.Time) bool {
 // failRunning is fail for a failure of collective seq that this rank
 // decided on its own (a timeout or cancellation), if seq is still running.
 func (g *ProcessGroup) failRunning(seq uint64, a *AbortError, cause error) bool {
-	g.mu.Lock()
-	if !g.running || g.cur.seq != seq || g.cause != nil {
-		g.mu.Unlock()
+	d := g.d
+	d.mu.Lock()
+	if !g.running || g.cur.seq != seq || d.cause != nil {
+		d.mu.Unlock()
 		return false
 	}
-	g.setCauseLocked(a, cause)
-	g.mu.Unlock()
-	g.aborted(a)
+	d.setCauseLocked(a, cause)
+	d.mu.Unlock()
+	d.aborted(a)
 	return true
 }
 
@@ -281,8 +290,8 @@ func (g *ProcessGroup) failRunning(seq uint64, a *AbortError, cause error) bool 
 // (context.AfterFunc, which allocates) is kept for the next collective, so a
 // loop of collectives under one context allocates nothing after the first.
 func (g *ProcessGroup) watchCtx(ctx context.Context) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	g.d.mu.Lock()
+	defer g.d.mu.Unlock()
 	// Only pointers are compared: comparing other dynamic types could panic,
 	// and every cancellable context of package context is a pointer.
 	if g.watched != nil && reflect.TypeOf(ctx).Kind() == reflect.Pointer && ctx == g.watched {
@@ -296,18 +305,20 @@ func (g *ProcessGroup) watchCtx(ctx context.Context) {
 
 // onCancel runs when the running collective's context ends.
 func (g *ProcessGroup) onCancel() {
-	g.mu.Lock()
-	if !g.running || g.runCtx == nil || g.cause != nil || g.runCtx.Err() == nil {
-		g.mu.Unlock()
+	d := g.d
+	d.mu.Lock()
+	if !g.running || g.runCtx == nil || d.cause != nil || g.runCtx.Err() == nil {
+		d.mu.Unlock()
 		return
 	}
 	cur, started, err := g.cur, g.prog.self.started.at, g.runCtx.Err()
-	g.mu.Unlock()
+	d.mu.Unlock()
 	if errors.Is(err, context.DeadlineExceeded) {
 		_ = g.timedOut(cur, started)
 		return
 	}
-	a := &AbortError{Kind: KindCancelled, Rank: g.rank, Reporter: g.rank, Op: cur.kind.String(), Seq: cur.seq,
+	name := g.opName(cur.kind)
+	a := &AbortError{Kind: KindCancelled, Rank: d.rank, Reporter: d.rank, Op: name, Seq: cur.seq,
 		Err: err, Msg: err.Error()}
-	_ = g.failRunning(cur.seq, a, &ownError{a: a, err: fmt.Errorf("dist: %s #%d: %w", cur.kind, cur.seq, err)})
+	_ = g.failRunning(cur.seq, a, &ownError{a: a, err: fmt.Errorf("dist: %s #%d: %w", name, cur.seq, err)})
 }

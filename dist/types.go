@@ -5,26 +5,27 @@ import (
 	"math"
 )
 
-// DType is the element type of a typed all-reduce buffer. The zero value is
-// not a valid DType.
+// DType is the element type of a Buffer. The zero value is not a valid
+// DType.
 type DType uint8
 
-// The element types AllReduceTyped accepts. Buffers hold them little-endian.
+// The element types. Buffers hold them little-endian, and collectives
+// carry them on the wire in their own width.
 const (
-	F16  DType = iota + 1 // IEEE 754 binary16 (github.com/x448/float16)
-	BF16                  // bfloat16: the top 16 bits of a float32, rounded to nearest even
-	F32                   // IEEE 754 binary32
-	F64                   // IEEE 754 binary64
+	Float16  DType = iota + 1 // IEEE 754 binary16 (github.com/x448/float16)
+	BFloat16                  // bfloat16: the top 16 bits of a float32, rounded to nearest even
+	Float32                   // IEEE 754 binary32
+	Float64                   // IEEE 754 binary64
 )
 
 // Size returns the size of one element in bytes, or 0 for an invalid DType.
 func (d DType) Size() int {
 	switch d {
-	case F16, BF16:
+	case Float16, BFloat16:
 		return 2
-	case F32:
+	case Float32:
 		return 4
-	case F64:
+	case Float64:
 		return 8
 	}
 	return 0
@@ -33,13 +34,13 @@ func (d DType) Size() int {
 // String returns "f16", "bf16", "f32" or "f64".
 func (d DType) String() string {
 	switch d {
-	case F16:
+	case Float16:
 		return "f16"
-	case BF16:
+	case BFloat16:
 		return "bf16"
-	case F32:
+	case Float32:
 		return "f32"
-	case F64:
+	case Float64:
 		return "f64"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
@@ -90,6 +91,13 @@ const (
 	kReduce
 	kBarrier
 	kFederated
+	kAllGatherV
+	kAllToAll
+	kAllToAllV
+	kGather
+	kScatter
+	kNewGroup
+	kSplit
 )
 
 var opNames = [...]string{
@@ -100,6 +108,13 @@ var opNames = [...]string{
 	kReduce:        "reduce",
 	kBarrier:       "barrier",
 	kFederated:     "federated_average",
+	kAllGatherV:    "all_gather_v",
+	kAllToAll:      "all_to_all",
+	kAllToAllV:     "all_to_all_v",
+	kGather:        "gather",
+	kScatter:       "scatter",
+	kNewGroup:      "new_group",
+	kSplit:         "split",
 }
 
 func (k opKind) String() string {
@@ -112,11 +127,16 @@ func (k opKind) String() string {
 // hasReduce reports whether the collective has a ReduceOp; hasRoot whether it
 // has a root rank.
 func (k opKind) hasReduce() bool { return k == kAllReduce || k == kReduceScatter || k == kReduce }
-func (k opKind) hasRoot() bool   { return k == kBroadcast || k == kReduce }
+func (k opKind) hasRoot() bool {
+	return k == kBroadcast || k == kReduce || k == kGather || k == kScatter
+}
 
 // CollectiveDesc describes one collective call as a rank made it. Count is in
 // elements: the vector length for all-reduce, broadcast and reduce, the
-// per-rank block for all-gather (len(src)) and reduce-scatter (len(dst)).
+// per-rank block for all-gather, gather (len(src)), reduce-scatter,
+// scatter (len(dst)) and all-to-all (len(src)/size), the total for the
+// uneven all-gather, and 0 for the uneven all-to-all (whose counts differ
+// from rank to rank).
 type CollectiveDesc struct {
 	Op     string
 	DType  DType

@@ -1,7 +1,8 @@
 package dist
 
-// The worker runs async collectives in issue order, each under the context
-// it was started with.
+// The worker runs a group's async collectives in issue order, each under
+// the context it was started with. It starts with the group's first async
+// call, so a group that never makes one costs no goroutine.
 
 import (
 	"context"
@@ -10,28 +11,30 @@ import (
 	"time"
 )
 
-// worker runs async collectives in the order they were issued.
+// worker runs async collectives in the order they were issued, until the
+// group closes.
 func (g *ProcessGroup) worker() {
 	defer g.wg.Done()
+	d := g.d
 	for {
-		g.mu.Lock()
+		d.mu.Lock()
 		for len(g.queue) == 0 {
 			if g.closed {
-				g.mu.Unlock()
+				d.mu.Unlock()
 				return
 			}
-			g.mu.Unlock()
+			d.mu.Unlock()
 			select {
 			case <-g.wake:
 			case <-g.done:
 			}
-			g.mu.Lock()
+			d.mu.Lock()
 		}
 		w := g.queue[0]
 		// Shift rather than reslice, so that the queue's array is reused and
 		// a steady stream of async calls does not grow a new one.
 		g.queue = slices.Delete(g.queue, 0, 1)
-		g.mu.Unlock()
+		d.mu.Unlock()
 		g.exec(w.ctx, w.seq, &w.c, w, w.queued) // finishes w
 	}
 }
@@ -40,28 +43,29 @@ func (g *ProcessGroup) worker() {
 // refuses a ctx that is already done without taking a turn. A cancellable
 // ctx is watched until the Work finishes (see cancelQueued); a running
 // collective's context is watched by exec only for sync calls.
-func (g *ProcessGroup) enqueue(ctx context.Context, c call) *Work {
-	w := &Work{c: c, ctx: ctx, done: make(chan struct{})}
-	if g.obs.on() {
+func (g *ProcessGroup) enqueue(ctx context.Context, c call, check error) *Work {
+	d := g.d
+	w := &Work{c: c, ctx: ctx, done: make(chan struct{}), name: g.opName(c.kind)}
+	if d.obs.on() {
 		w.queued = time.Now()
 	}
 	if ctx == nil {
-		w.finish(fmt.Errorf("dist: %s: %w: nil context", c.kind, ErrInvalidArgument))
+		w.finish(fmt.Errorf("dist: %s: %w: nil context", w.name, ErrInvalidArgument))
 		return w
 	}
-	if err := c.check(g); err != nil {
-		w.finish(err)
+	if check != nil {
+		w.finish(check)
 		return w
 	}
 	w.c.site = g.callSite()
 	if err := ctx.Err(); err != nil {
-		w.finish(fmt.Errorf("dist: %s: %w", c.kind, err))
+		w.finish(fmt.Errorf("dist: %s: %w", w.name, err))
 		return w
 	}
-	g.mu.Lock()
+	d.mu.Lock()
 	if g.closed {
-		g.mu.Unlock()
-		w.finish(fmt.Errorf("dist: %s: %w", c.kind, ErrClosed))
+		d.mu.Unlock()
+		w.finish(fmt.Errorf("dist: %s: %w", w.name, ErrClosed))
 		return w
 	}
 	w.seq = g.next
@@ -72,7 +76,12 @@ func (g *ProcessGroup) enqueue(ctx context.Context, c call) *Work {
 		// stop), takes w from the queue under it too.
 		w.stop = context.AfterFunc(ctx, func() { g.cancelQueued(w) })
 	}
-	g.mu.Unlock()
+	if !g.workerOn {
+		g.workerOn = true
+		g.wg.Add(1)
+		go g.worker()
+	}
+	d.mu.Unlock()
 	select {
 	case g.wake <- struct{}{}:
 	default:
@@ -81,22 +90,23 @@ func (g *ProcessGroup) enqueue(ctx context.Context, c call) *Work {
 }
 
 // cancelQueued runs when the context of async collective w ends before w
-// finished. If w is still queued, it gives up w's turn and aborts the group,
+// finished. If w is still queued, it gives up w's turn and aborts the job,
 // as a sync collective does when its context ends while it waits for its
 // turn. Otherwise the worker has taken w: waitTurn watches the context while
-// w waits for its turn, and onCancel aborts the group if w is running.
+// w waits for its turn, and onCancel aborts the job if w is running.
 func (g *ProcessGroup) cancelQueued(w *Work) {
-	g.mu.Lock()
+	d := g.d
+	d.mu.Lock()
 	i := slices.Index(g.queue, w)
-	if i < 0 || g.cause != nil {
-		// Taken by the worker, or the group has failed already, in which
+	if i < 0 || d.cause != nil {
+		// Taken by the worker, or the job has failed already, in which
 		// case the worker fails w promptly with the derived error.
-		g.mu.Unlock()
+		d.mu.Unlock()
 		g.onCancel()
 		return
 	}
 	g.queue = slices.Delete(g.queue, i, i+1)
 	g.abandonLocked(w.seq)
-	g.mu.Unlock()
+	d.mu.Unlock()
 	w.finish(g.giveUp(w.c.kind, w.seq, w.ctx.Err()))
 }

@@ -34,6 +34,11 @@
 // with gdist.InitFromEnv: one job per world size and transport, the
 // transports of a world size back to back, so that their tables compare
 // within one run. Each table's header says how rank 0 reached its peers.
+// -group runs each collective on the job's group ("world"), on a subgroup
+// of all the ranks made with NewGroup ("sub": the same members, so the
+// same world size, through the subgroup machinery), or on both one after
+// the other at every size ("world,sub"), with a group column and, for the
+// subgroup's rows, its time as a ratio to the world's (sub/world).
 package main
 
 import (
@@ -73,6 +78,7 @@ type options struct {
 	small              int
 	check              bool
 	transports         []string
+	groups             []string
 }
 
 var validOps = []string{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
@@ -113,6 +119,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	nps := fs.String("np", "2,3,4", "world sizes to run, comma-separated")
 	fs.IntVar(&o.small, "small", -1, "all-reduce small-message threshold in bytes (-1: the default)")
 	fs.BoolVar(&o.check, "check", true, "check results against the reference (#wrong)")
+	grs := fs.String("group", "world", "groups to run each collective on, comma-separated: world (the job's group) and sub (a subgroup of every rank)")
 	trs := fs.String("transport", "tcp", "transports to run, comma-separated, one job each per world size: tcp, shm (shared memory, Linux) or auto (gdist.InitFromEnv with GDIST_TRANSPORT=auto)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return o, err
@@ -144,6 +151,12 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 			return bad("unknown transport %q (want some of %s)", tr, strings.Join(validTransports, ","))
 		}
 		o.transports = append(o.transports, tr)
+	}
+	for _, gr := range strings.Split(*grs, ",") {
+		if gr != "world" && gr != "sub" {
+			return bad("unknown group %q (want world, sub or both)", gr)
+		}
+		o.groups = append(o.groups, gr)
 	}
 	for _, s := range strings.Split(*nps, ",") {
 		n, err := strconv.Atoi(s)
@@ -238,6 +251,11 @@ func runRank(ctx context.Context, o options, out io.Writer) (err error) {
 	}
 	defer cli.Close(&err, g)
 	n := g.WorldSize()
+	sub, err := g.NewGroup(ctx, all(n))
+	if err != nil {
+		return err
+	}
+	groups := map[string]*dist.ProcessGroup{"world": g, "sub": sub}
 	raw, err := rawBaseline(ctx, g)
 	lat, bw := raw.LatencyUs/1e6, raw.StreamGBps*1e9
 	if err != nil {
@@ -249,8 +267,8 @@ func runRank(ctx context.Context, o options, out io.Writer) (err error) {
 			fmt.Fprintf(out, "# raw TCP baseline (ranks 0 <-> 1, same processes): one-way latency %.1f us, streaming %.2f GB/s, 2-rank ring exchange of %d MiB %.1f ms\n",
 				raw.LatencyUs, raw.StreamGBps, raw.ExchangeBytes>>20, raw.ExchangeMs)
 		}
-		fmt.Fprintf(out, "#\n# %10s %12s %6s %6s %5s %10s %8s %8s %7s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "lat/raw", "bw/raw")
-		fmt.Fprintf(out, "# %10s %12s %6s %6s %5s %10s %8s %8s %7s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "")
+		fmt.Fprintf(out, "#\n# %10s %12s %6s %6s %5s %6s %10s %8s %8s %7s %8s %7s %9s\n", "size", "count", "type", "redop", "root", "group", "time", "algbw", "busbw", "#wrong", "lat/raw", "bw/raw", "sub/world")
+		fmt.Fprintf(out, "# %10s %12s %6s %6s %5s %6s %10s %8s %8s %7s %8s %7s %9s\n", "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "", "")
 	}
 	for _, op := range o.ops {
 		if g.Rank() == 0 {
@@ -264,11 +282,15 @@ func runRank(ctx context.Context, o options, out io.Writer) (err error) {
 			if count == 0 {
 				continue
 			}
-			r, err := measure(ctx, g, op, count, o)
-			if err != nil {
-				return fmt.Errorf("%s of %d bytes: %w", op, 4*count, err)
-			}
-			if g.Rank() == 0 {
+			world := math.NaN()
+			for _, gname := range o.groups {
+				r, err := measure(ctx, groups[gname], op, count, o)
+				if err != nil {
+					return fmt.Errorf("%s of %d bytes on %s: %w", op, 4*count, gname, err)
+				}
+				if g.Rank() != 0 {
+					continue
+				}
 				bytes := float64(4 * count)
 				algbw := bytes / r.seconds / 1e9
 				busbw := algbw * busFactor(op, n)
@@ -283,12 +305,27 @@ func runRank(ctx context.Context, o options, out io.Writer) (err error) {
 				if n > 1 {
 					latRatio, bwRatio = r.seconds/lat, busbw*1e9/bw
 				}
-				fmt.Fprintf(out, "  %10d %12d %6s %6s %5d %10.1f %8.3f %8.3f %7d %8.1f %7.3f\n",
-					4*count, count, "float", redop, root, r.seconds*1e6, algbw, busbw, r.wrong, latRatio, bwRatio)
+				ratio := math.NaN()
+				if gname == "world" {
+					world = r.seconds
+				} else {
+					ratio = r.seconds / world
+				}
+				fmt.Fprintf(out, "  %10d %12d %6s %6s %5d %6s %10.1f %8.3f %8.3f %7d %8.1f %7.3f %9.3f\n",
+					4*count, count, "float", redop, root, gname, r.seconds*1e6, algbw, busbw, r.wrong, latRatio, bwRatio, ratio)
 			}
 		}
 	}
 	return g.Barrier(ctx)
+}
+
+// all returns 0, 1, ..., n-1.
+func all(n int) []int {
+	r := make([]int, n)
+	for i := range r {
+		r[i] = i
+	}
+	return r
 }
 
 func busFactor(op string, n int) float64 {
@@ -342,13 +379,13 @@ func measure(ctx context.Context, g *dist.ProcessGroup, op string, count int, o 
 	call := func() error {
 		switch op {
 		case "all_reduce":
-			return g.AllReduce(ctx, dst, dist.Sum)
+			return g.AllReduce(ctx, dist.F32(dst), dist.Sum)
 		case "all_gather":
-			return g.AllGather(ctx, dst, src)
+			return g.AllGather(ctx, dist.F32(dst), dist.F32(src))
 		case "reduce_scatter":
-			return g.ReduceScatter(ctx, dst, src, dist.Sum)
+			return g.ReduceScatter(ctx, dist.F32(dst), dist.F32(src), dist.Sum)
 		default:
-			return g.Broadcast(ctx, dst, 0)
+			return g.Broadcast(ctx, dist.F32(dst), 0)
 		}
 	}
 	fill()
@@ -376,11 +413,11 @@ func measure(ctx context.Context, g *dist.ProcessGroup, op string, count int, o 
 	}
 	// The slowest rank's time; the wrong elements of all ranks.
 	t := []float64{stat[0]}
-	if err := g.AllReduceF64(ctx, t, dist.Max); err != nil {
+	if err := g.AllReduce(ctx, dist.F64(t), dist.Max); err != nil {
 		return result{}, err
 	}
 	w := []float64{stat[1]}
-	if err := g.AllReduceF64(ctx, w, dist.Sum); err != nil {
+	if err := g.AllReduce(ctx, dist.F64(w), dist.Sum); err != nil {
 		return result{}, err
 	}
 	return result{seconds: t[0], wrong: int(w[0])}, nil

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 // TestSweep runs a small sweep of every collective with 2 and 3 OS
 // processes and checks the table: every size present, nothing wrong.
 func TestSweep(t *testing.T) {
-	args := []string{"-np", "2,3", "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1"}
+	args := []string{"-np", "2,3", "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1", "-group", "world,sub"}
 	var out, errb bytes.Buffer
 	require.NoError(t, run(context.Background(), args, &out, &errb), "stderr:\n%s", errb.String())
 	t.Log("\n" + out.String())
@@ -38,19 +38,22 @@ func TestSweep(t *testing.T) {
 		switch {
 		case len(f) == 2 && f[0] == "#":
 			op = f[1]
-		case len(f) == 11 && !strings.HasPrefix(l, "#"):
-			rows[op]++
-			wrong, err := strconv.Atoi(f[8])
+		case len(f) == 13 && !strings.HasPrefix(l, "#"):
+			rows[op+" "+f[5]]++
+			wrong, err := strconv.Atoi(f[9])
 			require.NoError(t, err, l)
 			assert.Zero(t, wrong, "%s: %s", op, l)
 		}
 	}
-	// Sizes 8, 64, 512, 4096, 32768 for each of 2 world sizes (all_gather
-	// and reduce_scatter skip 8 B with 3 ranks: less than one element each).
-	assert.Equal(t, 10, rows["all_reduce"])
-	assert.Equal(t, 10, rows["broadcast"])
-	assert.Equal(t, 9, rows["all_gather"])
-	assert.Equal(t, 9, rows["reduce_scatter"])
+	// Sizes 8, 64, 512, 4096, 32768 for each of 2 world sizes and on each
+	// group (all_gather and reduce_scatter skip 8 B with 3 ranks: less than
+	// one element each).
+	for _, g := range []string{"world", "sub"} {
+		assert.Equal(t, 10, rows["all_reduce "+g])
+		assert.Equal(t, 10, rows["broadcast "+g])
+		assert.Equal(t, 9, rows["all_gather "+g])
+		assert.Equal(t, 9, rows["reduce_scatter "+g])
+	}
 	assert.Contains(t, out.String(), "raw TCP baseline")
 }
 
@@ -96,7 +99,7 @@ func TestParseFlags(t *testing.T) {
 	assert.Equal(t, int64(2<<20), o.maxBytes)
 	assert.Equal(t, []string{"broadcast"}, o.ops)
 	assert.Equal(t, []int{4}, o.nps)
-	for _, bad := range [][]string{{"-ops", "gather"}, {"-np", "0"}, {"-b", "2K", "-e", "1K"}, {"-f", "1"}, {"-b", "x"}} {
+	for _, bad := range [][]string{{"-ops", "gather"}, {"-np", "0"}, {"-group", "both"}, {"-b", "2K", "-e", "1K"}, {"-f", "1"}, {"-b", "x"}} {
 		fs := flag.NewFlagSet("x", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		_, err := parseFlags(fs, bad)
@@ -121,9 +124,9 @@ func TestTransports(t *testing.T) {
 	assert.Less(t, strings.Index(s, "transport tcp"), strings.Index(s, "transport shm"))
 	rows := 0
 	for _, l := range strings.Split(s, "\n") {
-		if f := strings.Fields(l); len(f) == 11 && !strings.HasPrefix(l, "#") {
+		if f := strings.Fields(l); len(f) == 13 && !strings.HasPrefix(l, "#") {
 			rows++
-			assert.Equal(t, "0", f[8], "#wrong: %s", l)
+			assert.Equal(t, "0", f[9], "#wrong: %s", l)
 		}
 	}
 	assert.Equal(t, 2*2*4, rows, "2 transports x 2 collectives x 4 sizes")

@@ -105,9 +105,9 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 		switch j.Compress {
 		case "":
 		case "f16":
-			opts = append(opts, ddp.WithCompression(dist.F16))
+			opts = append(opts, ddp.WithCompression(dist.Float16))
 		case "bf16":
-			opts = append(opts, ddp.WithCompression(dist.BF16))
+			opts = append(opts, ddp.WithCompression(dist.BFloat16))
 		default:
 			return o, fmt.Errorf("bench: compression %q", j.Compress)
 		}

@@ -117,7 +117,7 @@ func rankLoop(ctx context.Context, o options, pg *dist.ProcessGroup, role string
 		}
 		start := time.Now()
 		sc := ctxseen.New(ctx) // whether the call saw its context end
-		err := pg.AllReduce(sc, data, dist.Max)
+		err := pg.AllReduce(sc, dist.F32(data), dist.Max)
 		at := time.Now()
 		slowest = max(slowest, at.Sub(start))
 		if err != nil {

@@ -536,7 +536,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) (err error) {
 			buf[i] = float32(r + i%7)
 		}
 		for range o.warmup {
-			if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+			if err := g.AllReduce(ctx, dist.F32(buf), dist.Sum); err != nil {
 				return err
 			}
 		}
@@ -550,7 +550,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) (err error) {
 		cpu0 := benchutil.CPUTime()
 		start := time.Now()
 		for range o.iters {
-			if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+			if err := g.AllReduce(ctx, dist.F32(buf), dist.Sum); err != nil {
 				return err
 			}
 		}
@@ -563,15 +563,15 @@ func rank(ctx context.Context, o options, stdout io.Writer) (err error) {
 		// The slowest rank's time, the cross-host bytes of all ranks and
 		// their CPU time.
 		stats := []float64{el.Seconds() / float64(o.iters) * 1e6}
-		if err := g.AllReduceF64(ctx, stats, dist.Max); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(stats), dist.Max); err != nil {
 			return err
 		}
 		bytes := []float64{(after - before) / float64(o.iters)}
-		if err := g.AllReduceF64(ctx, bytes, dist.Mean); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(bytes), dist.Mean); err != nil {
 			return err
 		}
 		cpus := []float64{cpu.Seconds() / float64(o.iters) * 1e6}
-		if err := g.AllReduceF64(ctx, cpus, dist.Sum); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(cpus), dist.Sum); err != nil {
 			return err
 		}
 		// One more, untimed, on fresh input, checked: the sum over the 4
@@ -579,7 +579,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) (err error) {
 		for i := range buf {
 			buf[i] = float32(r + i%7)
 		}
-		if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+		if err := g.AllReduce(ctx, dist.F32(buf), dist.Sum); err != nil {
 			return err
 		}
 		wrong := []float64{0}
@@ -588,7 +588,7 @@ func rank(ctx context.Context, o options, stdout io.Writer) (err error) {
 				wrong[0]++
 			}
 		}
-		if err := g.AllReduceF64(ctx, wrong, dist.Sum); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(wrong), dist.Sum); err != nil {
 			return err
 		}
 		if r == 0 {

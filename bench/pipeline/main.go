@@ -451,7 +451,7 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 		r.Wall = time.Since(start).Seconds()
 		r.CPU = (benchutil.CPUTime() - cpu0).Seconds()
 		slowest := []float64{r.Wall}
-		if err := g.AllReduceF64(ctx, slowest, dist.Max); err != nil {
+		if err := g.AllReduce(ctx, dist.F64(slowest), dist.Max); err != nil {
 			return result{}, err
 		}
 		if slowest[0] < bestWall {

@@ -44,7 +44,7 @@ func distChild(dir, rank string) int {
 	}
 	d := make([]float32, 64)
 	for range 3 {
-		if err := pg.AllReduce(ctx, d, dist.Sum); err != nil {
+		if err := pg.AllReduce(ctx, dist.F32(d), dist.Sum); err != nil {
 			return fail(err)
 		}
 	}

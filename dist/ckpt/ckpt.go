@@ -292,7 +292,7 @@ func (m *Manager) Due(ctx context.Context, step int64) (bool, error) {
 		flag[0] = 1
 	}
 	if m.pg.WorldSize() > 1 {
-		if err := m.pg.BroadcastF64(ctx, flag, 0); err != nil {
+		if err := m.pg.Broadcast(ctx, dist.F64(flag), 0); err != nil {
 			return false, fmt.Errorf("ckpt: agreeing on a save at step %d: %w", step, err)
 		}
 	}
@@ -503,7 +503,7 @@ func (m *Manager) Resume(ctx context.Context) (*Resumed, error) {
 	damaged := false // some rank passed over a file that does not verify
 	for {
 		v := []float64{float64(fstep), -float64(fstep), -float64(len(res.Skipped))}
-		if err := m.pg.AllReduceF64(ctx, v, dist.Min); err != nil {
+		if err := m.pg.AllReduce(ctx, dist.F64(v), dist.Min); err != nil {
 			return nil, fmt.Errorf("ckpt: agreeing on the step to resume from: %w", err)
 		}
 		lo, hi := int64(v[0]), int64(-v[1])

@@ -12,6 +12,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/train/checkpoint"
 )
 
@@ -234,7 +235,7 @@ func (m *Manager) Verify(ctx context.Context, st *checkpoint.State) error {
 func (m *Manager) gatherDigests(ctx context.Context, d Digest) ([]Digest, error) {
 	n := m.pg.WorldSize()
 	dst := make([]float64, n*digestLen)
-	if err := m.pg.AllGatherF64(ctx, dst, d.floats()); err != nil {
+	if err := m.pg.AllGather(ctx, dist.F64(dst), dist.F64(d.floats())); err != nil {
 		return nil, fmt.Errorf("ckpt: exchanging state digests: %w", err)
 	}
 	all := make([]Digest, n)

@@ -186,9 +186,9 @@ func (d *DDP) broadcast(ctx context.Context) error {
 		}
 		var err error
 		if b.f32 != nil {
-			err = d.pg.Broadcast(ctx, b.f32, 0)
+			err = d.pg.Broadcast(ctx, dist.F32(b.f32), 0)
 		} else {
-			err = d.pg.BroadcastF64(ctx, b.f64, 0)
+			err = d.pg.Broadcast(ctx, dist.F64(b.f64), 0)
 		}
 		if err != nil {
 			return fmt.Errorf("ddp: broadcast of bucket %d: %w", bi, err)

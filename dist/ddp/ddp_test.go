@@ -101,11 +101,11 @@ func TestCompression(t *testing.T) {
 		dt   tensor.Dtype
 		tol  float64
 	}{
-		{dist.F16, tensor.Float32, 2e-3},
-		{dist.BF16, tensor.Float32, 2e-2},
-		{dist.F16, tensor.Float64, 2e-3},
-		{dist.BF16, tensor.Float64, 2e-2},
-		{dist.F32, tensor.Float64, 1e-5},
+		{dist.Float16, tensor.Float32, 2e-3},
+		{dist.BFloat16, tensor.Float32, 2e-2},
+		{dist.Float16, tensor.Float64, 2e-3},
+		{dist.BFloat16, tensor.Float64, 2e-2},
+		{dist.Float32, tensor.Float64, 1e-5},
 	}
 	for _, c := range cases {
 		for _, n := range []int{1, 2, 3} {
@@ -125,7 +125,7 @@ func TestCompression(t *testing.T) {
 	}
 	t.Run("accumulation", func(t *testing.T) {
 		s := trainSetup{n: 2, steps: 3, micro: 3, batch: 12, sizes: []int{4, 6, 3}, dt: tensor.Float32, solver: sgd,
-			opts: []Option{WithCompression(dist.F16)}}
+			opts: []Option{WithCompression(dist.Float16)}}
 		want := trainReference(t, s, sgd())
 		res := trainDDP(t, s)
 		assertSameAcrossRanks(t, res)
@@ -196,7 +196,7 @@ func TestOptionsValidated(t *testing.T) {
 			{WithFirstBucketCap(-1), "WithFirstBucketCap(-1)"},
 			{WithFirstBucketCap(0), "WithFirstBucketCap(0)"},
 			{WithAccumulation(0), "WithAccumulation(0)"},
-			{WithCompression(dist.F64), "WithCompression(f64)"},
+			{WithCompression(dist.Float64), "WithCompression(f64)"},
 			{WithCompression(0), "WithCompression("},
 			{nil, "option 0 is nil"},
 		} {

@@ -155,17 +155,17 @@ func (d *DDP) launchLocked(bi int) {
 			return
 		}
 		if d.pg.WorldSize() > 1 {
-			w = d.pg.AllReduceTypedAsync(launchCtx, b.wire, d.cfg.wire, dist.Sum)
+			w = d.pg.AllReduceAsync(launchCtx, dist.Typed(b.wire, d.cfg.wire), dist.Sum)
 		}
 		bytes = len(b.wire)
 	case d.pg.WorldSize() == 1:
 		// Nothing to exchange: the sum over one rank is the bucket.
 		bytes = 4*len(b.f32) + 8*len(b.f64)
 	case b.f32 != nil:
-		w = d.pg.AllReduceAsync(launchCtx, b.f32, dist.Sum)
+		w = d.pg.AllReduceAsync(launchCtx, dist.F32(b.f32), dist.Sum)
 		bytes = 4 * len(b.f32)
 	default:
-		w = d.pg.AllReduceF64Async(launchCtx, b.f64, dist.Sum)
+		w = d.pg.AllReduceAsync(launchCtx, dist.F64(b.f64), dist.Sum)
 		bytes = 8 * len(b.f64)
 	}
 	b.work, b.launched = w, true

@@ -88,8 +88,8 @@ func WithOverlap(on bool) Option {
 	}
 }
 
-// WithCompression all-reduces gradients in dt on the wire (dist.F16 or
-// dist.BF16; dist.F32 for float64 parameters) through AllReduceTyped, which
+// WithCompression all-reduces gradients in dt on the wire (dist.Float16 or
+// dist.BFloat16; dist.Float32 for float64 parameters) through AllReduceTyped, which
 // accumulates in float64 at every hop. Gradients are divided by the world
 // size (and by the number of accumulated passes, see WithAccumulation)
 // before they are narrowed, as PyTorch's fp16 compression hook does, which
@@ -99,7 +99,7 @@ func WithOverlap(on bool) Option {
 func WithCompression(dt dist.DType) Option {
 	return func(c *config) error {
 		switch dt {
-		case dist.F16, dist.BF16, dist.F32:
+		case dist.Float16, dist.BFloat16, dist.Float32:
 		default:
 			return fmt.Errorf("ddp: WithCompression(%v): want f16, bf16 or f32: %w", dt, dist.ErrInvalidArgument)
 		}

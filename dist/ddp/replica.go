@@ -145,10 +145,10 @@ func SameReplicas(ctx context.Context, pg *dist.ProcessGroup, c Checksum) (bool,
 	vals := []float64{c.Sum, c.SumSq, float64(c.Hash >> 32), float64(c.Hash & 0xffffffff)}
 	hi := append([]float64(nil), vals...)
 	lo := append([]float64(nil), vals...)
-	if err := pg.AllReduceF64(ctx, hi, dist.Max); err != nil {
+	if err := pg.AllReduce(ctx, dist.F64(hi), dist.Max); err != nil {
 		return false, fmt.Errorf("ddp: comparing parameters: %w", err)
 	}
-	if err := pg.AllReduceF64(ctx, lo, dist.Min); err != nil {
+	if err := pg.AllReduce(ctx, dist.F64(lo), dist.Min); err != nil {
 		return false, fmt.Errorf("ddp: comparing parameters: %w", err)
 	}
 	for i := range vals {

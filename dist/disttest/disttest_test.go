@@ -19,7 +19,7 @@ func TestRunAllReduce(t *testing.T) {
 	got, errs := disttest.Results(t, disttest.Cluster(t, 3), func(rank int, pg *dist.ProcessGroup) ([]float64, error) {
 		assert.Equal(t, rank, pg.Rank())
 		v := []float64{float64(rank + 1)}
-		return v, pg.AllReduceF64(context.Background(), v, dist.Sum)
+		return v, pg.AllReduce(context.Background(), dist.F64(v), dist.Sum)
 	})
 	require.NoError(t, errors.Join(errs...))
 	for r := range 3 {
@@ -33,7 +33,7 @@ func TestRunFailingRankUnblocksPeers(t *testing.T) {
 		if rank == 0 {
 			return boom
 		}
-		return pg.AllReduceF64(context.Background(), []float64{1}, dist.Sum)
+		return pg.AllReduce(context.Background(), dist.F64([]float64{1}), dist.Sum)
 	})
 	assert.ErrorIs(t, errs[0], boom)
 	assert.Error(t, errs[1])

@@ -2,8 +2,9 @@
 // collective can sit inside an expression graph and be differentiated like
 // any other operation.
 //
-// Each constructor (AllReduce, AllGather, ReduceScatter, Broadcast, Reduce)
-// adds one node to x's graph. When a machine executes the node, the op copies
+// Each constructor (AllReduce, AllGather, ReduceScatter, Broadcast, Reduce,
+// AllToAll, AllToAllV, Gather, Scatter, AllGatherV) adds one node to x's
+// graph. When a machine executes the node, the op copies
 // its input and runs the collective on its ProcessGroup, synchronously, with
 // the group's default timeout (dist.WithTimeout). Every op implements the full
 // gorgonia.Op and gorgonia.SDOp interfaces; Backpropagate turns each
@@ -16,6 +17,13 @@
 //	ReduceScatter(Sum|Mean)      AllGather of the gradient (scaled by 1/n for Mean)
 //	Broadcast(root)              Reduce(Sum, root): the summed gradient on root, zeros elsewhere
 //	Reduce(Sum|Mean, root)       Broadcast(root) of root's gradient (scaled by 1/n for Mean)
+//	AllToAll                     AllToAll of the output gradient (the reverse exchange)
+//	AllToAllV(send, recv)        AllToAllV(recv, send): the counts swapped
+//	Gather(root)                 Scatter(root) of root's gradient: rank r gets block r
+//	Scatter(root)                Gather(root): the concatenated gradient on root, zeros elsewhere
+//	AllGatherV(counts)           this rank's rows of the summed gradient: an AllToAllV that
+//	                             sends each rank its rows, then a local sum (a reduce-scatter
+//	                             with uneven blocks)
 //
 // The loss these gradients belong to is the sum over ranks of each rank's
 // local loss, which is what data- and model-parallel training optimise
@@ -37,8 +45,18 @@
 //   - Gorgonia's graph construction is not goroutine-safe: ranks simulated as
 //     goroutines in one process must build their graphs under one mutex.
 //   - Tensors of Float32 and Float64 are supported, and scalars for the ops
-//     that keep the shape (AllReduce, Broadcast, Reduce). AllGather and
-//     ReduceScatter concatenate and split along axis 0.
+//     that keep the shape (AllReduce, Broadcast, Reduce). The others
+//     concatenate, split or exchange rows of axis 0, and the counts of
+//     AllToAllV and AllGatherV are in rows (a row of a (d0, d1, d2) tensor
+//     is d1*d2 elements).
+//   - Gather gives its (n*d0, ...) result on root and zeros of that shape
+//     elsewhere, as Reduce does, so that every rank can build the same graph
+//     after it.
+//   - The ops work on any group, subgroups (ProcessGroup.NewGroup, Split)
+//     and mesh groups included: ranks, roots and counts are the group's.
+//   - Counts may be zero, and the ops handle tensors without elements, but
+//     Gorgonia's own arithmetic panics on them: a graph that computes on or
+//     differentiates through an empty tensor fails in Gorgonia, not here.
 //
 // The ops implement symbolic differentiation (SDOp) only, which is what the
 // TapeMachine uses; they do not implement ADOp, so the LispMachine cannot

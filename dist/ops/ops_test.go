@@ -55,7 +55,8 @@ func seq(n int, f func(i int) float64) []float64 {
 	return s
 }
 
-// makeTensor returns a tensor of dt holding vals.
+// makeTensor returns a tensor of dt holding vals (over a backing slice,
+// never nil, so that tensors without elements work too).
 func makeTensor(dt tensor.Dtype, shape tensor.Shape, vals []float64) tensor.Tensor {
 	if dt == tensor.Float32 {
 		f := make([]float32, len(vals))
@@ -64,11 +65,17 @@ func makeTensor(dt tensor.Dtype, shape tensor.Shape, vals []float64) tensor.Tens
 		}
 		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
 	}
-	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(append([]float64(nil), vals...)))
+	f := make([]float64, len(vals))
+	copy(f, vals)
+	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
 }
 
-// floats copies a Float32 or Float64 value to []float64.
+// floats copies a Float32 or Float64 value to []float64. A tensor without
+// elements gives an empty slice (the tensor package panics on its Data).
 func floats(t testing.TB, v gorgonia.Value) []float64 {
+	if s := v.Shape(); len(s) > 0 && s.TotalSize() == 0 {
+		return []float64{}
+	}
 	switch d := v.Data().(type) {
 	case []float64:
 		return append([]float64(nil), d...)
@@ -146,8 +153,10 @@ func cases() []collectiveCase {
 	same := func(rows, n int) int { return rows }
 	allReduce := func(op dist.ReduceOp) collectiveCase {
 		return collectiveCase{
-			name:    "AllReduce/" + op.String(),
-			build:   func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) { return ops.AllReduce(pg, x, op) },
+			name: "AllReduce/" + op.String(),
+			build: func(pg *dist.ProcessGroup, x *gorgonia.Node) (*gorgonia.Node, error) {
+				return ops.AllReduce(pg, x, op)
+			},
 			outRows: same,
 			ref: func(n int, xs, ws [][]float64) ([][]float64, [][]float64) {
 				s := 1.0
@@ -273,35 +282,9 @@ func TestCollectiveValuesAndGradients(t *testing.T) {
 					gotG := make([][]float64, n)
 					runRanks(t, n, func(pg *dist.ProcessGroup) error {
 						r := pg.Rank()
-						buildMu.Lock()
-						g := gorgonia.NewGraph()
-						x := gorgonia.NewTensor(g, dt, 2, gorgonia.WithShape(rows, cols), gorgonia.WithName("x"),
-							gorgonia.WithValue(makeTensor(dt, tensor.Shape{rows, cols}, xs[r])))
-						w := gorgonia.NewConstant(makeTensor(dt, tensor.Shape{outRows, cols}, ws[r]), gorgonia.WithName("w"))
-						y, err := c.build(pg, x)
-						if err != nil {
-							buildMu.Unlock()
-							return err
-						}
-						loss := gorgonia.Must(gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(y, w))))
-						_, err = gorgonia.Grad(loss, x)
-						var yv gorgonia.Value
-						gorgonia.Read(y, &yv)
-						buildMu.Unlock()
-						if err != nil {
-							return err
-						}
-						vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
-						defer vm.Close()
-						if err := vm.RunAll(); err != nil {
-							return err
-						}
-						gx, err := x.Grad()
-						if err != nil {
-							return err
-						}
-						gotY[r], gotG[r] = floats(t, yv), floats(t, gx)
-						return nil
+						var err error
+						gotY[r], gotG[r], err = runGraph(t, pg, dt, c.build, tensor.Shape{rows, cols}, xs[r], tensor.Shape{outRows, cols}, ws[r])
+						return err
 					})
 					for r := range n {
 						assertClose(t, wantY[r], gotY[r], tol, "rank %d output", r)
@@ -358,15 +341,12 @@ func TestNumericGradient(t *testing.T) {
 			size := rows * cols
 			runRanks(t, n, func(pg *dist.ProcessGroup) error {
 				r := pg.Rank()
-				buildMu.Lock()
-				g := gorgonia.NewGraph()
-				xv := makeTensor(tensor.Float64, tensor.Shape{rows, cols}, seq(size, func(i int) float64 { return valueOf(r, i) }))
-				x := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(rows, cols), gorgonia.WithName("x"), gorgonia.WithValue(xv))
-				a := gorgonia.NewConstant(makeTensor(tensor.Float64, tensor.Shape{rows * n, cols},
-					seq(size*n, func(i int) float64 { return 1 + 0.5*weightOf(r, i) })))
-				w := gorgonia.NewConstant(makeTensor(tensor.Float64, tensor.Shape{rows, cols},
-					seq(size, func(i int) float64 { return weightOf(r+5, i) })))
-				loss, err := func() (*gorgonia.Node, error) {
+				xs := seq(size, func(i int) float64 { return valueOf(r, i) })
+				return checkGraphGradient(t, pg, tensor.Shape{rows, cols}, xs, func(x *gorgonia.Node) (*gorgonia.Node, error) {
+					a := gorgonia.NewConstant(makeTensor(tensor.Float64, tensor.Shape{rows * n, cols},
+						seq(size*n, func(i int) float64 { return 1 + 0.5*weightOf(r, i) })))
+					w := gorgonia.NewConstant(makeTensor(tensor.Float64, tensor.Shape{rows, cols},
+						seq(size, func(i int) float64 { return weightOf(r+5, i) })))
 					y, err := ops.AllGather(pg, gorgonia.Must(gorgonia.Tanh(x))) // (n·rows, cols)
 					if err != nil {
 						return nil, err
@@ -384,75 +364,144 @@ func TestNumericGradient(t *testing.T) {
 						return nil, err
 					}
 					return gorgonia.Sum(gorgonia.Must(gorgonia.Square(y)))
-				}()
-				if err == nil {
-					_, err = gorgonia.Grad(loss, x)
-				}
-				var lv gorgonia.Value
-				gorgonia.Read(loss, &lv)
-				buildMu.Unlock()
-				if err != nil {
-					return err
-				}
-				vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
-				defer vm.Close()
-				total := func() (float64, error) {
-					vm.Reset()
-					if err := vm.RunAll(); err != nil {
-						return 0, err
-					}
-					l := []float64{lv.Data().(float64)}
-					err := pg.AllReduceF64(context.Background(), l, dist.Sum)
-					return l[0], err
-				}
-				if _, err := total(); err != nil {
-					return err
-				}
-				gv, err := x.Grad()
-				if err != nil {
-					return err
-				}
-				analytic := floats(t, gv)
-				data := xv.Data().([]float64)
-				const eps = 1e-6
-				for owner := range n {
-					for i := range size {
-						orig := data[i]
-						if r == owner {
-							data[i] = orig + eps
-						}
-						lp, err := total()
-						if err != nil {
-							return err
-						}
-						if r == owner {
-							data[i] = orig - eps
-						}
-						lm, err := total()
-						if err != nil {
-							return err
-						}
-						data[i] = orig
-						if r == owner {
-							num := (lp - lm) / (2 * eps)
-							assert.True(t, closeTo(num, analytic[i], 1e-6),
-								"rank %d x[%d]: numeric %v, analytic %v", r, i, num, analytic[i])
-						}
-					}
-				}
-				return nil
+				})
 			})
 		})
 	}
 }
 
+// runGraph builds, on pg's rank, y = build(pg, x) for an input x of shape
+// in holding xs and, unless w is nil, loss = Σ_i y[i]·w[i] (w of y's shape
+// out) and its gradient; it runs the graph and returns y's value and, with
+// w, x's gradient. y must have shape out.
+func runGraph(t testing.TB, pg *dist.ProcessGroup, dt tensor.Dtype, build func(*dist.ProcessGroup, *gorgonia.Node) (*gorgonia.Node, error),
+	in tensor.Shape, xs []float64, out tensor.Shape, w []float64) (y, gx []float64, err error) {
+	buildMu.Lock()
+	g := gorgonia.NewGraph()
+	x := gorgonia.NewTensor(g, dt, len(in), gorgonia.WithShape(in...), gorgonia.WithName("x"),
+		gorgonia.WithValue(makeTensor(dt, in, xs)))
+	yn, err := build(pg, x)
+	if err == nil && !yn.Shape().Eq(out) {
+		err = fmt.Errorf("output shape %v, want %v", yn.Shape(), out)
+	}
+	if err == nil && w != nil {
+		wn := gorgonia.NewConstant(makeTensor(dt, out, w), gorgonia.WithName("w"))
+		loss := gorgonia.Must(gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(yn, wn))))
+		_, err = gorgonia.Grad(loss, x)
+	}
+	var yv gorgonia.Value
+	if err == nil {
+		gorgonia.Read(yn, &yv)
+	}
+	buildMu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	var opts []gorgonia.VMOpt
+	if w != nil {
+		opts = append(opts, gorgonia.BindDualValues(x))
+	}
+	vm := gorgonia.NewTapeMachine(g, opts...)
+	defer vm.Close()
+	if err := vm.RunAll(); err != nil {
+		return nil, nil, err
+	}
+	if w != nil {
+		gv, err := x.Grad()
+		if err != nil {
+			return nil, nil, err
+		}
+		gx = floats(t, gv)
+	}
+	return floats(t, yv), gx, nil
+}
+
+// checkGraphGradient builds, on pg's rank, a Float64 graph with an input x
+// of shape in holding xs and the scalar loss that lossOf adds (called under
+// buildMu), and compares
+// the gradient of the global loss Σ_r loss_r with respect to x with central
+// finite differences. Every rank of pg calls it: the ranks perturb their x
+// in turn, element by element, every run all-reducing the loss. Mismatches
+// are reported on t; the error is that of building, a run or a collective.
+func checkGraphGradient(t *testing.T, pg *dist.ProcessGroup, in tensor.Shape, xs []float64, lossOf func(x *gorgonia.Node) (*gorgonia.Node, error)) error {
+	t.Helper()
+	buildMu.Lock()
+	g := gorgonia.NewGraph()
+	xv := makeTensor(tensor.Float64, in, xs)
+	x := gorgonia.NewTensor(g, tensor.Float64, len(in), gorgonia.WithShape(in...), gorgonia.WithName("x"), gorgonia.WithValue(xv))
+	loss, err := lossOf(x)
+	if err == nil {
+		_, err = gorgonia.Grad(loss, x)
+	}
+	var lv gorgonia.Value
+	if err == nil {
+		gorgonia.Read(loss, &lv)
+	}
+	buildMu.Unlock()
+	if err != nil {
+		return err
+	}
+	vm := gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(x))
+	defer vm.Close()
+	data := xv.Data().([]float64)
+	ctx := context.Background()
+	total := func() (float64, error) {
+		vm.Reset()
+		if err := vm.RunAll(); err != nil {
+			return 0, err
+		}
+		l := []float64{lv.Data().(float64)}
+		err := pg.AllReduce(ctx, dist.F64(l), dist.Sum)
+		return l[0], err
+	}
+	if _, err := total(); err != nil {
+		return err
+	}
+	gv, err := x.Grad()
+	if err != nil {
+		return err
+	}
+	analytic := floats(t, gv)
+	n, r := pg.WorldSize(), pg.Rank()
+	sizes := make([]float64, n) // every rank's number of elements
+	if err := pg.AllGather(ctx, dist.F64(sizes), dist.F64([]float64{float64(len(data))})); err != nil {
+		return err
+	}
+	const eps = 1e-6
+	for owner := range n {
+		mine := r == owner
+		for i := range int(sizes[owner]) {
+			var orig float64
+			if mine {
+				orig = data[i]
+				data[i] = orig + eps
+			}
+			lp, err := total()
+			if err != nil {
+				return err
+			}
+			if mine {
+				data[i] = orig - eps
+			}
+			lm, err := total()
+			if err != nil {
+				return err
+			}
+			if mine {
+				data[i] = orig
+				num := (lp - lm) / (2 * eps)
+				assert.True(t, closeTo(num, analytic[i], 1e-6),
+					"rank %d x[%d]: numeric %v, analytic %v", r, i, num, analytic[i])
+			}
+		}
+	}
+	return nil
+}
+
 // TestEachOpIsUnique checks that two identical collectives over the same
 // input stay two nodes (Gorgonia merges nodes with equal hashes).
 func TestEachOpIsUnique(t *testing.T) {
-	ts := transporttest.NewLocal(t, 1)
-	pg, err := dist.New(ts[0])
-	require.NoError(t, err)
-	defer pg.Close()
+	pg := buildingGroup(t, 1)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	g := gorgonia.NewGraph()
@@ -466,12 +515,25 @@ func TestEachOpIsUnique(t *testing.T) {
 	assert.NotEqual(t, a.Op().Hashcode(), b.Op().Hashcode())
 }
 
-func TestInvalidArguments(t *testing.T) {
-	ts := transporttest.NewLocal(t, 2)
+// buildingGroup returns rank 0 of a group of n whose other ranks never
+// run, for tests that only build graphs: the ops check their arguments
+// before anything is sent. It is closed in t.Cleanup.
+func buildingGroup(t *testing.T, n int) *dist.ProcessGroup {
+	t.Helper()
+	ts := transporttest.NewLocal(t, n)
 	pg, err := dist.New(ts[0])
 	require.NoError(t, err)
-	defer pg.Close()
-	defer ts[1].Close()
+	t.Cleanup(func() {
+		for _, tr := range ts[1:] {
+			tr.Close()
+		}
+		pg.Close()
+	})
+	return pg
+}
+
+func TestInvalidArguments(t *testing.T) {
+	pg := buildingGroup(t, 2)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	g := gorgonia.NewGraph()
@@ -479,7 +541,7 @@ func TestInvalidArguments(t *testing.T) {
 	s := gorgonia.NewScalar(g, tensor.Float64, gorgonia.WithName("s"))
 	i := gorgonia.NewVector(g, tensor.Int, gorgonia.WithShape(4), gorgonia.WithName("i"))
 
-	_, err = ops.AllReduce(pg, i, dist.Sum)
+	_, err := ops.AllReduce(pg, i, dist.Sum)
 	assert.ErrorIs(t, err, dist.ErrUnsupportedDType)
 	_, err = ops.AllGather(pg, s)
 	assert.ErrorIs(t, err, dist.ErrInvalidArgument)

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -127,9 +128,9 @@ func sendData(ctx context.Context, g *dist.ProcessGroup, to int, tag uint32, dat
 func sendData1(ctx context.Context, g *dist.ProcessGroup, to int, tag uint32, data any) error {
 	switch d := data.(type) {
 	case []float32:
-		return g.SendF32(ctx, to, tag, d)
+		return g.Send(ctx, to, tag, dist.F32(d).Bytes())
 	case []float64:
-		return g.SendF64(ctx, to, tag, d)
+		return g.Send(ctx, to, tag, dist.F64(d).Bytes())
 	}
 	return fmt.Errorf("%w: send of %T", ErrStage, data)
 }
@@ -157,13 +158,23 @@ func lenOf(data any) int {
 }
 
 func recvInto1(ctx context.Context, g *dist.ProcessGroup, from int, tag uint32, dst any) error {
+	var b dist.Buffer
 	switch d := dst.(type) {
 	case []float32:
-		return g.RecvF32Into(ctx, from, tag, d)
+		b = dist.F32(d)
 	case []float64:
-		return g.RecvF64Into(ctx, from, tag, d)
+		b = dist.F64(d)
+	default:
+		return fmt.Errorf("%w: receive into %T", ErrStage, dst)
 	}
-	return fmt.Errorf("%w: receive into %T", ErrStage, dst)
+	n, err := g.RecvInto(ctx, from, tag, b.Bytes())
+	if err != nil && !errors.Is(err, dist.ErrMessageTooLong) {
+		return err
+	}
+	if n != len(b.Bytes()) {
+		return &dist.LengthMismatchError{Op: "recv", Want: b.Len(), Got: n / b.DType().Size()}
+	}
+	return nil
 }
 
 // sendReq is one message for the sender goroutine; buf is pooled and goes

@@ -79,7 +79,7 @@ func run(ctx context.Context) (err error) {
 			return err
 		}
 		vm.Reset()
-		if pg.IsLeader() && step%40 == 0 {
+		if pg.Rank() == 0 && step%40 == 0 {
 			fmt.Printf("step %d/%d  rank 0's loss %.4f\n", step, steps, lossVal.Data())
 		}
 	}
@@ -90,7 +90,7 @@ func run(ctx context.Context) (err error) {
 	if same, err := ddp.SameReplicas(ctx, pg, sum); err != nil || !same {
 		return fmt.Errorf("parameters differ between ranks (%v)", err)
 	}
-	if pg.IsLeader() {
+	if pg.Rank() == 0 {
 		fmt.Printf("parameters identical on all %d ranks (fnv64a %016x)\n", pg.WorldSize(), sum.Hash)
 	}
 	return nil

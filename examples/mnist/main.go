@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	defer cli.Close(&err, pg)
 
-	leader := pg.IsLeader()
+	leader := pg.Rank() == 0
 	out := io.Discard
 	if leader {
 		out = stdout

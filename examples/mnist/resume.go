@@ -78,7 +78,7 @@ func (t *trainer) maybeSave(ctx context.Context, m *ckpt.Manager, step int64, ep
 		return false, err
 	}
 	sum := []float64{lossSum}
-	if err := t.pg.AllReduceF64(ctx, sum, dist.Sum); err != nil {
+	if err := t.pg.AllReduce(ctx, dist.F64(sum), dist.Sum); err != nil {
 		return false, fmt.Errorf("mnist: step %d: adding up the loss for the checkpoint: %w", step, err)
 	}
 	if !m.Writer() {

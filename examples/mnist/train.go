@@ -133,9 +133,9 @@ func ddpOptions(cfg config) ([]ddp.Option, error) {
 	switch cfg.Compress {
 	case "", "none":
 	case "f16":
-		opts = append(opts, ddp.WithCompression(dist.F16))
+		opts = append(opts, ddp.WithCompression(dist.Float16))
 	case "bf16":
-		opts = append(opts, ddp.WithCompression(dist.BF16))
+		opts = append(opts, ddp.WithCompression(dist.BFloat16))
 	default:
 		return nil, fmt.Errorf("mnist: -compress %q: want f16 or bf16", cfg.Compress)
 	}
@@ -209,7 +209,7 @@ func newTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg config, test *mn
 	}
 	t.solver = t.d.Solver(t.adam)
 
-	if pg.IsLeader() {
+	if pg.Rank() == 0 {
 		if err := t.buildEval(cfg, test); err != nil {
 			t.vm.Close()
 			return nil, err
@@ -334,7 +334,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 	}
 	defer t.close()
 
-	leader := pg.IsLeader()
+	leader := pg.Rank() == 0
 	if leader && h.ready != nil {
 		n := 0
 		for _, p := range t.params {
@@ -439,7 +439,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		// The epoch's mean loss over all ranks (a collective: every rank).
 		mean := []float64{lossSum / float64(steps)}
 		lossSum = 0
-		if err := pg.AllReduceF64(ctx, mean, dist.Mean); err != nil {
+		if err := pg.AllReduce(ctx, dist.F64(mean), dist.Mean); err != nil {
 			return nil, fmt.Errorf("epoch %d: averaging the loss: %w", epoch, err)
 		}
 		es := epochStats{

@@ -129,7 +129,7 @@ func trainPipeline(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg tr
 		if stop {
 			agree[1] = 1
 		}
-		if err := pg.AllReduceF64(cctx, agree, dist.Sum); err != nil {
+		if err := pg.AllReduce(cctx, dist.F64(agree), dist.Sum); err != nil {
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
 		res.TrainTime += time.Since(t0)
@@ -193,7 +193,7 @@ func trainPipeline(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg tr
 	// Every rank learns every stage's hash.
 	all := make([]float64, 2*world)
 	own := []float64{float64(res.Check.Hash >> 32), float64(res.Check.Hash & 0xFFFFFFFF)}
-	if err := pg.AllGatherF64(cctx, all, own); err != nil {
+	if err := pg.AllGather(cctx, dist.F64(all), dist.F64(own)); err != nil {
 		return nil, err
 	}
 	for s := range world {

@@ -286,7 +286,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		if stop {
 			agree[1] = 1
 		}
-		if err := pg.AllReduceF64(cctx, agree, dist.Sum); err != nil {
+		if err := pg.AllReduce(cctx, dist.F64(agree), dist.Sum); err != nil {
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
 		res.TrainTime += time.Since(t0)
@@ -445,7 +445,7 @@ func (e *evaluator) loss(ctx context.Context, pg *dist.ProcessGroup, from *trans
 			}
 		}
 	}
-	if err := pg.AllReduceF64(ctx, sums, dist.Sum); err != nil {
+	if err := pg.AllReduce(ctx, dist.F64(sums), dist.Sum); err != nil {
 		return 0, fmt.Errorf("transformer: validation: %w", err)
 	}
 	return sums[0] / sums[1], nil

@@ -498,7 +498,7 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 					data[k] = 1
 				}
 				t0 := time.Now()
-				if err := pg.AllReduce(ctx, data, dist.Sum); err != nil {
+				if err := pg.AllReduce(ctx, dist.F32(data), dist.Sum); err != nil {
 					return fmt.Errorf("all-reduce %d: %w", count, err)
 				}
 				if round > 0 || i >= 50 {
@@ -539,7 +539,7 @@ func (b *bench) allReduce(ctx context.Context, res *results) error {
 				return err
 			}
 			t0 := time.Now()
-			if err := pg.AllReduce(ctx, data, dist.Sum); err != nil {
+			if err := pg.AllReduce(ctx, dist.F32(data), dist.Sum); err != nil {
 				return fmt.Errorf("all-reduce 16 MiB: %w", err)
 			}
 			if d := time.Since(t0); i >= 1 || round > 0 {

@@ -177,7 +177,7 @@ func (b *bench) allReduceShm(ctx context.Context, res *results) (err error) {
 			small[k] = 1
 		}
 		t0 := time.Now()
-		if err := pg.AllReduce(ctx, small, dist.Sum); err != nil {
+		if err := pg.AllReduce(ctx, dist.F32(small), dist.Sum); err != nil {
 			return err
 		}
 		if i >= 50 {
@@ -212,7 +212,7 @@ func (b *bench) allReduceShm(ctx context.Context, res *results) (err error) {
 					return err
 				}
 				t0 := time.Now()
-				if err := g.AllReduce(ctx, data, dist.Sum); err != nil {
+				if err := g.AllReduce(ctx, dist.F32(data), dist.Sum); err != nil {
 					return err
 				}
 				if d := time.Since(t0); i >= 1 {

@@ -60,7 +60,7 @@ func TestAllReduceZeroAllocs(t *testing.T) {
 			for r := range 2 {
 				go func() {
 					for range kick[r] {
-						done <- pgs[r].AllReduce(ctx, bufs[r], dist.Sum)
+						done <- pgs[r].AllReduce(ctx, dist.F32(bufs[r]), dist.Sum)
 					}
 				}()
 			}
@@ -113,7 +113,7 @@ func TestAllReduceSameBits(t *testing.T) {
 					errs := make([]error, world)
 					for r := range world {
 						out[r] = input(r)
-						wg.Go(func() { errs[r] = pgs[r].AllReduce(ctx, out[r], op) })
+						wg.Go(func() { errs[r] = pgs[r].AllReduce(ctx, dist.F32(out[r]), op) })
 					}
 					wg.Wait()
 					for _, err := range errs {
