@@ -55,20 +55,22 @@ func bothCancel(gs []*ProcessGroup, bufs [][]float32, rng *rand.Rand) ([]error, 
 	return errs, ended
 }
 
-// requireOwnCancel checks a trial: a rank whose call saw its context end
-// (ctxseen: checking ctx.Err() after the call would blame a call whose
-// context ended between its last look and the check) must report its own cancellation (errors.Is(err,
+// requireOwnCancel checks a trial: a rank whose call failed after it saw
+// its context end (ctxseen: checking ctx.Err() after the call would blame
+// a call whose context ended between its last look and the check) must
+// report its own cancellation (errors.Is(err,
 // context.Canceled)), whatever notice came first; the peer's cause stays
 // in the chain. It returns how many ranks were in that case.
 func requireOwnCancel(t *testing.T, trial int, errs []error, ended []bool) int {
 	t.Helper()
 	n := 0
 	for r, err := range errs {
-		if !ended[r] {
+		if !ended[r] || err == nil {
+			// Returned before its context ended, or its part of the
+			// collective had completed when it looked.
 			continue
 		}
 		n++
-		require.Error(t, err, "trial %d rank %d", trial, r)
 		require.ErrorIs(t, err, context.Canceled, "trial %d rank %d: %v", trial, r, err)
 		if a := (*AbortError)(nil); errors.As(err, &a) { // unless the call never started
 			assert.Equal(t, KindCancelled, a.Kind, "trial %d rank %d: the group's cause is in the chain", trial, r)
