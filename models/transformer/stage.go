@@ -455,9 +455,9 @@ func (s *Stage) causalMask() *gorgonia.Node {
 
 // embed: one-hot [Rows, Vocab] -> [Rows, Dim].
 func (s *Stage) embed(x *gorgonia.Node) *gorgonia.Node {
-	tok := s.reduceOut(must(gorgonia.Mul(x, s.use(0, "tok_emb"))))
+	tok := s.reduceOut(must(mul(x, s.use(0, "tok_emb"))))
 	pos := s.positions()
-	pos = must(gorgonia.Mul(pos, s.use(0, "pos_emb")))
+	pos = must(mul(pos, s.use(0, "pos_emb")))
 	return must(gorgonia.Add(tok, pos))
 }
 
@@ -476,7 +476,7 @@ func (s *Stage) layerNorm(x *gorgonia.Node, l int, prefix string) *gorgonia.Node
 // linear returns x·w, w being parameter w of layer l, plus bias b broadcast
 // over rows unless b is "".
 func (s *Stage) linear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
-	return s.addBias(must(gorgonia.Mul(x, s.use(l, w))), l, b)
+	return s.addBias(must(mul(x, s.use(l, w))), l, b)
 }
 
 // addBias returns y plus parameter b of layer l broadcast over rows, or y if
@@ -509,7 +509,7 @@ func (s *Stage) reduceOut(x *gorgonia.Node) *gorgonia.Node {
 // rowLinear returns x·w summed over the tensor-parallel group (x and w
 // being this member's parts), plus the replicated bias b.
 func (s *Stage) rowLinear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
-	return s.addBias(s.reduceOut(must(gorgonia.Mul(x, s.use(l, w)))), l, b)
+	return s.addBias(s.reduceOut(must(mul(x, s.use(l, w)))), l, b)
 }
 
 // gelu is the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).

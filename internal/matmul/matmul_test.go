@@ -1,0 +1,126 @@
+package matmul
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// shapes cover gonum's serial path (fewer than 4 blocks of 64), its
+// parallel path with partial blocks, a single row or column, and the widths
+// of a transformer layer.
+var shapes = [][3]int{
+	{1, 1, 1}, {1, 7, 3}, {3, 1, 5}, {2, 3, 1}, {5, 130, 9}, {64, 64, 64}, {65, 129, 130},
+	{1, 1024, 512}, {4, 256, 1024}, {8, 1024, 256}, {130, 70, 200}, {64, 300, 1100},
+}
+
+func fill[T Float](rng *rand.Rand, n int, zeros bool) []T {
+	x := make([]T, n)
+	for i := range x {
+		x[i] = T(rng.NormFloat64())
+		if zeros && rng.IntN(5) == 0 {
+			x[i] = 0 // gonum skips these: so must NN and TN
+		}
+	}
+	return x
+}
+
+func same[T Float](t *testing.T, what string, want, got []T) {
+	t.Helper()
+	for i := range want {
+		w, g := float64(want[i]), float64(got[i])
+		if math.Float64bits(w) != math.Float64bits(g) && !(math.IsNaN(w) && math.IsNaN(g)) {
+			t.Fatalf("%s: element %d is %v, gonum gives %v", what, i, g, w)
+		}
+	}
+}
+
+func gemm[T Float](tA blas.Transpose, m, n, k int, a []T, lda int, b []T, c []T) {
+	switch a := any(a).(type) {
+	case []float32:
+		gonum.Implementation{}.Sgemm(tA, blas.NoTrans, m, n, k, 1, a, lda, any(b).([]float32), n, 0, any(c).([]float32), n)
+	case []float64:
+		gonum.Implementation{}.Dgemm(tA, blas.NoTrans, m, n, k, 1, a, lda, any(b).([]float64), n, 0, any(c).([]float64), n)
+	}
+}
+
+func testBitwise[T Float](t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, s := range shapes {
+		m, k, n := s[0], s[1], s[2]
+		for _, zeros := range []bool{false, true} {
+			name := fmt.Sprintf("%T %dx%dx%d zeros=%v", T(0), m, k, n, zeros)
+			a, b := fill[T](rng, m*k, zeros), fill[T](rng, k*n, false)
+			if zeros && len(b) > 2 {
+				b[1] = T(math.Inf(1)) // 0·Inf would be NaN: skipped, as gonum does
+			}
+			want, got := make([]T, m*n), fill[T](rng, m*n, false) // got starts dirty
+			gemm(blas.NoTrans, m, n, k, a, k, b, want)
+			NN(got, a, b, m, k, n)
+			same(t, "NN "+name, want, got)
+			// TN: a is k×m.
+			at := fill[T](rng, k*m, zeros)
+			gemm(blas.Trans, m, n, k, at, m, b, want)
+			TN(got, at, b, m, k, n)
+			same(t, "TN "+name, want, got)
+		}
+	}
+}
+
+// TestBitwiseGonum: NN and TN give gonum's bits, zeros and infinities
+// included, in both precisions.
+func TestBitwiseGonum(t *testing.T) {
+	testBitwise[float32](t)
+	testBitwise[float64](t)
+}
+
+// TestShortSlice: a slice shorter than its matrix panics before anything
+// is written.
+func TestShortSlice(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic")
+		}
+	}()
+	NN(make([]float32, 3), make([]float32, 4), make([]float32, 4), 2, 2, 2)
+}
+
+func BenchmarkNN(b *testing.B) {
+	for _, s := range [][3]int{{1, 1024, 512}, {4, 256, 1024}, {64, 1024, 2048}} {
+		m, k, n := s[0], s[1], s[2]
+		rng := rand.New(rand.NewPCG(1, 2))
+		x, w, c := fill[float32](rng, m*k, false), fill[float32](rng, k*n, false), make([]float32, m*n)
+		b.Run(fmt.Sprintf("gonum/%dx%dx%d", m, k, n), func(b *testing.B) {
+			for range b.N {
+				gemm(blas.NoTrans, m, n, k, x, k, w, c)
+			}
+		})
+		b.Run(fmt.Sprintf("NN/%dx%dx%d", m, k, n), func(b *testing.B) {
+			for range b.N {
+				NN(c, x, w, m, k, n)
+			}
+		})
+	}
+}
+
+func BenchmarkTN(b *testing.B) {
+	for _, s := range [][3]int{{1024, 64, 2048}, {2048, 64, 1024}} {
+		m, k, n := s[0], s[1], s[2]
+		rng := rand.New(rand.NewPCG(1, 2))
+		x, dy, c := fill[float32](rng, k*m, false), fill[float32](rng, k*n, false), make([]float32, m*n)
+		b.Run(fmt.Sprintf("gonum/%dx%dx%d", m, k, n), func(b *testing.B) {
+			for range b.N {
+				gemm(blas.Trans, m, n, k, x, m, dy, c)
+			}
+		})
+		b.Run(fmt.Sprintf("TN/%dx%dx%d", m, k, n), func(b *testing.B) {
+			for range b.N {
+				TN(c, x, dy, m, k, n)
+			}
+		})
+	}
+}
