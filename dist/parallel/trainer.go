@@ -87,11 +87,10 @@ func newTrainer(ctx context.Context, gs *Groups, cfg transformer.Config, batch i
 	t := &Trainer{groups: gs, cfg: cfg, batch: batch, local: batch / l.DP, micro: c.micro,
 		stage: l.Stages(cfg.NumLayers())[gs.PP.Rank()]}
 	t.lo, t.hi = transformer.VocabPart(cfg, gs.TP.Rank(), l.TP)
-	sopts := []gorgonia.SolverOpt{gorgonia.WithLearnRate(c.lr)}
-	if c.clip > 0 {
-		sopts = append(sopts, gorgonia.WithClip(c.clip))
+	var err error
+	if t.solver, err = transformer.NewAdam(c.lr, c.clip); err != nil {
+		return nil, err
 	}
-	t.solver = gorgonia.NewAdamSolver(sopts...)
 	var weights []checkpoint.Named
 	if c.weights != nil {
 		var err error
