@@ -10,8 +10,9 @@
 //
 // # Usage
 //
-//	matmul.NN(c, a, b, m, k, n) // c[m×n] = a[m×k]·b[k×n]
-//	matmul.TN(c, a, b, m, k, n) // c[m×n] = a[k×m]ᵀ·b[k×n]
+//	matmul.NN(c, a, b, m, k, n)    // c[m×n] = a[m×k]·b[k×n]
+//	matmul.TN(c, a, b, m, k, n)    // c[m×n] = a[k×m]ᵀ·b[k×n]
+//	matmul.AddNN(c, a, b, m, k, n) // c += a·b (on a zeroed c, NN without clearing it)
 package matmul
 
 import "gonum.org/v1/gonum/blas/gonum"
@@ -29,8 +30,15 @@ const cacheBytes = 256 << 10
 // + ..., skipping the zero a[i][l], as gonum's NoTrans×NoTrans gemm.
 func NN[T Float](c, a, b []T, m, k, n int) {
 	check(c, a, b, m*n, m*k, k*n)
-	ax := axpy[T]()
 	clear(c[:m*n])
+	AddNN(c, a, b, m, k, n)
+}
+
+// AddNN adds a·b to c, each element in NN's sequence of multiply-adds: on a
+// c of zeros (freshly allocated memory) it is NN without clearing c.
+func AddNN[T Float](c, a, b []T, m, k, n int) {
+	check(c, a, b, m*n, m*k, k*n)
+	ax := axpy[T]()
 	rb := rowBlock[T](n)
 	for i0 := 0; i0 < m; i0 += rb {
 		i1 := min(i0+rb, m)
@@ -52,8 +60,15 @@ func NN[T Float](c, a, b []T, m, k, n int) {
 // a[l][i], as gonum's Trans×NoTrans gemm.
 func TN[T Float](c, a, b []T, m, k, n int) {
 	check(c, a, b, m*n, k*m, k*n)
-	ax := axpy[T]()
 	clear(c[:m*n])
+	AddTN(c, a, b, m, k, n)
+}
+
+// AddTN adds aᵀ·b to c, each element in TN's sequence of multiply-adds: on
+// a c of zeros it is TN without clearing c.
+func AddTN[T Float](c, a, b []T, m, k, n int) {
+	check(c, a, b, m*n, k*m, k*n)
+	ax := axpy[T]()
 	rb := rowBlock[T](n)
 	for i0 := 0; i0 < m; i0 += rb {
 		i1 := min(i0+rb, m)

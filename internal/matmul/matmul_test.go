@@ -39,12 +39,22 @@ func same[T Float](t *testing.T, what string, want, got []T) {
 	}
 }
 
+// gemm sets c = op(a)·b with gonum.
 func gemm[T Float](tA blas.Transpose, m, n, k int, a []T, lda int, b []T, c []T) {
+	gemmBeta(tA, m, n, k, a, lda, b, 0, c)
+}
+
+// gemmAdd sets c += op(a)·b with gonum.
+func gemmAdd[T Float](tA blas.Transpose, m, n, k int, a []T, lda int, b []T, c []T) {
+	gemmBeta(tA, m, n, k, a, lda, b, 1, c)
+}
+
+func gemmBeta[T Float](tA blas.Transpose, m, n, k int, a []T, lda int, b []T, beta float64, c []T) {
 	switch a := any(a).(type) {
 	case []float32:
-		gonum.Implementation{}.Sgemm(tA, blas.NoTrans, m, n, k, 1, a, lda, any(b).([]float32), n, 0, any(c).([]float32), n)
+		gonum.Implementation{}.Sgemm(tA, blas.NoTrans, m, n, k, 1, a, lda, any(b).([]float32), n, float32(beta), any(c).([]float32), n)
 	case []float64:
-		gonum.Implementation{}.Dgemm(tA, blas.NoTrans, m, n, k, 1, a, lda, any(b).([]float64), n, 0, any(c).([]float64), n)
+		gonum.Implementation{}.Dgemm(tA, blas.NoTrans, m, n, k, 1, a, lda, any(b).([]float64), n, beta, any(c).([]float64), n)
 	}
 }
 
@@ -67,12 +77,25 @@ func testBitwise[T Float](t *testing.T) {
 			gemm(blas.Trans, m, n, k, at, m, b, want)
 			TN(got, at, b, m, k, n)
 			same(t, "TN "+name, want, got)
+			// AddNN and AddTN accumulate onto what c holds, as gonum's gemm
+			// with beta = 1.
+			c0 := fill[T](rng, m*n, false)
+			copy(want, c0)
+			copy(got, c0)
+			gemmAdd(blas.NoTrans, m, n, k, a, k, b, want)
+			AddNN(got, a, b, m, k, n)
+			same(t, "AddNN "+name, want, got)
+			copy(want, c0)
+			copy(got, c0)
+			gemmAdd(blas.Trans, m, n, k, at, m, b, want)
+			AddTN(got, at, b, m, k, n)
+			same(t, "AddTN "+name, want, got)
 		}
 	}
 }
 
-// TestBitwiseGonum: NN and TN give gonum's bits, zeros and infinities
-// included, in both precisions.
+// TestBitwiseGonum: NN, TN, AddNN and AddTN give gonum's bits, zeros and
+// infinities included, in both precisions.
 func TestBitwiseGonum(t *testing.T) {
 	testBitwise[float32](t)
 	testBitwise[float64](t)

@@ -26,8 +26,8 @@ func (m mulMode) String() string { return [...]string{"NN", "NT", "TN"}[m] }
 
 // matMul is the product of two matrices that gorgonia.Mul computes for x·W,
 // and the two products of its gradient, with bitwise Gorgonia's results:
-// NN and TN run internal/matmul (gonum's kernels over whole rows, about a
-// third less CPU time than gonum's gemm on a layer's shapes), NT calls the
+// NN and TN run internal/matmul (gonum's kernels over whole rows, 20 to 50
+// % less CPU time than gonum's gemm on a layer's shapes), NT calls the
 // tensor package's BLAS as Gorgonia does. If another BLAS was chosen with
 // tensor.Use, every mode calls it.
 type matMul struct{ mode mulMode }
@@ -108,14 +108,14 @@ func (op matMul) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 	return out, nil
 }
 
-// product sets c to the product of a and b in mode.
+// product sets c, a new (zeroed) slice, to the product of a and b in mode.
 func product[T float32 | float64](mode mulMode, c, a, b []T, m, k, n int) {
 	impl := tensor.WhichBLAS()
 	if _, ok := impl.(gonum.Implementation); ok && mode != mulNT {
 		if mode == mulNN {
-			matmul.NN(c, a, b, m, k, n)
+			matmul.AddNN(c, a, b, m, k, n)
 		} else {
-			matmul.TN(c, a, b, m, k, n)
+			matmul.AddTN(c, a, b, m, k, n)
 		}
 		return
 	}
