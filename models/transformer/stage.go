@@ -462,8 +462,13 @@ func (s *Stage) embed(x *gorgonia.Node) *gorgonia.Node {
 }
 
 // layerNorm normalises each row of x [Rows, Dim] and applies the gain and
-// bias ([Dim]) of layer l named prefix+".g" and prefix+".b".
+// bias ([Dim]) of layer l named prefix+".g" and prefix+".b". In a Decoder
+// it is one fused operation with bitwise the same result (fused.go), as are
+// gelu and the biases of addBias.
 func (s *Stage) layerNorm(x *gorgonia.Node, l int, prefix string) *gorgonia.Node {
+	if s.kv != nil {
+		return must(fused(fusedLayerNorm, x, s.use(l, prefix+".g"), s.use(l, prefix+".b")))
+	}
 	mean := must(gorgonia.Mean(x, 1))
 	xc := must(gorgonia.BroadcastSub(x, mean, nil, []byte{1}))
 	variance := must(gorgonia.Mean(must(gorgonia.Square(xc)), 1))
@@ -484,6 +489,9 @@ func (s *Stage) linear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
 func (s *Stage) addBias(y *gorgonia.Node, l int, b string) *gorgonia.Node {
 	if b == "" {
 		return y
+	}
+	if s.kv != nil {
+		return must(fused(fusedAddRow, y, s.use(l, b)))
 	}
 	return must(gorgonia.BroadcastAdd(y, s.use(l, b), nil, []byte{0}))
 }
@@ -514,6 +522,9 @@ func (s *Stage) rowLinear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
 
 // gelu is the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 func (s *Stage) gelu(x *gorgonia.Node) *gorgonia.Node {
+	if s.kv != nil {
+		return must(fused(fusedGELU, x))
+	}
 	x3 := must(gorgonia.Cube(x))
 	inner := must(gorgonia.Add(x, must(gorgonia.HadamardProd(x3, s.scalar(0.044715)))))
 	t := must(gorgonia.Tanh(must(gorgonia.HadamardProd(inner, s.scalar(math.Sqrt(2/math.Pi))))))
