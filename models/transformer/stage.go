@@ -77,6 +77,14 @@ func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int, opts ...St
 		byName: make(map[string]*gorgonia.Node), tp: o.tp}
 	for l := from; l <= to; l++ {
 		for _, p := range paramSpecs(cfg, l) {
+			if o.share != nil {
+				shared := o.share.Param(p.name)
+				if shared == nil || o.share.tp.Rank != o.tp.Rank || o.share.tp.size() != o.tp.size() {
+					return nil, fmt.Errorf("transformer: %w: sharing the parameters of stage [%d, %d]", ErrLayerRange, o.share.from, o.share.to)
+				}
+				s.addParam(p.name, shared.Value().(*tensor.Dense))
+				continue
+			}
 			t := initTensor(cfg, p)
 			if s.tp.enabled() {
 				axis, err := ShardAxis(p.name)
@@ -86,19 +94,24 @@ func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int, opts ...St
 				if t, err = sliceAxis(t, axis, s.tp.Rank, s.tp.Size); err != nil {
 					return nil, fmt.Errorf("transformer: sharding %q: %w", p.name, err)
 				}
-				p.shape = t.Shape().Clone()
 			}
-			var n *gorgonia.Node
-			if len(p.shape) == 1 {
-				n = gorgonia.NewVector(g, s.dt, gorgonia.WithShape(p.shape...), gorgonia.WithName(p.name), gorgonia.WithValue(t))
-			} else {
-				n = gorgonia.NewMatrix(g, s.dt, gorgonia.WithShape(p.shape...), gorgonia.WithName(p.name), gorgonia.WithValue(t))
-			}
-			s.params = append(s.params, n)
-			s.byName[p.name] = n
+			s.addParam(p.name, t)
 		}
 	}
 	return s, nil
+}
+
+// addParam adds a parameter node holding t.
+func (s *Stage) addParam(name string, t *tensor.Dense) {
+	shape := t.Shape().Clone()
+	var n *gorgonia.Node
+	if len(shape) == 1 {
+		n = gorgonia.NewVector(s.g, s.dt, gorgonia.WithShape(shape...), gorgonia.WithName(name), gorgonia.WithValue(t))
+	} else {
+		n = gorgonia.NewMatrix(s.g, s.dt, gorgonia.WithShape(shape...), gorgonia.WithName(name), gorgonia.WithValue(t))
+	}
+	s.params = append(s.params, n)
+	s.byName[name] = n
 }
 
 // Config returns the model configuration.
