@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/timeline"
 	"github.com/gdist/gdist/dist/tp"
 	"github.com/gdist/gdist/models/transformer"
 )
@@ -25,7 +27,9 @@ const (
 // samples a group's next tokens the first already runs the next group:
 // every stage works at once. The tokens are those transformer.Generate
 // gives each request alone on one process. Every rank makes the same
-// calls; it is not safe for concurrent use.
+// calls; it is not safe for concurrent use. With the job's timeline on
+// (GDIST_TIMELINE) every Generate call, decoder pass and wait for the
+// previous or the last stage is an event on it.
 type Generator struct {
 	groups    *Groups
 	cfg       transformer.Config
@@ -120,13 +124,16 @@ func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([
 	var hidden []float64
 	var hidden32 []float32
 	tokBuf := make([]float64, perGroup)
+	defer g.span("generation", "generate", time.Now())
 	for {
 		busy := false
-		for _, gr := range groups {
+		for gi, gr := range groups {
 			if first && gr.pending > 0 {
+				start := time.Now()
 				if err := g.recvTokens(ctx, gr.st, tokBuf[:gr.pending]); err != nil {
 					return nil, err
 				}
+				g.span("generation receive", "receive tokens", start)
 				gr.pending = 0
 			}
 			if gr.st.Done() {
@@ -139,15 +146,19 @@ func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([
 			}
 			var in any
 			if !first {
+				start := time.Now()
 				var err error
 				if in, err = g.recvHidden(ctx, len(rows), &hidden, &hidden32); err != nil {
 					return nil, err
 				}
+				g.span("generation receive", "receive hidden states", start)
 			}
+			start := time.Now()
 			out, err := g.dec.Forward(ctx, rows, ids, in)
 			if err != nil {
 				return nil, err
 			}
+			g.span("generation compute", groupName(gi), start)
 			if !last {
 				if err := pp.Send(ctx, pp.Rank()+1, tagHidden, rawBytes(out)); err != nil {
 					return nil, err
@@ -185,6 +196,23 @@ func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([
 		out = append(out, gr.st.Tokens()...)
 	}
 	return out, nil
+}
+
+// span puts an event from start to now on the job's timeline, if it is on.
+func (g *Generator) span(lane, name string, start time.Time) {
+	if tl := g.groups.PP.Timeline(); tl != nil {
+		tl.Add(timeline.Event{Lane: lane, Name: name, Cat: "generation", Start: start, End: time.Now()})
+	}
+}
+
+// groupNames name the passes of the first request groups on the timeline.
+var groupNames = [...]string{"forward group 0", "forward group 1", "forward group 2", "forward group 3"}
+
+func groupName(i int) string {
+	if i < len(groupNames) {
+		return groupNames[i]
+	}
+	return fmt.Sprintf("forward group %d", i)
 }
 
 // recvTokens receives the tokens of a group's last step from the last
