@@ -20,9 +20,10 @@ const (
 	tagTokens                            // sampled tokens, last stage to first
 )
 
-// Generator serves generation requests with a KV cache on a Layout with
-// DP = 1: a pipeline of PP stages, each a transformer.Decoder over its
-// layers, split over TP members. Requests are cut into groups that move
+// Generator serves generation requests with a KV cache on a Layout: each
+// of the DP replicas is a pipeline of PP stages, each stage a
+// transformer.Decoder over its layers split over TP members, and serves
+// requests of its own. Requests are cut into groups that move
 // through the stages one after another, so that while the last stage
 // samples a group's next tokens the first already runs the next group:
 // every stage works at once. The tokens are those transformer.Generate
@@ -54,9 +55,6 @@ func NewGenerator(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Co
 	}
 	if err := l.Validate(pg.WorldSize(), cfg); err != nil {
 		return nil, err
-	}
-	if l.DP != 1 {
-		return nil, fmt.Errorf("parallel: a generator runs on pp×tp ranks, not %v: %w", l, ErrInvalidArgument)
 	}
 	if slots < 1 {
 		return nil, fmt.Errorf("parallel: %d slots: %w", slots, ErrInvalidArgument)
@@ -93,12 +91,18 @@ func NewGenerator(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Co
 	return g, nil
 }
 
+// Groups returns the generator's groups (Groups().DP.Rank() is this rank's
+// replica).
+func (g *Generator) Groups() *Groups { return g.groups }
+
 // Decoder returns this rank's decoder.
 func (g *Generator) Decoder() *transformer.Decoder { return g.dec }
 
 // Generate continues every request (at most the generator's slots) and
 // returns the new tokens of each on the pipeline's first and last stages
-// (nil elsewhere). Every rank passes the same requests.
+// (nil elsewhere). Every rank of a replica passes the same requests; the
+// replicas (DP > 1) serve different ones, or as many, independently: a
+// replica whose requests are done returns without waiting for the others.
 func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([][]int, error) {
 	if len(reqs) > g.slots {
 		return nil, fmt.Errorf("parallel: %d requests for %d slots: %w", len(reqs), g.slots, ErrInvalidArgument)
