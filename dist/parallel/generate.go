@@ -46,14 +46,8 @@ type Generator struct {
 // whole model (each rank keeps its stage's part), WithGroups the number of
 // request groups in flight (default PP).
 func NewGenerator(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Config, l Layout, slots int, opts ...Option) (*Generator, error) {
-	c, err := newConfig(opts)
+	c, err := setup(pg, cfg, l, opts)
 	if err != nil {
-		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := l.Validate(pg.WorldSize(), cfg); err != nil {
 		return nil, err
 	}
 	if slots < 1 {

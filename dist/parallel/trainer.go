@@ -56,14 +56,8 @@ type Trainer struct {
 // hooked into backprop without a pipeline, an all-reduce of the
 // accumulated gradients after each pipeline step with one.
 func NewTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Config, l Layout, batch int, opts ...Option) (*Trainer, error) {
-	c, err := newConfig(opts)
+	c, err := setup(pg, cfg, l, opts)
 	if err != nil {
-		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := l.Validate(pg.WorldSize(), cfg); err != nil {
 		return nil, err
 	}
 	if batch < 1 || batch%(l.DP*c.micro) != 0 {

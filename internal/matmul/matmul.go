@@ -39,19 +39,7 @@ func NN[T Float](c, a, b []T, m, k, n int) {
 // c of zeros (freshly allocated memory) it is NN without clearing c.
 func AddNN[T Float](c, a, b []T, m, k, n int) {
 	check(c, a, b, m*n, m*k, k*n)
-	ax := axpy[T]()
-	rb := rowBlock[T](n)
-	for i0 := 0; i0 < m; i0 += rb {
-		i1 := min(i0+rb, m)
-		for l := range k {
-			bl := b[l*n : (l+1)*n]
-			for i := i0; i < i1; i++ {
-				if v := a[i*k+l]; v != 0 {
-					ax(v, bl, c[i*n:(i+1)*n])
-				}
-			}
-		}
-	}
+	addProduct(c, a, b, m, k, n, k, 1)
 }
 
 // TN sets c = aᵀ·b: a is k×m, b is k×n, c is m×n, all row-major and
@@ -69,15 +57,21 @@ func TN[T Float](c, a, b []T, m, k, n int) {
 // a c of zeros it is TN without clearing c.
 func AddTN[T Float](c, a, b []T, m, k, n int) {
 	check(c, a, b, m*n, k*m, k*n)
+	addProduct(c, a, b, m, k, n, 1, m)
+}
+
+// addProduct adds A·b to c, A[i][l] being a[i*si+l*sl]: for each block of
+// rb result rows, each row l of b in turn, added to every row i of the
+// block times A[i][l] (skipped when zero, as gonum does).
+func addProduct[T Float](c, a, b []T, m, k, n, si, sl int) {
 	ax := axpy[T]()
 	rb := rowBlock[T](n)
 	for i0 := 0; i0 < m; i0 += rb {
 		i1 := min(i0+rb, m)
 		for l := range k {
 			bl := b[l*n : (l+1)*n]
-			al := a[l*m : (l+1)*m]
 			for i := i0; i < i1; i++ {
-				if v := al[i]; v != 0 {
+				if v := a[i*si+l*sl]; v != 0 {
 					ax(v, bl, c[i*n:(i+1)*n])
 				}
 			}

@@ -112,37 +112,30 @@ func TestShortSlice(t *testing.T) {
 	NN(make([]float32, 3), make([]float32, 4), make([]float32, 4), 2, 2, 2)
 }
 
-func BenchmarkNN(b *testing.B) {
-	for _, s := range [][3]int{{1, 1024, 512}, {4, 256, 1024}, {64, 1024, 2048}} {
-		m, k, n := s[0], s[1], s[2]
+// BenchmarkProducts compares NN and TN with gonum's gemm on the shapes of
+// a transformer layer: x·W for one row, 4 rows and 64 rows, and the weight
+// gradient xᵀ·dy of 64 rows.
+func BenchmarkProducts(b *testing.B) {
+	for _, c := range []struct {
+		tA      blas.Transpose
+		m, k, n int
+	}{{blas.NoTrans, 1, 1024, 512}, {blas.NoTrans, 4, 256, 1024}, {blas.NoTrans, 64, 1024, 2048},
+		{blas.Trans, 1024, 64, 2048}, {blas.Trans, 2048, 64, 1024}} {
 		rng := rand.New(rand.NewPCG(1, 2))
-		x, w, c := fill[float32](rng, m*k, false), fill[float32](rng, k*n, false), make([]float32, m*n)
-		b.Run(fmt.Sprintf("gonum/%dx%dx%d", m, k, n), func(b *testing.B) {
+		a, w, out := fill[float32](rng, c.m*c.k, false), fill[float32](rng, c.k*c.n, false), make([]float32, c.m*c.n)
+		lda, ours, name := c.k, NN[float32], "NN"
+		if c.tA == blas.Trans {
+			lda, ours, name = c.m, TN[float32], "TN"
+		}
+		shape := fmt.Sprintf("%dx%dx%d", c.m, c.k, c.n)
+		b.Run("gonum-"+name+"/"+shape, func(b *testing.B) {
 			for range b.N {
-				gemm(blas.NoTrans, m, n, k, x, k, w, c)
+				gemm(c.tA, c.m, c.n, c.k, a, lda, w, out)
 			}
 		})
-		b.Run(fmt.Sprintf("NN/%dx%dx%d", m, k, n), func(b *testing.B) {
+		b.Run(name+"/"+shape, func(b *testing.B) {
 			for range b.N {
-				NN(c, x, w, m, k, n)
-			}
-		})
-	}
-}
-
-func BenchmarkTN(b *testing.B) {
-	for _, s := range [][3]int{{1024, 64, 2048}, {2048, 64, 1024}} {
-		m, k, n := s[0], s[1], s[2]
-		rng := rand.New(rand.NewPCG(1, 2))
-		x, dy, c := fill[float32](rng, k*m, false), fill[float32](rng, k*n, false), make([]float32, m*n)
-		b.Run(fmt.Sprintf("gonum/%dx%dx%d", m, k, n), func(b *testing.B) {
-			for range b.N {
-				gemm(blas.Trans, m, n, k, x, m, dy, c)
-			}
-		})
-		b.Run(fmt.Sprintf("TN/%dx%dx%d", m, k, n), func(b *testing.B) {
-			for range b.N {
-				TN(c, x, dy, m, k, n)
+				ours(out, a, w, c.m, c.k, c.n)
 			}
 		})
 	}

@@ -82,16 +82,7 @@ func runBlockPiece(t *testing.T, cfg Config, rows int, x []float64, params map[s
 	vm := gorgonia.NewTapeMachine(g)
 	defer vm.Close()
 	require.NoError(t, vm.RunAll())
-	switch d := v.(*tensor.Dense).Data().(type) {
-	case []float32:
-		r := make([]float64, len(d))
-		for i, e := range d {
-			r[i] = float64(e)
-		}
-		return r
-	case []float64:
-		return append([]float64(nil), d...)
-	}
-	t.Fatalf("result of type %T", v.Data())
-	return nil
+	r, err := denseFloat64s(v.(*tensor.Dense))
+	require.NoError(t, err)
+	return r
 }

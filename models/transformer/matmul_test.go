@@ -47,13 +47,9 @@ func productAndGrads(t *testing.T, dt tensor.Dtype, s [3]int, f func(a, b *gorgo
 			}
 		}
 		if dt == tensor.Float32 {
-			f := make([]float32, len(v))
-			for i, x := range v {
-				f[i] = float32(x)
-			}
-			return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
+			return newDense(Float32, shape, v)
 		}
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(v))
+		return newDense(Float64, shape, v)
 	}
 	g := gorgonia.NewGraph()
 	x := gorgonia.NewMatrix(g, dt, gorgonia.WithShape(m, k), gorgonia.WithName("x"), gorgonia.WithValue(val(m, k)))
@@ -72,17 +68,9 @@ func productAndGrads(t *testing.T, dt tensor.Dtype, s [3]int, f func(a, b *gorgo
 	require.NoError(t, vm.RunAll())
 	var out [][]float64
 	for _, v := range []gorgonia.Value{yv, grads[0].Value(), grads[1].Value()} {
-		d := v.(*tensor.Dense)
-		switch x := d.Data().(type) {
-		case []float32:
-			f := make([]float64, len(x))
-			for i, e := range x {
-				f[i] = float64(e)
-			}
-			out = append(out, f)
-		case []float64:
-			out = append(out, append([]float64(nil), x...))
-		}
+		f, err := denseFloat64s(v.(*tensor.Dense))
+		require.NoError(t, err)
+		out = append(out, f)
 	}
 	return out
 }

@@ -294,18 +294,14 @@ func Float64s(n *gorgonia.Node) ([]float64, error) {
 	if v == nil {
 		return nil, fmt.Errorf("%w: node %s has no value", ErrShape, n.Name())
 	}
-	if d, ok := v.(*tensor.Dense); ok && d.IsView() {
-		v = d.Materialize().(*tensor.Dense)
-	}
-	switch x := v.Data().(type) {
-	case []float32:
-		out := make([]float64, len(x))
-		for i, f := range x {
-			out[i] = float64(f)
+	if d, ok := v.(*tensor.Dense); ok {
+		out, err := denseFloat64s(d)
+		if err != nil {
+			return nil, fmt.Errorf("%w: node %s holds %T", ErrShape, n.Name(), v.Data())
 		}
 		return out, nil
-	case []float64:
-		return append([]float64(nil), x...), nil
+	}
+	switch x := v.Data().(type) {
 	case float32:
 		return []float64{float64(x)}, nil
 	case float64:
