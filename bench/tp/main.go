@@ -26,6 +26,10 @@
 //
 // -cpuprofile writes each rank's CPU profile of the repetitions, -only
 // base or -only par runs one side alone (for profiles).
+//
+// run.sh runs every part several times, with the load average before each:
+//
+//	sh bench/tp/run.sh 3
 package main
 
 import (
