@@ -430,6 +430,19 @@ func benchTPTrain(ctx context.Context, pg *dist.ProcessGroup, out io.Writer) err
 				s.Rank, k, s.Name, d.Seconds()*1e3, 100*s.Share())
 		}
 	}
+	// The same all-reduce as a block's, [batch*ctx, dim] floats, alone:
+	// what the communication costs when the other rank is already there.
+	x := make([]float32, batch*cfg.Ctx*cfg.Dim)
+	var ar []time.Duration
+	for range 20 {
+		t0 := time.Now()
+		if err := tr.Groups().TP.AllReduce(ctx, dist.F32(x), dist.Sum); err != nil {
+			return err
+		}
+		ar = append(ar, time.Since(t0))
+	}
+	fmt.Fprintf(out, "  an all-reduce of a block's %d floats alone: %.0f us (median of 20); the timeline's time in collectives beyond that is waiting for the other rank\n",
+		len(x), median(ar).Seconds()*1e6)
 	return nil
 }
 
