@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -174,41 +175,10 @@ func WriteIndex(dir string, x *Index) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint: index: %w", err)
 	}
-	return writeAtomic(filepath.Join(dir, IndexName), append(b, '\n'))
-}
-
-// writeAtomic writes b to path through a synced temporary file and a
-// rename.
-func writeAtomic(path string, b []byte) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+tmpMarker+"*")
-	if err != nil {
-		return fmt.Errorf("checkpoint: write %s: %w", base, err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(b); err != nil {
-		return fmt.Errorf("checkpoint: write %s: %w", base, err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("checkpoint: write %s: %w", base, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("checkpoint: write %s: %w", base, err)
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("checkpoint: write %s: %w", base, err)
-	}
-	syncDir(dir)
-	return nil
+	return WriteFileAtomic(filepath.Join(dir, IndexName), func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
 }
 
 // ReadIndex reads and checks dir/index.json. A missing index is an error

@@ -107,12 +107,18 @@ func (t *Transport) helloInfo(peer int, mode uint8) (wire.HelloInfo, error) {
 // server proves it in Welcome only after checking that proof: a connector
 // that does not know the token gets nothing from the server that depends on
 // the token.
-func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *frameReader, server int, mode uint8) (wire.HelloInfo, error) {
+func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *frameReader, server int, mode uint8) (info wire.HelloInfo, err error) {
 	defer bindDeadline(ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
 	mine, err := t.helloInfo(server, mode)
 	if err != nil {
 		return wire.HelloInfo{}, err
 	}
+	t.dialing(mine.Nonce, true)
+	defer func() {
+		if t.dialing(mine.Nonce, false) && err != nil {
+			err = errSelfDial
+		}
+	}()
 	hello := make([]byte, wire.HelloSize)
 	mine.Put(hello)
 	if err := writeFrame(conn, wire.Header{Kind: wire.Hello, Src: uint32(t.rank)}, hello); err != nil {
@@ -169,7 +175,7 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 // rather than be retried.
 func errFatal(err error) bool {
 	var rj *RejectedError
-	return errors.As(err, &rj) || errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol)
+	return errors.As(err, &rj) || errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol) || errors.Is(err, errSelfDial)
 }
 
 // serverHandshake authenticates an incoming connection. On failure it has
@@ -211,6 +217,9 @@ func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, in
 	claimed := -1
 	if c < int64(t.world) {
 		claimed = int(c)
+	}
+	if t.ownHello(theirs.Nonce) {
+		return link{}, claimed, reject(wire.RejectRank, "rank %d dialed its own listener", c)
 	}
 	mine, err := t.helloInfo(0, t.acceptMode)
 	if err != nil {
@@ -264,6 +273,41 @@ func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, in
 		return link{}, claimed, err
 	}
 	return link{rank: int(c), conn: conn, br: br, info: theirs}, claimed, nil
+}
+
+// errSelfDial is the handshake error of a dial that reached this very
+// transport's listener (the dialer turns it into a *SelfDialError).
+var errSelfDial = errors.New("reached this process's own listener")
+
+// dialing registers (on) or unregisters (!on) the nonce of a handshake
+// this transport is making as the client. Unregistering reports whether
+// this transport's own listener received that very handshake: the dial
+// reached itself.
+func (t *Transport) dialing(nonce [wire.NonceSize]byte, on bool) (self bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if on {
+		if t.ownNonces == nil {
+			t.ownNonces = map[[wire.NonceSize]byte]bool{}
+		}
+		t.ownNonces[nonce] = false
+		return false
+	}
+	self = t.ownNonces[nonce]
+	delete(t.ownNonces, nonce)
+	return self
+}
+
+// ownHello reports whether a Hello with nonce is one this transport sent
+// (its dial reached its own listener), and records it for the dialer.
+func (t *Transport) ownHello(nonce [wire.NonceSize]byte) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.ownNonces[nonce]; !ok {
+		return false
+	}
+	t.ownNonces[nonce] = true
+	return true
 }
 
 // claim reserves rank r for an authenticated link from remote; if r is

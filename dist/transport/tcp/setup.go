@@ -306,6 +306,9 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 				return link{rank: to, conn: conn, br: br, info: info}, nil
 			}
 			conn.Close()
+			if errors.Is(err, errSelfDial) {
+				return link{}, &SelfDialError{Rank: t.rank, To: to, Addr: addr, Master: mode == wire.ModeRendezvous}
+			}
 			if errFatal(err) {
 				return link{}, fmt.Errorf("tcp: rank %d: connect to rank %d at %s: %w", t.rank, to, addr, err)
 			}
