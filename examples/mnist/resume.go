@@ -145,6 +145,11 @@ func (t *trainer) restoreMeta(path string, st *checkpoint.State, sampler *mdata.
 	if err != nil || math.IsNaN(lossSum) {
 		return 0, fmt.Errorf("mnist: checkpoint %s: bad %s %q", path, metaLossSum, st.Meta[metaLossSum])
 	}
+	if t.savedWorld != 0 && t.savedWorld != t.pg.WorldSize() {
+		// The rest of the epoch has another number of steps: its mean
+		// loss is over the steps taken from here.
+		return 0, nil
+	}
 	return lossSum / float64(t.pg.WorldSize()), nil
 }
 
