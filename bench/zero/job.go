@@ -34,7 +34,9 @@ type job struct {
 	Rounds    int      `json:"rounds"`
 	Warmup    int      `json:"warmup"`     // time: untimed steps of every mode first
 	BucketCap int      `json:"bucket_cap"` // DDP and ZeRO bucket cap in bytes; 0: ddp's defaults
-	Transport string   `json:"transport"`
+	// NoPrefetch is fsdp.WithPrefetch(false) for full sharding.
+	NoPrefetch bool   `json:"no_prefetch"`
+	Transport  string `json:"transport"`
 }
 
 // outcome is what one rank measured. Bytes are counted from the tensors
@@ -84,7 +86,7 @@ type trainer struct {
 }
 
 // newTrainer builds the MLP of sizes under mode on pg. Close it.
-func newTrainer(ctx context.Context, pg *dist.ProcessGroup, mode string, sizes []int, batch, bucketCap int) (_ *trainer, err error) {
+func newTrainer(ctx context.Context, pg *dist.ProcessGroup, mode string, sizes []int, batch, bucketCap int, noPrefetch bool) (_ *trainer, err error) {
 	if len(sizes) < 2 || batch < 1 {
 		return nil, fmt.Errorf("bench: bad model %v, batch %d", sizes, batch)
 	}
@@ -108,7 +110,7 @@ func newTrainer(ctx context.Context, pg *dist.ProcessGroup, mode string, sizes [
 		for l := 0; l+1 < len(t.params); l += 2 {
 			units = append(units, t.params[l:l+2])
 		}
-		if t.f, err = fsdp.Wrap(ctx, pg, units); err != nil {
+		if t.f, err = fsdp.Wrap(ctx, pg, units, fsdp.WithPrefetch(!noPrefetch)); err != nil {
 			return nil, err
 		}
 		hook = t.f.Hook
@@ -229,7 +231,7 @@ func runJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error) 
 	if j.Steps < 1 {
 		return o, fmt.Errorf("bench: %d steps", j.Steps)
 	}
-	t, err := newTrainer(ctx, pg, j.Mode, j.Sizes, j.Batch, j.BucketCap)
+	t, err := newTrainer(ctx, pg, j.Mode, j.Sizes, j.Batch, j.BucketCap, j.NoPrefetch)
 	if err != nil {
 		return o, err
 	}
@@ -296,7 +298,7 @@ func timeJob(ctx context.Context, pg *dist.ProcessGroup, j job) (outcome, error)
 		}
 	}()
 	for _, mode := range j.Modes {
-		t, err := newTrainer(ctx, pg, mode, j.Sizes, j.Batch, j.BucketCap)
+		t, err := newTrainer(ctx, pg, mode, j.Sizes, j.Batch, j.BucketCap, j.NoPrefetch)
 		if err != nil {
 			return o, err
 		}

@@ -52,6 +52,7 @@ type options struct {
 	warmup    int
 	reps      int
 	bucket    int
+	prefetch  bool
 	transport string
 	timeout   time.Duration
 }
@@ -72,6 +73,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.warmup, "warmup", 10, "time: untimed steps of every mode first")
 	fs.IntVar(&o.reps, "reps", 3, "time: runs (fresh processes); their rounds are pooled")
 	fs.IntVar(&o.bucket, "bucket-cap", 1<<20, "DDP and ZeRO bucket cap in bytes (0: package ddp's defaults, 25 MiB with a 1 MiB first bucket)")
+	fs.BoolVar(&o.prefetch, "prefetch", true, "full sharding: gather the next unit while the current one computes (false: one gather buffer, no prefetch)")
 	fs.StringVar(&o.transport, "transport", "auto", "transport between the ranks: auto (shared memory on one host), tcp or shm")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
@@ -152,14 +154,14 @@ const mb = 1 << 20
 // memory is part (a): for each world size and mode, the bytes a rank holds
 // and its peak live heap, next to DDP's.
 func memory(ctx context.Context, o options, stdout, stderr io.Writer) error {
-	fmt.Fprintf(stdout, "\nMemory per rank: MLP %v (float32), batch %d per rank, Adam, DDP/ZeRO bucket cap %d B; rank 0's bytes after %d steps,\n", o.memSizes, o.memBatch, o.bucket, o.memSteps)
+	fmt.Fprintf(stdout, "\nMemory per rank: MLP %v (float32), batch %d per rank, Adam, DDP/ZeRO bucket cap %d B, full sharding prefetching %t; rank 0's bytes after %d steps,\n", o.memSizes, o.memBatch, o.bucket, o.prefetch, o.memSteps)
 	fmt.Fprintf(stdout, "counted from the tensors (MiB); peak heap: the largest live heap after a garbage collection following a pass or a step (MiB)\n\n")
 	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "ranks\tmode\tparams\tgathered\tgrads\tbuckets\toptimizer\tmachine grads\tpeak heap\tparams/DDP\tgrads/DDP\toptimizer/DDP\theap/DDP\t")
 	for _, n := range o.ranks {
 		var base *outcome
 		for _, mode := range o.modes {
-			j := job{Mode: mode, Sizes: o.memSizes, Batch: o.memBatch, Steps: o.memSteps, BucketCap: o.bucket, Transport: o.transport}
+			j := job{Mode: mode, Sizes: o.memSizes, Batch: o.memBatch, Steps: o.memSteps, BucketCap: o.bucket, NoPrefetch: !o.prefetch, Transport: o.transport}
 			res, err := run(ctx, n, j, stderr)
 			if err != nil {
 				return fmt.Errorf("memory, %d ranks, %s: %w", n, mode, err)
@@ -214,7 +216,7 @@ func stepTime(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		ratio := make(map[string][]float64)
 		cpu := make(map[string][]float64)
 		for rep := range o.reps {
-			j := job{Modes: o.modes, Sizes: sizes, Batch: o.timeBatch, Rounds: o.rounds, Warmup: o.warmup, BucketCap: o.bucket, Transport: o.transport}
+			j := job{Modes: o.modes, Sizes: sizes, Batch: o.timeBatch, Rounds: o.rounds, Warmup: o.warmup, BucketCap: o.bucket, NoPrefetch: !o.prefetch, Transport: o.transport}
 			res, err := run(ctx, 2, j, stderr)
 			if err != nil {
 				return fmt.Errorf("time, run %d: %w", rep+1, err)
