@@ -48,7 +48,11 @@
 // *.corrupt and never count) runs on the writer's goroutine. Resuming over
 // files none of which verifies is a *DamagedError unless
 // WithStartFreshOverDamaged says otherwise, and a checkpoint of another
-// world size or layout is a *LayoutError. A pipeline job
+// world size or layout is a *LayoutError — except, WithWorldChange, a
+// data-parallel checkpoint resumed by a data-parallel job of another world
+// size: it holds the whole state, Resumed.SavedWorld says who saved it,
+// and the program carries the sampler's position over
+// (train/data's DistributedSampler.Resume). A pipeline job
 // (WithStage) has one writer per stage, each saving only its own layers to
 // DIR/stage<k>/ckpt-<step>.gdc.
 //
