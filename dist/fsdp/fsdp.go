@@ -442,14 +442,17 @@ func (f *FSDP) Stats() Stats {
 // Memory is what an FSDP holds on this rank, in bytes counted from its
 // buffers.
 type Memory struct {
-	// Shards is this rank's pieces of the parameters and of their averaged
-	// gradients: each 1/WorldSize of the model.
+	// ParamShards and GradShards are this rank's pieces of the parameters
+	// and of their averaged gradients: each 1/WorldSize of the model (and
+	// its padding).
 	ParamShards, GradShards int64
 	// Gathered is the two buffers the units are gathered into (the units
 	// at even and at odd forward positions take turns, so each is the size
-	// of its largest unit), Staged the two buffers their gradients are
-	// staged in for the reduce-scatter (plus any of a unit's own, see
-	// the package documentation).
+	// of the largest unit that uses it; one buffer with
+	// WithPrefetch(false)), Staged the two buffers their gradients are
+	// staged in for the reduce-scatter, plus a buffer of its own for any
+	// unit whose gradients began to arrive before the unit that had its
+	// staging buffer had all of its own (gradients out of unit order).
 	Gathered, Staged int64
 }
 
