@@ -21,7 +21,10 @@ type Stats struct {
 	// Buckets is the number of all-reduces (one per bucket).
 	Buckets int
 	// Bytes is the size of the all-reduced buffers in their wire format.
-	// A ring all-reduce sends about 2(n-1)/n of it per rank.
+	// A ring all-reduce sends about 2(n-1)/n of it per rank. Under ZeRO
+	// it is the size of the reduce-scattered (padded) buckets, each rank
+	// sending (n-1)/n of it, and as much again in the parameters'
+	// all-gather.
 	Bytes int64
 	// Compute is forward plus backward time: from the first hook's forward
 	// to the last parameter gradient, summed over the passes.
