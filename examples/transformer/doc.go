@@ -49,6 +49,14 @@
 // windows, and there is no validation (no rank holds the whole model) and
 // no -out file. At the end rank 0 prints every stage's parameter hash.
 //
+// With -shard zero1, zero2 or full the data-parallel ranks split the
+// training state (package ddp's ZeRO, package fsdp with one unit per
+// layer; the validation and the saved model gathered from the pieces),
+// training bitwise as DDP on two ranks; -ckpt-dir then saves sharded
+// checkpoints, each rank its part and its batch generator's state, which
+// resume on any number of ranks and in any mode (each rank's batch stream
+// restarting from its seed when the number of ranks changed).
+//
 // With -ckpt-dir DIR training saves a checkpoint (package dist/ckpt) every
 // -ckpt-every (100) steps and at the end — parameters, Adam's moments and
 // iteration count, the step and the batch generator's state — stalling only
