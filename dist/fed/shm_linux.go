@@ -1,0 +1,15 @@
+//go:build linux
+
+package fed
+
+import (
+	"time"
+
+	"github.com/gdist/gdist/dist/transport/hybrid"
+	"github.com/gdist/gdist/dist/transport/shm"
+)
+
+// shmHeartbeat is WithHeartbeat's part for a link over shared memory.
+func shmHeartbeat(interval, timeout time.Duration) []hybrid.Option {
+	return []hybrid.Option{hybrid.WithSHM(shm.WithHeartbeat(interval, timeout))}
+}

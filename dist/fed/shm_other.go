@@ -1,0 +1,12 @@
+//go:build !linux
+
+package fed
+
+import (
+	"time"
+
+	"github.com/gdist/gdist/dist/transport/hybrid"
+)
+
+// shmHeartbeat: no shared-memory transport on this system.
+func shmHeartbeat(interval, timeout time.Duration) []hybrid.Option { return nil }
