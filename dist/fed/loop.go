@@ -13,18 +13,18 @@ import (
 // else talks to it through Leader.events and Leader.calls.
 type loop struct {
 	l       *Leader
-	gen     uint64             // the last link generation given out
-	members map[int]*member    // admitted, by rank
-	pending map[int]*member    // joined during a round, admitted after it
-	wait    *call              // Lead's wait or a Round waiting for members
-	cur     *roundState        // the round in progress
-	timer   *time.Timer        // the round's deadline, or Lead's wait's
-	updates map[int]*update    // the round's updates, by rank
-	gone    map[int]bool       // members lost or refused during the round
-	joined  []int              // admitted or queued during the round
-	left    []int              // lost during the round
-	prev    map[int]uint64     // the incarnation of each rank's last link, to tell reconnects apart in the log
-	snap    []byte             // the current model as sent, shared by the messages that carry it
+	gen     uint64          // the last link generation given out
+	members map[int]*member // admitted, by rank
+	pending map[int]*member // joined during a round, admitted after it
+	wait    *call           // Lead's wait or a Round waiting for members
+	cur     *roundState     // the round in progress
+	timer   *time.Timer     // the round's deadline, or Lead's wait's
+	updates map[int]*update // the round's updates, by rank
+	gone    map[int]bool    // members lost or refused during the round
+	joined  []int           // admitted or queued during the round
+	left    []int           // lost during the round
+	prev    map[int]uint64  // the incarnation of each rank's last link, to tell reconnects apart in the log
+	snap    []byte          // the current model as sent, shared by the messages that carry it
 }
 
 type roundState struct {
