@@ -2,6 +2,7 @@ package fed
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 
 	"github.com/gdist/gdist/dist/transport/tcp"
@@ -82,3 +83,5 @@ func (s *StandIn) Crash() {
 		lk.tr.Kill()
 	}
 }
+
+func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }

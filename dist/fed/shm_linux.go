@@ -13,3 +13,8 @@ import (
 func shmHeartbeat(interval, timeout time.Duration) []hybrid.Option {
 	return []hybrid.Option{hybrid.WithSHM(shm.WithHeartbeat(interval, timeout))}
 }
+
+// shmMaxFrame is GDIST_MAX_FRAME's part for a link over shared memory.
+func shmMaxFrame(n int) []hybrid.Option {
+	return []hybrid.Option{hybrid.WithSHM(shm.WithMaxFrame(n))}
+}

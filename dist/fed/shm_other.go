@@ -10,3 +10,6 @@ import (
 
 // shmHeartbeat: no shared-memory transport on this system.
 func shmHeartbeat(interval, timeout time.Duration) []hybrid.Option { return nil }
+
+// shmMaxFrame: no shared-memory transport on this system.
+func shmMaxFrame(n int) []hybrid.Option { return nil }
