@@ -164,8 +164,8 @@ type Result struct {
 	Sampled  []int // the clients asked to train, in increasing order
 	Reported []int // those whose updates were averaged: the round's participants
 	Missing  []int // sampled but not averaged: late, lost, or an update refused
-	Joined   []int // clients admitted during the round (their first round is the next)
-	Left     []int // members lost during the round
+	Joined   []int // clients that joined since the previous round's result, in order (admitted at once between rounds, after the round during one)
+	Left     []int // members lost since the previous round's result, in order
 	Members  int   // members after the round
 	Samples  int64 // the sample count of the averaged updates
 	Elapsed  time.Duration

@@ -21,8 +21,8 @@ type loop struct {
 	timer   *time.Timer     // the round's deadline, or Lead's wait's
 	updates map[int]*update // the round's updates, by rank
 	gone    map[int]bool    // members lost or refused during the round
-	joined  []int           // admitted or queued during the round
-	left    []int           // lost during the round
+	joined  []int           // admitted or queued since the last round's result
+	left    []int           // lost since the last round's result
 	prev    map[int]uint64  // the incarnation of each rank's last link, to tell reconnects apart in the log
 	snap    []byte          // the current model as sent, shared by the messages that carry it
 }
@@ -201,9 +201,9 @@ func (lp *loop) join(m *member) {
 		lp.drop(old) // a newer link of a process waiting for admission
 	}
 	lp.l.serve(m)
+	lp.joined = append(lp.joined, m.rank)
 	if lp.cur != nil {
 		lp.pending[m.rank] = m
-		lp.joined = append(lp.joined, m.rank)
 		return
 	}
 	lp.admit(m)
@@ -292,9 +292,9 @@ func (lp *loop) leave(m *member, cause error) {
 	}
 	lp.l.log.Warn("fed: client left", "client", m.rank, "round", lp.round()+boolInt(lp.cur != nil),
 		"cause", cause, "members", len(lp.members))
+	lp.left = append(lp.left, m.rank)
 	if lp.cur != nil {
 		lp.gone[m.rank] = true
-		lp.left = append(lp.left, m.rank)
 		lp.maybeDone()
 	}
 }
@@ -349,7 +349,7 @@ func (lp *loop) startRound(c *call) {
 	members := lp.ranks()
 	chosen := sample(members, k, l.cfg.seed, l.cfg.fraction, l.cfg.minFit)
 	lp.cur = &roundState{c: c, k: k, start: time.Now(), sampled: map[int]uint64{}}
-	lp.updates, lp.gone, lp.joined, lp.left = map[int]*update{}, map[int]bool{}, nil, nil
+	lp.updates, lp.gone = map[int]*update{}, map[int]bool{}
 	lp.timer = time.NewTimer(l.cfg.roundTimeout)
 	task := lp.model()
 	for _, r := range chosen {
@@ -382,7 +382,7 @@ func (lp *loop) finishRound() {
 	l := lp.l
 	r := lp.cur
 	n := len(l.model)
-	res := Result{Round: int(r.k), Sampled: slices.Sorted(maps.Keys(r.sampled)), Left: lp.left}
+	res := Result{Round: int(r.k), Sampled: slices.Sorted(maps.Keys(r.sampled))}
 	sum := make([]float64, n)
 	var total int64
 	d := make([]float32, n)
@@ -412,7 +412,8 @@ func (lp *loop) finishRound() {
 	l.round = r.k
 	l.mu.Unlock()
 	lp.endRound()
-	res.Joined = lp.joined
+	res.Joined, res.Left = lp.joined, lp.left
+	lp.joined, lp.left = nil, nil
 	res.Members = len(lp.members)
 	res.Elapsed = time.Since(r.start)
 	l.log.Debug("fed: round done", "round", r.k, "reported", ranks(res.Reported), "missing", ranks(res.Missing))
