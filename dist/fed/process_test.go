@@ -108,7 +108,7 @@ func processMain(role string) int {
 
 // round is a leader's line about one round.
 type round struct {
-	k                              int
+	k                               int
 	reported, missing, left, joined []int
 	line                            string
 }
