@@ -99,3 +99,48 @@ func TestP2PZeroAllocs(t *testing.T) {
 	}
 	require.Zero(t, testing.AllocsPerRun(100, step))
 }
+
+// TestSubgroupZeroAllocs: steady-state collectives on a subgroup allocate
+// nothing either: all-reduce (small and ring), all-gather, reduce-scatter,
+// even all-to-all and broadcast, on the pairs of a 4-rank job.
+func TestSubgroupZeroAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c := newCluster(t, 4)
+	pairs := make([]*ProcessGroup, 4)
+	requireNoErrors(t, c.run(func(r int, g *ProcessGroup) error {
+		p, err := g.Split(bg, r%2, r)
+		pairs[r] = p
+		return err
+	}))
+	small, large := make([][]float32, 4), make([][]float32, 4)
+	for r := range small {
+		small[r], large[r] = make([]float32, 4096), make([]float32, 1<<18)
+	}
+	step, stop := lockstep(t, c, func(r int, g *ProcessGroup) error {
+		p := pairs[r]
+		s, l := F32(small[r]), F32(large[r])
+		if err := p.AllReduce(bg, s, Sum); err != nil {
+			return err
+		}
+		if err := p.AllReduce(bg, l, Sum); err != nil {
+			return err
+		}
+		if err := p.AllGather(bg, l, l.Slice(p.Rank()*len(large[r])/2, (p.Rank()+1)*len(large[r])/2)); err != nil {
+			return err
+		}
+		if err := p.ReduceScatter(bg, s.Slice(0, 2048), l.Slice(0, 4096), Sum); err != nil {
+			return err
+		}
+		if err := p.AllToAll(bg, s, l.Slice(0, 4096)); err != nil {
+			return err
+		}
+		return p.Broadcast(bg, s, 1)
+	})
+	defer stop()
+	for range 10 {
+		step()
+	}
+	require.Zero(t, testing.AllocsPerRun(50, step))
+}

@@ -21,13 +21,18 @@ func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) (
 	fs.IntVar(&cfg.N, "n", 200, "tokens (characters) to generate")
 	fs.Float64Var(&cfg.Temperature, "temperature", 0.8, "sampling temperature (0: greedy)")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the sampler")
+	fs.BoolVar(&cfg.NoCache, "no-cache", false, "recompute the whole window for every token instead of keeping a KV cache")
+	fs.IntVar(&cfg.TP, "tp", 1, "with the cache: tensor-parallel ranks per pipeline stage (the stages are N/tp)")
 	split := fs.String("split", "", "pipeline: first layer of stages 1..N-1, comma-separated (layers are 0 = embedding, 1..L = blocks, L+1 = head; default: even split)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: [gdistrun -n N --] transformer generate [flags]
 
-Continues a prompt with a trained model. Under gdistrun -n N the model runs
-as an N-stage pipeline: rank r loads and runs only its stage's layers, and
-the text is the same as on one process. Rank 0 prints it to stdout.
+Continues a prompt with a trained model, keeping each layer's keys and
+values (a KV cache) so that a new token costs one position. Under gdistrun
+-n N the model runs as an N/tp-stage pipeline of tp tensor-parallel ranks
+each: rank r keeps only its part of its stage's layers, and the text is the
+same as on one process. Rank 0 prints it to stdout. -no-cache recomputes
+the window for every token (an N-stage pipeline, -split).
 
 Flags:
 `)
@@ -64,9 +69,19 @@ Flags:
 		for _, s := range res.Stages {
 			parts = append(parts, fmt.Sprintf("%d..%d", s[0], s[1]))
 		}
-		mode = fmt.Sprintf("%d-stage pipeline, layers %s", pg.WorldSize(), strings.Join(parts, " | "))
+		mode = fmt.Sprintf("%d-stage pipeline, layers %s", len(res.Stages), strings.Join(parts, " | "))
+		if cfg.TP > 1 {
+			mode += fmt.Sprintf(", %d tensor-parallel ranks per stage", cfg.TP)
+		}
 	}
 	fmt.Fprintf(stderr, "generate: %d tokens in %.2fs, %.1f tokens/s (%s; checkpoint step %d, temperature %g, seed %d)\n",
-		res.Tokens, res.Elapsed.Seconds(), float64(res.Tokens)/res.Elapsed.Seconds(), mode, res.Step, cfg.Temperature, cfg.Seed)
+		res.Tokens, res.Elapsed.Seconds(), float64(res.Tokens)/res.Elapsed.Seconds(), mode+cacheNote(cfg), res.Step, cfg.Temperature, cfg.Seed)
 	return nil
+}
+
+func cacheNote(cfg genConfig) string {
+	if cfg.NoCache {
+		return ", no cache"
+	}
+	return ", KV cache"
 }

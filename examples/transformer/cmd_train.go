@@ -14,6 +14,7 @@ import (
 
 	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist/ckpt"
+	"github.com/gdist/gdist/dist/parallel"
 	"github.com/gdist/gdist/internal/cli"
 	iprogress "github.com/gdist/gdist/internal/progress"
 	"github.com/gdist/gdist/models/transformer"
@@ -43,6 +44,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	fs.Int64Var(&cfg.CkptEvery, "ckpt-every", 100, "with -ckpt-dir: save every this many steps (0: only at the end)")
 	fs.BoolVar(&cfg.Pipeline, "pipeline", false, "under gdistrun: split the model into one pipeline stage per rank instead of DDP")
 	fs.IntVar(&cfg.MicroBatches, "micro-batches", 4, "with -pipeline: micro-batches per step (must divide -batch)")
+	var layout parallel.Layout
+	fs.IntVar(&layout.DP, "dp", 0, "3-D parallelism: data-parallel replicas (with -pp and -tp; dp*pp*tp = ranks)")
+	fs.IntVar(&layout.PP, "pp", 0, "3-D parallelism: pipeline stages per replica")
+	fs.IntVar(&layout.TP, "tp", 0, "3-D parallelism: tensor-parallel ranks per stage")
 	bucketKB := fs.Int("bucket-kb", 256, "DDP: gradient bucket size cap in KiB; buckets all-reduce during backprop (0: package ddp's defaults, one bucket for the default model)")
 	valFrac := fs.Float64("val-frac", 0.1, "fraction of the text, at its end, held out for validation")
 	fs.IntVar(&def.Ctx, "ctx", def.Ctx, "model: context length (characters)")
@@ -55,6 +60,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 
 Trains the model on the text; under gdistrun each rank trains on its own
 batches and DDP averages the gradients. Rank 0 saves the checkpoint.
+With -dp, -pp and -tp (their product the number of ranks) the ranks form
+a 3-D mesh: DP replicas of a PP-stage pipeline whose stages are split over
+TP tensor-parallel ranks; -batch is then the global batch, and the saved
+checkpoint is the single-process model's.
 
 Flags:
 `)
@@ -78,6 +87,16 @@ Flags:
 		return usageError(fs, stderr, "-bucket-kb %d is negative", *bucketKB)
 	}
 	cfg.BucketCap = *bucketKB << 10
+	threeD := layout != (parallel.Layout{})
+	if threeD {
+		layout.DP, layout.PP, layout.TP = max(layout.DP, 1), max(layout.PP, 1), max(layout.TP, 1)
+		if !set["micro-batches"] {
+			cfg.MicroBatches = 1
+			if layout.PP > 1 {
+				cfg.MicroBatches = layout.PP
+			}
+		}
+	}
 	cli.SetProcs()
 
 	// Read the text before joining the job, so that a missing file fails
@@ -107,6 +126,28 @@ Flags:
 	w := io.Discard
 	if leader {
 		w = stdout
+	}
+
+	if threeD {
+		fmt.Fprintf(w, "train: %d rank(s) as %v, GOMAXPROCS %d each; model ctx %d, dim %d, %d heads, %d layers, mlp %d, %v: %d parameters; global batch %d in %d micro-batch(es) per replica\n",
+			pg.WorldSize(), layout, runtime.GOMAXPROCS(0), model.Ctx, model.Dim, model.Heads, model.Layers, model.MLPHidden, model.Dtype,
+			model.NumParams(), cfg.Batch, cfg.MicroBatches)
+		weights, steps, elapsed, err := train3D(ctx, pg, c, cfg, layout, w, cfg.EvalEvery)
+		if err != nil {
+			return err
+		}
+		if !leader {
+			return nil
+		}
+		fmt.Fprintf(w, "train: %d steps in %.1fs, %.0f tokens/s\n", steps, elapsed.Seconds(), float64(steps*cfg.Batch*model.Ctx)/elapsed.Seconds())
+		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+			return fmt.Errorf("transformer: %w", err)
+		}
+		if err := transformer.Save(*out, &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(steps), Tensors: weights}); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "train: saved %s (the single-process model, gathered from every rank)\n", *out)
+		return nil
 	}
 
 	bar := newProgress(w, stderr, iprogress.IsTerminal(stderr))

@@ -14,6 +14,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/parallel"
 	"github.com/gdist/gdist/dist/pipeline"
 	"github.com/gdist/gdist/models/transformer"
 )
@@ -34,6 +35,12 @@ type genConfig struct {
 	Temperature float64 // 0: greedy
 	Seed        uint64
 	Split       []int // first layer of stages 1..world-1 (nil: even split)
+	// NoCache recomputes the whole window for every token (the pipeline of
+	// package pipeline with several ranks) instead of keeping a KV cache.
+	NoCache bool
+	// TP is the number of tensor-parallel ranks per pipeline stage with
+	// the cache (0 or 1: none); the stages are world/TP.
+	TP int
 }
 
 // genResult is what generate returns.
@@ -59,6 +66,9 @@ type genResult struct {
 func generate(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig) (*genResult, error) {
 	if cfg.N < 0 {
 		return nil, fmt.Errorf("transformer: %d tokens to generate", cfg.N)
+	}
+	if !cfg.NoCache {
+		return generateCached(ctx, pg, cfg)
 	}
 	if pg.WorldSize() == 1 {
 		return generateLocal(ctx, cfg)
@@ -297,6 +307,45 @@ func generatePipeline(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig)
 	res := &genResult{Tokens: h.n, Elapsed: time.Since(begin), Stages: stages, Layers: [2]int{from, to}, Step: meta.Step}
 	if first {
 		res.Text = cfg.Prompt + meta.Vocab.Decode(tokens[len(promptIDs):])
+	}
+	return res, nil
+}
+
+// generateCached generates with a KV cache: on one process with a
+// transformer.Decoder, else on a pipeline of world/TP stages of TP
+// tensor-parallel ranks (parallel.Generator), every rank loading the
+// checkpoint and keeping its part.
+func generateCached(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig) (*genResult, error) {
+	ck, err := transformer.Load(cfg.Ckpt)
+	if err != nil {
+		return nil, err
+	}
+	prompt, err := encodePrompt(ck, cfg.Prompt)
+	if err != nil {
+		return nil, err
+	}
+	tpn := max(cfg.TP, 1)
+	if pg.WorldSize()%tpn != 0 {
+		return nil, fmt.Errorf("%w: %d ranks do not split into stages of %d tensor-parallel ranks", errSplit, pg.WorldSize(), tpn)
+	}
+	l := parallel.Layout{DP: 1, PP: pg.WorldSize() / tpn, TP: tpn}
+	if err := l.Validate(pg.WorldSize(), ck.Config); err != nil {
+		return nil, fmt.Errorf("%w: %w", errSplit, err)
+	}
+	g, err := parallel.NewGenerator(ctx, pg, ck.Config, l, 1, parallel.WithWeights(ck.Tensors), parallel.WithBuildLock(&graphMu))
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	begin := time.Now()
+	out, err := g.Generate(ctx, []transformer.Request{{Prompt: prompt, N: cfg.N, Temperature: cfg.Temperature, Seed: cfg.Seed}})
+	if err != nil {
+		return nil, err
+	}
+	stages := l.Stages(ck.Config.NumLayers())
+	res := &genResult{Tokens: cfg.N, Elapsed: time.Since(begin), Stages: stages, Layers: stages[pg.Rank()/tpn], Step: ck.Step}
+	if pg.Rank() == 0 {
+		res.Text = cfg.Prompt + ck.Vocab.Decode(out[0])
 	}
 	return res, nil
 }

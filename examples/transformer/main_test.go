@@ -306,11 +306,12 @@ func genOnRanks(t *testing.T, n int, cfg genConfig) *genResult {
 
 // TestGeneratePipelineInProcess checks that 2- and 3-stage pipelines, with
 // the default and explicit splits, generate exactly the text of one
-// process, sampled and greedy.
+// process, sampled and greedy; and so does the KV cache on one process, on
+// 2 and 3 pipeline stages, on 2 tensor-parallel ranks and on 2 stages of 2.
 func TestGeneratePipelineInProcess(t *testing.T) {
 	path := tinyCheckpoint(t)
 	for _, temp := range []float64{0.8, 0} {
-		base := genConfig{Ckpt: path, Prompt: "Light is", N: 40, Temperature: temp, Seed: 11}
+		base := genConfig{Ckpt: path, Prompt: "Light is", N: 40, Temperature: temp, Seed: 11, NoCache: true}
 		want := genOnRanks(t, 1, base)
 		require.Len(t, []rune(want.Text), len([]rune(base.Prompt))+40)
 		t.Logf("temperature %g: %q", temp, want.Text)
@@ -330,10 +331,19 @@ func TestGeneratePipelineInProcess(t *testing.T) {
 			assert.Equal(t, tc.want, got.Stages)
 			assert.Equal(t, want.Text, got.Text, "%d stages, split %v, temperature %g", tc.n, tc.split, temp)
 		}
+		for _, tc := range []struct{ n, tp int }{{1, 1}, {2, 1}, {3, 1}, {2, 2}, {4, 2}} {
+			cfg := base
+			cfg.NoCache, cfg.TP = false, tc.tp
+			assert.Equal(t, want.Text, genOnRanks(t, tc.n, cfg).Text, "KV cache on %d ranks, tp %d, temperature %g", tc.n, tc.tp, temp)
+		}
 	}
 	// A prompt longer than the context (16) slides the window.
-	long := genConfig{Ckpt: path, Prompt: "The rays of light which differ in colour", N: 20, Temperature: 0.8, Seed: 5}
-	assert.Equal(t, genOnRanks(t, 1, long).Text, genOnRanks(t, 3, long).Text)
+	long := genConfig{Ckpt: path, Prompt: "The rays of light which differ in colour", N: 20, Temperature: 0.8, Seed: 5, NoCache: true}
+	want := genOnRanks(t, 1, long).Text
+	assert.Equal(t, want, genOnRanks(t, 3, long).Text)
+	long.NoCache = false
+	assert.Equal(t, want, genOnRanks(t, 1, long).Text)
+	assert.Equal(t, want, genOnRanks(t, 2, long).Text)
 }
 
 func TestGenerateErrors(t *testing.T) {
@@ -344,7 +354,7 @@ func TestGenerateErrors(t *testing.T) {
 			return err
 		})
 	}
-	for r, err := range run1(2, genConfig{Ckpt: path, Prompt: "Light is", N: 5, Split: []int{4}}) {
+	for r, err := range run1(2, genConfig{Ckpt: path, Prompt: "Light is", N: 5, Split: []int{4}, NoCache: true}) {
 		assert.ErrorIs(t, err, errSplit, "rank %d", r)
 	}
 	for r, err := range run1(5, genConfig{Ckpt: path, Prompt: "Light is", N: 5}) {
@@ -415,7 +425,7 @@ func TestRunTrainAndGenerate(t *testing.T) {
 	assert.True(t, strings.HasPrefix(text1, "Light"), text1)
 	assert.Len(t, []rune(text1), 35)
 	assert.Contains(t, stderr.String(), "30 tokens in")
-	assert.Contains(t, stderr.String(), "tokens/s (1 process; checkpoint step 20")
+	assert.Contains(t, stderr.String(), "tokens/s (1 process, KV cache; checkpoint step 20")
 }
 
 func TestRunErrors(t *testing.T) {

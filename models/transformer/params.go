@@ -143,3 +143,18 @@ func initTensor(c Config, p paramSpec) *tensor.Dense {
 	}
 	return tensor.New(tensor.WithShape(p.shape.Clone()...), tensor.WithBacking(back))
 }
+
+// ParamShape returns the shape of parameter name in the whole model of c
+// (see ParamNames), and false if c has no such parameter.
+func ParamShape(c Config, name string) (tensor.Shape, bool) {
+	l, ok := LayerOf(name)
+	if !ok {
+		return nil, false
+	}
+	for _, p := range paramSpecs(c, l) {
+		if p.name == name {
+			return p.shape.Clone(), true
+		}
+	}
+	return nil, false
+}

@@ -42,13 +42,26 @@ type Stage struct {
 	mask, pos *gorgonia.Node // constants, created on first use
 
 	hook Hook // while ForwardHooked builds: applied to every parameter use
+
+	tp TensorParallel // the zero value: the whole model
+	kv *KVCache       // non-nil in a Decoder: attention through the cache
 }
 
 // NewStage adds the learnables of layers from..to (inclusive) of cfg to g,
 // initialised from cfg.Seed, for a fixed batch size. It does not add any
 // computation; call Forward for that.
-func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int) (*Stage, error) {
+//
+// With WithTensorParallel the stage holds and computes one member's part of
+// every layer (see TensorParallel); its parameters have the shapes of
+// their parts and are initialised to the parts of the whole model's
+// initial values, so a tensor-parallel model starts where the plain one
+// does.
+func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int, opts ...StageOption) (*Stage, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o, err := stageConfig(cfg, opts)
+	if err != nil {
 		return nil, err
 	}
 	if from < 0 || to < from || to > cfg.HeadLayer() {
@@ -61,10 +74,20 @@ func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int) (*Stage, e
 		return nil, fmt.Errorf("%w: stage [%d, %d]", ErrTiedSplit, from, to)
 	}
 	s := &Stage{cfg: cfg, from: from, to: to, batch: batch, g: g, dt: cfg.Dtype.Tensor(),
-		byName: make(map[string]*gorgonia.Node)}
+		byName: make(map[string]*gorgonia.Node), tp: o.tp}
 	for l := from; l <= to; l++ {
 		for _, p := range paramSpecs(cfg, l) {
 			t := initTensor(cfg, p)
+			if s.tp.enabled() {
+				axis, err := ShardAxis(p.name)
+				if err != nil {
+					return nil, err
+				}
+				if t, err = sliceAxis(t, axis, s.tp.Rank, s.tp.Size); err != nil {
+					return nil, fmt.Errorf("transformer: sharding %q: %w", p.name, err)
+				}
+				p.shape = t.Shape().Clone()
+			}
 			var n *gorgonia.Node
 			if len(p.shape) == 1 {
 				n = gorgonia.NewVector(g, s.dt, gorgonia.WithShape(p.shape...), gorgonia.WithName(p.name), gorgonia.WithValue(t))
@@ -90,8 +113,14 @@ func (s *Stage) To() int { return s.to }
 // Batch returns the number of sequences per forward pass.
 func (s *Stage) Batch() int { return s.batch }
 
-// Rows returns batch*Ctx, the number of rows of the stage's input and output.
-func (s *Stage) Rows() int { return s.batch * s.cfg.Ctx }
+// Rows returns batch*Ctx, the number of rows of the stage's input and
+// output (in a Decoder, where a row is one position: batch).
+func (s *Stage) Rows() int {
+	if s.kv != nil {
+		return s.batch
+	}
+	return s.batch * s.cfg.Ctx
+}
 
 // Graph returns the graph the stage was built in.
 func (s *Stage) Graph() *gorgonia.ExprGraph { return s.g }
@@ -106,18 +135,39 @@ func (s *Stage) IsLast() bool { return s.to == s.cfg.HeadLayer() }
 
 // InputShape returns the shape Forward expects: [Rows, Vocab] for the first
 // stage, [Rows, Dim] otherwise.
+//
+// On a tensor-parallel member the vocabulary dimension is that member's
+// part (VocabPart): the first stage takes that part of the one-hot tokens
+// (FillOneHotPart) and the last returns that part of the logits.
 func (s *Stage) InputShape() tensor.Shape {
 	if s.IsFirst() {
-		return tensor.Shape{s.Rows(), s.cfg.Vocab}
+		return tensor.Shape{s.Rows(), s.vocabWidth()}
 	}
 	return tensor.Shape{s.Rows(), s.cfg.Dim}
 }
+
+// TensorParallel returns the stage's tensor-parallel placement (the zero
+// value for the whole model).
+func (s *Stage) TensorParallel() TensorParallel { return s.tp }
+
+// VocabPart returns the token ids [lo, hi) of the stage's part of the
+// vocabulary: [0, Vocab) unless the stage is tensor-parallel.
+func (s *Stage) VocabPart() (lo, hi int) { return VocabPart(s.cfg, s.tp.Rank, s.tp.size()) }
+
+// vocabWidth returns the width of the stage's part of the vocabulary.
+func (s *Stage) vocabWidth() int {
+	lo, hi := s.VocabPart()
+	return hi - lo
+}
+
+// heads returns the number of attention heads the stage computes.
+func (s *Stage) heads() int { return s.cfg.Heads / s.tp.size() }
 
 // OutputShape returns the shape Forward returns: [Rows, Vocab] for the last
 // stage, [Rows, Dim] otherwise.
 func (s *Stage) OutputShape() tensor.Shape {
 	if s.IsLast() {
-		return tensor.Shape{s.Rows(), s.cfg.Vocab}
+		return tensor.Shape{s.Rows(), s.vocabWidth()}
 	}
 	return tensor.Shape{s.Rows(), s.cfg.Dim}
 }
@@ -131,9 +181,10 @@ func (s *Stage) NewInput(name string) *gorgonia.Node {
 }
 
 // NewTargets adds a zero-valued [Rows, Vocab] input node for one-hot targets
-// (see CrossEntropy and FillOneHot).
+// (see CrossEntropy and FillOneHot); [Rows, part] on a tensor-parallel
+// member (FillOneHotPart).
 func (s *Stage) NewTargets(name string) *gorgonia.Node {
-	return s.newMatrix(name, tensor.Shape{s.Rows(), s.cfg.Vocab})
+	return s.newMatrix(name, tensor.Shape{s.Rows(), s.vocabWidth()})
 }
 
 func (s *Stage) newMatrix(name string, shape tensor.Shape) *gorgonia.Node {
@@ -388,7 +439,7 @@ func (s *Stage) positions() *gorgonia.Node {
 func (s *Stage) causalMask() *gorgonia.Node {
 	if s.mask == nil {
 		T := s.cfg.Ctx
-		bh := s.batch * s.cfg.Heads
+		bh := s.batch * s.heads()
 		vals := make([]float64, bh*T*T)
 		for b := range bh {
 			for i := range T {
@@ -397,14 +448,14 @@ func (s *Stage) causalMask() *gorgonia.Node {
 				}
 			}
 		}
-		s.mask = s.constant(fmt.Sprintf("causal_mask.b%d.h%d", s.batch, s.cfg.Heads), tensor.Shape{bh, T, T}, vals)
+		s.mask = s.constant(fmt.Sprintf("causal_mask.b%d.h%d", s.batch, s.heads()), tensor.Shape{bh, T, T}, vals)
 	}
 	return s.mask
 }
 
 // embed: one-hot [Rows, Vocab] -> [Rows, Dim].
 func (s *Stage) embed(x *gorgonia.Node) *gorgonia.Node {
-	tok := must(gorgonia.Mul(x, s.use(0, "tok_emb")))
+	tok := s.reduceOut(must(gorgonia.Mul(x, s.use(0, "tok_emb"))))
 	pos := s.positions()
 	pos = must(gorgonia.Mul(pos, s.use(0, "pos_emb")))
 	return must(gorgonia.Add(tok, pos))
@@ -437,6 +488,30 @@ func (s *Stage) addBias(y *gorgonia.Node, l int, b string) *gorgonia.Node {
 	return must(gorgonia.BroadcastAdd(y, s.use(l, b), nil, []byte{0}))
 }
 
+// copyIn is Megatron's f before a column-parallel layer: the identity
+// unless the stage is tensor-parallel.
+func (s *Stage) copyIn(x *gorgonia.Node) *gorgonia.Node {
+	if !s.tp.enabled() {
+		return x
+	}
+	return must(s.tp.Comm.Copy(x))
+}
+
+// reduceOut is Megatron's g after a row-parallel layer: the identity unless
+// the stage is tensor-parallel.
+func (s *Stage) reduceOut(x *gorgonia.Node) *gorgonia.Node {
+	if !s.tp.enabled() {
+		return x
+	}
+	return must(s.tp.Comm.Reduce(x))
+}
+
+// rowLinear returns x·w summed over the tensor-parallel group (x and w
+// being this member's parts), plus the replicated bias b.
+func (s *Stage) rowLinear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
+	return s.addBias(s.reduceOut(must(gorgonia.Mul(x, s.use(l, w)))), l, b)
+}
+
 // gelu is the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 func (s *Stage) gelu(x *gorgonia.Node) *gorgonia.Node {
 	x3 := must(gorgonia.Cube(x))
@@ -446,9 +521,9 @@ func (s *Stage) gelu(x *gorgonia.Node) *gorgonia.Node {
 	return must(gorgonia.HadamardProd(must(gorgonia.HadamardProd(x, onePlus)), s.scalar(0.5)))
 }
 
-// splitHeads: [B*T, D] -> [B*H, T, hd].
+// splitHeads: [B*T, H*hd] -> [B*H, T, hd], H the stage's heads.
 func (s *Stage) splitHeads(x *gorgonia.Node) *gorgonia.Node {
-	B, T, H, hd := s.batch, s.cfg.Ctx, s.cfg.Heads, s.cfg.HeadDim()
+	B, T, H, hd := s.batch, s.cfg.Ctx, s.heads(), s.cfg.HeadDim()
 	x = must(gorgonia.Reshape(x, tensor.Shape{B, T, H, hd}))
 	if H > 1 {
 		x = must(gorgonia.Transpose(x, 0, 2, 1, 3))
@@ -456,9 +531,9 @@ func (s *Stage) splitHeads(x *gorgonia.Node) *gorgonia.Node {
 	return must(gorgonia.Reshape(x, tensor.Shape{B * H, T, hd}))
 }
 
-// mergeHeads: [B*H, T, hd] -> [B*T, D].
+// mergeHeads: [B*H, T, hd] -> [B*T, H*hd], H the stage's heads.
 func (s *Stage) mergeHeads(x *gorgonia.Node) *gorgonia.Node {
-	B, T, H, hd := s.batch, s.cfg.Ctx, s.cfg.Heads, s.cfg.HeadDim()
+	B, T, H, hd := s.batch, s.cfg.Ctx, s.heads(), s.cfg.HeadDim()
 	if H > 1 {
 		x = must(gorgonia.Reshape(x, tensor.Shape{B, H, T, hd}))
 		x = must(gorgonia.Transpose(x, 0, 2, 1, 3))
@@ -466,34 +541,41 @@ func (s *Stage) mergeHeads(x *gorgonia.Node) *gorgonia.Node {
 	return must(gorgonia.Reshape(x, tensor.Shape{B * T, H * hd}))
 }
 
-// attention is causal multi-head self-attention of x [Rows, Dim].
+// attention is causal multi-head self-attention of x [Rows, Dim]: over
+// the stage's heads and through Comm on a tensor-parallel member, through
+// the KV cache in a Decoder.
 func (s *Stage) attention(l int, x *gorgonia.Node) *gorgonia.Node {
 	scale := 1 / math.Sqrt(float64(s.cfg.HeadDim()))
+	x = s.copyIn(x)
 	q := must(gorgonia.HadamardProd(s.linear(x, l, "attn.wq", ""), s.scalar(scale)))
 	k := s.linear(x, l, "attn.wk", "")
 	v := s.linear(x, l, "attn.wv", "")
+	if s.kv != nil {
+		o := must(gorgonia.ApplyOp(&cachedAttention{kv: s.kv, layer: l - max(s.from, 1)}, q, k, v))
+		return s.rowLinear(o, l, "attn.wo", "attn.bo")
+	}
 	qh, kh, vh := s.splitHeads(q), s.splitHeads(k), s.splitHeads(v)
 	scores := must(gorgonia.BatchedMatMul(qh, kh, false, true)) // [B*H, T, T]
 	scores = must(gorgonia.Add(scores, s.causalMask()))
 	probs := must(rowSoftmax(scores, false))
 	o := must(gorgonia.BatchedMatMul(probs, vh)) // [B*H, T, hd]
-	return s.linear(s.mergeHeads(o), l, "attn.wo", "attn.bo")
+	return s.rowLinear(s.mergeHeads(o), l, "attn.wo", "attn.bo")
 }
 
 // block is one pre-LN transformer block.
 func (s *Stage) block(l int, h *gorgonia.Node) *gorgonia.Node {
 	a := s.attention(l, s.layerNorm(h, l, "ln1"))
 	h = must(gorgonia.Add(h, a))
-	m := s.layerNorm(h, l, "ln2")
+	m := s.copyIn(s.layerNorm(h, l, "ln2"))
 	m = s.gelu(s.linear(m, l, "mlp.w1", "mlp.b1"))
-	m = s.linear(m, l, "mlp.w2", "mlp.b2")
+	m = s.rowLinear(m, l, "mlp.w2", "mlp.b2")
 	return must(gorgonia.Add(h, m))
 }
 
 // head: final layer norm and projection to logits [Rows, Vocab].
 func (s *Stage) head(h *gorgonia.Node) *gorgonia.Node {
 	l := s.cfg.HeadLayer()
-	x := s.layerNorm(h, l, "ln")
+	x := s.copyIn(s.layerNorm(h, l, "ln"))
 	if !s.cfg.TiedHead {
 		return s.linear(x, l, "head.w", "head.b")
 	}
