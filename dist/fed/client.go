@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gdist/gdist/dist/fed/secagg"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
 )
@@ -43,11 +44,12 @@ type Client struct {
 	mu     sync.Mutex
 	link   *link // nil while (re)connecting
 	gen    uint64
-	task   *Task     // the latest task Next has not returned
-	model  []float32 // the latest global model received
-	round  uint64    // the round of that model (welcome: the last round done; task: its round)
-	last   uint64    // the last round this client reported for
-	err    error     // why the client stopped (ErrFinished, a lost leader, ...)
+	task   *Task      // the latest task Next has not returned
+	model  []float32  // the latest global model received
+	round  uint64     // the round of that model (welcome: the last round done; task: its round)
+	last   uint64     // the last round this client reported for
+	sec    *secClient // the secure aggregation of the latest task's round, if any
+	err    error      // why the client stopped (ErrFinished, a lost leader, ...)
 	notify chan struct{}
 
 	ctx        context.Context // ends at Close
@@ -56,6 +58,8 @@ type Client struct {
 	joined     chan struct{} // closed at the first Welcome
 	joinedOnce sync.Once
 	closeOnce  sync.Once
+
+	dropAt func(secagg.Stage) bool // tests: drop the link on this stage's message instead of answering
 }
 
 // Task is a round's work for a client: train from Model and Report.
@@ -63,8 +67,9 @@ type Task struct {
 	Round int       // the round's number
 	Model []float32 // the global model to train from: a copy, the caller's to use and change
 
-	base []float32 // the model the update is computed against
-	gen  uint64    // the link the task came on
+	base []float32  // the model the update is computed against
+	gen  uint64     // the link the task came on
+	sec  *secClient // with secure aggregation
 }
 
 // Join makes this process rank `rank` of the federation of world ranks led
@@ -172,6 +177,10 @@ func (c *Client) Report(ctx context.Context, task *Task, weights []float32, samp
 	for i, w := range weights {
 		delta[i] = w - task.base[i]
 	}
+	msg, h, err := c.update(ctx, task, delta, samples)
+	if msg == nil || err != nil {
+		return err
+	}
 	c.mu.Lock()
 	lk, gen, err := c.link, c.gen, c.err
 	c.mu.Unlock()
@@ -182,7 +191,7 @@ func (c *Client) Report(ctx context.Context, task *Task, weights []float32, samp
 		c.log.Debug("fed: update of a link that broke not sent", "round", task.Round)
 		return nil
 	}
-	err = lk.send(ctx, header{kind: kUpdate, round: uint64(task.Round), aux: uint32(samples)}, vecBytes(delta))
+	err = lk.send(ctx, h, msg)
 	if ctx.Err() != nil {
 		return fmt.Errorf("fed: rank %d: report round %d: %w", c.rank, task.Round, ctx.Err())
 	}
@@ -194,6 +203,39 @@ func (c *Client) Report(ctx context.Context, task *Task, weights []float32, samp
 	c.last = max(c.last, uint64(task.Round))
 	c.mu.Unlock()
 	return nil
+}
+
+// update returns the message that carries an update: Update, or the masked
+// input of a secure round (once the key exchange has given the client the
+// shares it masks with). It returns a nil message, and no error, when the
+// update cannot be sent: the client is no longer in the round.
+func (c *Client) update(ctx context.Context, task *Task, delta []float32, samples int) ([]byte, header, error) {
+	h := header{kind: kUpdate, round: uint64(task.Round), aux: uint32(samples)}
+	sc := task.sec
+	if sc == nil {
+		return vecBytes(delta), h, nil
+	}
+	select {
+	case <-sc.ready:
+	case <-c.done:
+		return nil, h, c.failure("report")
+	case <-ctx.Done():
+		return nil, h, fmt.Errorf("fed: rank %d: report round %d: waiting for the key exchange: %w", c.rank, task.Round, ctx.Err())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sc.err != nil {
+		c.log.Debug("fed: update not sent", "round", task.Round, "err", sc.err)
+		return nil, h, nil
+	}
+	if err := secSamples(sc, samples); err != nil {
+		return nil, h, err
+	}
+	msg, err := sc.sa.MaskInput32(sc.forwarded, delta, uint64(samples))
+	if err != nil {
+		return nil, h, fmt.Errorf("fed: rank %d: report round %d: %w", c.rank, task.Round, err)
+	}
+	return msg, header{kind: kSecure, round: uint64(task.Round), aux: uint32(secagg.StageMask)}, nil
 }
 
 // Close leaves the federation: the link is closed (the leader sees this
@@ -255,6 +297,9 @@ func (c *Client) run() {
 		err = c.serve(ctx, lk)
 		c.mu.Lock()
 		c.link, c.task = nil, nil
+		if c.sec != nil {
+			c.sec.end(errNotInRound)
+		}
 		c.mu.Unlock()
 		switch {
 		case ctx.Err() != nil:
@@ -378,6 +423,75 @@ func (c *Client) attempt(ctx context.Context) (*link, error) {
 	return nil, fmt.Errorf("%w: expected welcome, got %v", ErrProtocol, h.kind)
 }
 
+// secure handles a stage message of a secure round: it answers the key
+// exchange and the unmasking, and keeps the shares the masked update
+// needs. A failure of the round's cryptography takes this client out of
+// the round (logged), not off the link; a malformed message does.
+func (c *Client) secure(ctx context.Context, lk *link, h header, p []byte) error {
+	c.mu.Lock()
+	sc := c.sec
+	c.mu.Unlock()
+	if sc == nil || sc.round != h.round {
+		c.log.Debug("fed: secure aggregation message of another round discarded", "round", h.round)
+		return nil
+	}
+	stage := secagg.Stage(h.aux)
+	if c.dropAt != nil && c.dropAt(stage) {
+		lk.tr.Kill()
+		return fmt.Errorf("dropped at the %v stage (test)", stageName(stage))
+	}
+	var reply []byte
+	var err error
+	c.mu.Lock()
+	switch stage {
+	case secagg.StageAdvertise:
+		var cfg secagg.Config
+		cfg, err = parseSecConfig(p)
+		if err != nil {
+			c.mu.Unlock()
+			return err
+		}
+		if cfg.Round != h.round {
+			c.mu.Unlock()
+			return fmt.Errorf("%w: secure aggregation configuration of round %d in round %d", ErrProtocol, cfg.Round, h.round)
+		}
+		if sc.sa, err = secagg.NewClient(cfg, c.rank, nil); err == nil {
+			reply, err = sc.sa.AdvertiseKeys()
+		}
+	case secagg.StageShare:
+		if sc.sa != nil {
+			reply, err = sc.sa.ShareKeys(p)
+		}
+	case secagg.StageMask:
+		if sc.sa != nil {
+			sc.forwarded = slices.Clone(p)
+			sc.end(nil)
+		}
+	case secagg.StageUnmask:
+		if sc.sa != nil {
+			reply, err = sc.sa.Unmask(p)
+		}
+	default:
+		c.mu.Unlock()
+		return fmt.Errorf("%w: secure aggregation stage %d", ErrProtocol, h.aux)
+	}
+	if sc.sa == nil && err == nil {
+		err = fmt.Errorf("%w: %v before the round's configuration", ErrProtocol, stageName(stage))
+	}
+	if err != nil {
+		sc.end(err)
+	}
+	c.mu.Unlock()
+	if err != nil {
+		c.log.Warn("fed: out of the round's secure aggregation", "round", h.round, "stage", stageName(stage), "err", err)
+		return nil
+	}
+	if reply == nil {
+		return nil
+	}
+	return lk.send(ctx, header{kind: kSecure, round: h.round, aux: uint32(stage)}, reply)
+}
+
 // serve handles the leader's messages on lk until it breaks (the error
 // says why) or the leader ends the federation (ErrFinished).
 func (c *Client) serve(ctx context.Context, lk *link) error {
@@ -400,10 +514,25 @@ func (c *Client) serve(ctx context.Context, lk *link) error {
 			vecInto(base, p)
 			lk.release(p)
 			c.mu.Lock()
-			c.task = &Task{Round: int(h.round), Model: slices.Clone(base), base: base, gen: c.gen}
+			t := &Task{Round: int(h.round), Model: slices.Clone(base), base: base, gen: c.gen}
+			if c.sec != nil {
+				c.sec.end(errNotInRound) // a newer round: the old one is over
+				c.sec = nil
+			}
+			if h.aux&taskSecure != 0 {
+				t.sec = newSecClient(h.round)
+				c.sec = t.sec
+			}
+			c.task = t
 			c.model, c.round = base, h.round
 			c.mu.Unlock()
 			signal(c.notify)
+		case kSecure:
+			err := c.secure(ctx, lk, h, p)
+			lk.release(p)
+			if err != nil {
+				return err
+			}
 		case kFinish:
 			lk.release(p)
 			return ErrFinished

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/gdist/gdist/dist/fed/secagg"
+
 	"github.com/gdist/gdist/dist/transport/tcp"
 )
 
@@ -85,3 +87,12 @@ func (s *StandIn) Crash() {
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// DropAt makes the client drop its link, as a crash would, when the
+// leader's message of the given secure aggregation stage arrives in round
+// k, instead of answering it. Call it before the round.
+func (c *Client) DropAt(k int, stage secagg.Stage) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropAt = func(s secagg.Stage) bool { return s == stage && c.sec != nil && c.sec.round == uint64(k) }
+}

@@ -114,6 +114,7 @@ type trainer struct {
 	weights func(rank, round int, model []float32) []float32
 	samples func(rank int) int
 	before  func(rank, round int) // called before reporting (to be late, ...)
+	after   func(rank, round int) // called after reporting
 }
 
 // serve runs tr on client c until its Next fails; the error is returned on
@@ -137,6 +138,9 @@ func serve(c *fed.Client, tr trainer) <-chan error {
 			if err := c.Report(context.Background(), task, tr.weights(c.Rank(), task.Round, task.Model), tr.samples(c.Rank())); err != nil {
 				out <- err
 				return
+			}
+			if tr.after != nil {
+				tr.after(c.Rank(), task.Round)
 			}
 		}
 	}()

@@ -32,6 +32,7 @@ type roundState struct {
 	k       uint64
 	start   time.Time
 	sampled map[int]uint64 // rank -> the generation of the link it was sampled on
+	sec     *secRound      // with secure aggregation
 }
 
 type update struct {
@@ -47,6 +48,10 @@ func (lp *loop) run() {
 		var deadline <-chan time.Time
 		if lp.timer != nil {
 			deadline = lp.timer.C
+		}
+		var stage <-chan time.Time
+		if lp.cur != nil && lp.cur.sec != nil && lp.cur.sec.timer != nil {
+			stage = lp.cur.sec.timer.C
 		}
 		var callCtx <-chan struct{}
 		calls := l.calls
@@ -64,6 +69,8 @@ func (lp *loop) run() {
 		case <-deadline:
 			lp.timer = nil
 			lp.expired()
+		case <-stage:
+			lp.secStageExpired()
 		case <-callCtx:
 			lp.cancelled()
 		case <-l.stop:
@@ -112,6 +119,10 @@ func (lp *loop) stopTimer() {
 
 // expired handles the end of the wait's or the round's time.
 func (lp *loop) expired() {
+	if lp.cur != nil && lp.cur.sec != nil {
+		lp.secDeadline()
+		return
+	}
 	if lp.cur != nil {
 		lp.finishRound()
 		return
@@ -312,7 +323,12 @@ func (lp *loop) message(m *member, h header, p []byte) {
 	if lp.members[m.rank] != m {
 		return // pending (it has nothing to say yet) or dropped
 	}
-	if h.kind != kUpdate {
+	secure := lp.l.cfg.secure != nil
+	switch {
+	case h.kind == kSecure && secure:
+		lp.secMessage(m, h, p)
+		return
+	case h.kind != kUpdate || secure:
 		lp.leave(m, fmt.Errorf("%w: unexpected %v from a client", ErrProtocol, h.kind))
 		return
 	}
@@ -352,12 +368,22 @@ func (lp *loop) startRound(c *call) {
 	lp.updates, lp.gone = map[int]*update{}, map[int]bool{}
 	lp.timer = time.NewTimer(l.cfg.roundTimeout)
 	task := lp.model()
+	var flags uint32
+	if l.cfg.secure != nil {
+		flags = taskSecure
+	}
 	for _, r := range chosen {
 		lp.cur.sampled[r] = lp.members[r].gen
 	}
 	for _, r := range chosen {
 		if m := lp.members[r]; m != nil && lp.cur != nil {
-			lp.send(m, header{kind: kTask, round: k}, task)
+			lp.send(m, header{kind: kTask, round: k, aux: flags}, task)
+		}
+	}
+	if l.cfg.secure != nil && lp.cur != nil {
+		if err := lp.secStart(chosen); err != nil {
+			lp.conclude(nil, 0, nil, err)
+			return
 		}
 	}
 	l.log.Debug("fed: round started", "round", k, "sampled", ranks(chosen), "members", len(members))
@@ -369,6 +395,10 @@ func (lp *loop) maybeDone() {
 	if lp.cur == nil {
 		return
 	}
+	if lp.cur.sec != nil {
+		lp.secCheck()
+		return
+	}
 	for r := range lp.cur.sampled {
 		if lp.updates[r] == nil && !lp.gone[r] {
 			return
@@ -377,22 +407,20 @@ func (lp *loop) maybeDone() {
 	lp.finishRound()
 }
 
-// finishRound averages the updates, steps the model and replies.
+// finishRound averages the updates and concludes the round.
 func (lp *loop) finishRound() {
-	l := lp.l
 	r := lp.cur
-	n := len(l.model)
-	res := Result{Round: int(r.k), Sampled: slices.Sorted(maps.Keys(r.sampled))}
+	n := len(lp.l.model)
 	sum := make([]float64, n)
 	var total int64
+	var reported []int
 	d := make([]float32, n)
-	for _, rank := range res.Sampled { // in rank order: the sum does not depend on arrival order
+	for _, rank := range slices.Sorted(maps.Keys(r.sampled)) { // in rank order: the sum does not depend on arrival order
 		u := lp.updates[rank]
 		if u == nil {
-			res.Missing = append(res.Missing, rank)
 			continue
 		}
-		res.Reported = append(res.Reported, rank)
+		reported = append(reported, rank)
 		vecInto(d, u.delta)
 		w := float64(u.samples)
 		for i, x := range d {
@@ -400,13 +428,32 @@ func (lp *loop) finishRound() {
 		}
 		total += int64(u.samples)
 	}
-	res.Samples = total
-	l.mu.Lock()
-	if total > 0 {
+	if total == 0 {
+		sum = nil
+	} else {
 		for i := range sum {
 			sum[i] /= float64(total)
 		}
-		l.cfg.optimizer.Step(l.model, sum)
+	}
+	lp.conclude(reported, total, sum, nil)
+}
+
+// conclude ends the round: the model moves by delta (the weighted mean of
+// the updates of reported, total samples; nil when none), the round's
+// number is used up, the clients that joined meanwhile are admitted, and
+// the Round call gets its Result (and fail, if the round failed).
+func (lp *loop) conclude(reported []int, total int64, delta []float64, fail error) {
+	l := lp.l
+	r := lp.cur
+	res := Result{Round: int(r.k), Sampled: slices.Sorted(maps.Keys(r.sampled)), Reported: reported, Samples: total}
+	for _, rank := range res.Sampled {
+		if !slices.Contains(reported, rank) {
+			res.Missing = append(res.Missing, rank)
+		}
+	}
+	l.mu.Lock()
+	if delta != nil {
+		l.cfg.optimizer.Step(l.model, delta)
 		lp.snap = nil
 	}
 	l.round = r.k
@@ -417,13 +464,16 @@ func (lp *loop) finishRound() {
 	res.Members = len(lp.members)
 	res.Elapsed = time.Since(r.start)
 	l.log.Debug("fed: round done", "round", r.k, "reported", ranks(res.Reported), "missing", ranks(res.Missing))
-	r.c.reply <- reply{res: res}
+	r.c.reply <- reply{res: res, err: fail}
 }
 
 // endRound clears the round and admits the clients that joined during it.
 func (lp *loop) endRound() {
 	k := lp.cur.k
 	lp.stopTimer()
+	if sec := lp.cur.sec; sec != nil && sec.timer != nil {
+		sec.timer.Stop()
+	}
 	lp.cur = nil
 	lp.updates = nil
 	lp.l.mu.Lock()
@@ -444,6 +494,9 @@ func (lp *loop) shutdown() {
 	closed := fmt.Errorf("fed: leader: %w", ErrClosed)
 	if lp.cur != nil {
 		c := lp.cur.c
+		if sec := lp.cur.sec; sec != nil && sec.timer != nil {
+			sec.timer.Stop()
+		}
 		lp.cur = nil
 		c.reply <- reply{err: closed}
 	}

@@ -62,6 +62,7 @@ type config struct {
 	seed         uint64
 	roundTimeout time.Duration
 	optimizer    ServerOptimizer
+	secure       *SecureAggregation
 
 	// both
 	joinTimeout time.Duration

@@ -26,7 +26,11 @@ const (
 	kTask    kind = 4 // leader -> client: train this round from this model
 	kUpdate  kind = 5 // client -> leader: this round's update (aux: sample count)
 	kFinish  kind = 6 // leader -> client: the federation has ended
+	kSecure  kind = 7 // both ways: a stage of secure aggregation (aux: the stage)
 )
+
+// taskSecure is the Task aux flag of a round with secure aggregation.
+const taskSecure uint32 = 1
 
 func (k kind) String() string {
 	switch k {
@@ -42,6 +46,8 @@ func (k kind) String() string {
 		return "update"
 	case kFinish:
 		return "finish"
+	case kSecure:
+		return "secure"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
@@ -78,7 +84,7 @@ func parseHeader(b transport.Header) (header, error) {
 		return header{}, fmt.Errorf("%w: reserved header bytes set", ErrProtocol)
 	}
 	h := header{kind: kind(b[0]), round: binary.LittleEndian.Uint64(b[4:]), aux: binary.LittleEndian.Uint32(b[12:])}
-	if h.kind < kJoin || h.kind > kFinish {
+	if h.kind < kJoin || h.kind > kSecure {
 		return header{}, fmt.Errorf("%w: unknown message kind %d", ErrProtocol, b[0])
 	}
 	return h, nil
