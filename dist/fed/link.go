@@ -30,7 +30,7 @@ func (c *config) tcpOptions() []tcp.Option {
 }
 
 func (c *config) hybridOptions() []hybrid.Option {
-	opts := []hybrid.Option{hybrid.WithLogger(c.logger)}
+	opts := append([]hybrid.Option{hybrid.WithLogger(c.logger)}, shmQuiet()...)
 	if c.token != nil {
 		opts = append(opts, hybrid.WithToken(c.token))
 	}

@@ -18,3 +18,9 @@ func shmHeartbeat(interval, timeout time.Duration) []hybrid.Option {
 func shmMaxFrame(n int) []hybrid.Option {
 	return []hybrid.Option{hybrid.WithSHM(shm.WithMaxFrame(n))}
 }
+
+// shmQuiet leaves a lost link's report to the federation: the leader logs
+// a client that leaves once, the client its reconnection.
+func shmQuiet() []hybrid.Option {
+	return []hybrid.Option{hybrid.WithSHM(shm.WithQuietLoss())}
+}
