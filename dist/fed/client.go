@@ -48,6 +48,7 @@ type Client struct {
 	model  []float32  // the latest global model received
 	round  uint64     // the round of that model (welcome: the last round done; task: its round)
 	last   uint64     // the last round this client reported for
+	ci     []float32  // SCAFFOLD: this client's control variate
 	sec    *secClient // the secure aggregation of the latest task's round, if any
 	err    error      // why the client stopped (ErrFinished, a lost leader, ...)
 	notify chan struct{}
@@ -66,10 +67,18 @@ type Client struct {
 type Task struct {
 	Round int       // the round's number
 	Model []float32 // the global model to train from: a copy, the caller's to use and change
+	// Correction is SCAFFOLD's drift correction c - cᵢ, in Model's layout,
+	// to add to every local gradient before the optimizer's step (see
+	// WithScaffold and Trained); nil when the leader does not use SCAFFOLD.
+	Correction []float32
 
 	base []float32  // the model the update is computed against
 	gen  uint64     // the link the task came on
 	sec  *secClient // with secure aggregation
+
+	control []float32 // SCAFFOLD: the leader's control variate c
+	steps   int       // Trained
+	lr      float64
 }
 
 // Join makes this process rank `rank` of the federation of world ranks led
@@ -176,6 +185,15 @@ func (c *Client) Report(ctx context.Context, task *Task, weights []float32, samp
 	delta := make([]float32, len(weights))
 	for i, w := range weights {
 		delta[i] = w - task.base[i]
+	}
+	if task.control != nil {
+		c.mu.Lock()
+		var err error
+		delta, err = scaffoldUpdate(c.ci, task.control, delta, task.steps, task.lr, samples, task.sec != nil)
+		c.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	msg, h, err := c.update(ctx, task, delta, samples)
 	if msg == nil || err != nil {
@@ -506,15 +524,30 @@ func (c *Client) serve(ctx context.Context, lk *link) error {
 		}
 		switch h.kind {
 		case kTask:
-			if err := checkVec(p, len(c.model), "task"); err != nil {
+			n := len(c.model)
+			if h.aux&taskScaffold != 0 {
+				n *= 2
+			}
+			if err := checkVec(p, n, "task"); err != nil {
 				lk.release(p)
 				return err
 			}
-			base := make([]float32, len(p)/4)
-			vecInto(base, p)
+			v := make([]float32, n)
+			vecInto(v, p)
 			lk.release(p)
+			base := v[:len(c.model):len(c.model)]
 			c.mu.Lock()
 			t := &Task{Round: int(h.round), Model: slices.Clone(base), base: base, gen: c.gen}
+			if h.aux&taskScaffold != 0 {
+				if c.ci == nil {
+					c.ci = make([]float32, len(base))
+				}
+				t.control = v[len(base):]
+				t.Correction = make([]float32, len(base))
+				for i, x := range t.control {
+					t.Correction[i] = x - c.ci[i]
+				}
+			}
 			if c.sec != nil {
 				c.sec.end(errNotInRound) // a newer round: the old one is over
 				c.sec = nil

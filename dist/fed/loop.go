@@ -25,6 +25,7 @@ type loop struct {
 	left    []int           // lost since the last round's result
 	prev    map[int]uint64  // the incarnation of each rank's last link, to tell reconnects apart in the log
 	snap    []byte          // the current model as sent, shared by the messages that carry it
+	control []float64       // SCAFFOLD's control variate c
 }
 
 type roundState struct {
@@ -337,7 +338,7 @@ func (lp *loop) message(m *member, h header, p []byte) {
 		lp.l.log.Debug("fed: late update discarded", "client", m.rank, "update_round", h.round, "round", lp.round())
 		return
 	}
-	n := len(lp.l.model)
+	n := lp.l.updateLen()
 	if err := checkVec(p, n, "update"); err != nil {
 		lp.leave(m, err) // Client.Report checks the length: not a gdist client
 		return
@@ -367,10 +368,16 @@ func (lp *loop) startRound(c *call) {
 	lp.cur = &roundState{c: c, k: k, start: time.Now(), sampled: map[int]uint64{}}
 	lp.updates, lp.gone = map[int]*update{}, map[int]bool{}
 	lp.timer = time.NewTimer(l.cfg.roundTimeout)
-	task := lp.model()
+	if l.cfg.scaffold && lp.control == nil {
+		lp.control = make([]float64, len(l.model))
+	}
+	task := lp.taskPayload()
 	var flags uint32
 	if l.cfg.secure != nil {
-		flags = taskSecure
+		flags |= taskSecure
+	}
+	if l.cfg.scaffold {
+		flags |= taskScaffold
 	}
 	for _, r := range chosen {
 		lp.cur.sampled[r] = lp.members[r].gen
@@ -410,11 +417,12 @@ func (lp *loop) maybeDone() {
 // finishRound averages the updates and concludes the round.
 func (lp *loop) finishRound() {
 	r := lp.cur
-	n := len(lp.l.model)
+	n := lp.l.updateLen()
 	sum := make([]float64, n)
 	var total int64
 	var reported []int
 	d := make([]float32, n)
+	dim := len(lp.l.model)
 	for _, rank := range slices.Sorted(maps.Keys(r.sampled)) { // in rank order: the sum does not depend on arrival order
 		u := lp.updates[rank]
 		if u == nil {
@@ -423,15 +431,18 @@ func (lp *loop) finishRound() {
 		reported = append(reported, rank)
 		vecInto(d, u.delta)
 		w := float64(u.samples)
-		for i, x := range d {
+		for i, x := range d[:dim] {
 			sum[i] += w * float64(x)
+		}
+		for i, x := range d[dim:] { // SCAFFOLD: the control variates' changes, summed plain
+			sum[dim+i] += float64(x)
 		}
 		total += int64(u.samples)
 	}
 	if total == 0 {
 		sum = nil
 	} else {
-		for i := range sum {
+		for i := range sum[:dim] {
 			sum[i] /= float64(total)
 		}
 	}
@@ -439,7 +450,8 @@ func (lp *loop) finishRound() {
 }
 
 // conclude ends the round: the model moves by delta (the weighted mean of
-// the updates of reported, total samples; nil when none), the round's
+// the updates of reported, total samples; nil when none; with SCAFFOLD
+// followed by the sum of the control variates' changes), the round's
 // number is used up, the clients that joined meanwhile are admitted, and
 // the Round call gets its Result (and fail, if the round failed).
 func (lp *loop) conclude(reported []int, total int64, delta []float64, fail error) {
@@ -453,8 +465,12 @@ func (lp *loop) conclude(reported []int, total int64, delta []float64, fail erro
 	}
 	l.mu.Lock()
 	if delta != nil {
-		l.cfg.optimizer.Step(l.model, delta)
+		dim := len(l.model)
+		l.cfg.optimizer.Step(l.model, delta[:dim])
 		lp.snap = nil
+		if l.cfg.scaffold {
+			lp.stepControl(delta[dim:])
+		}
 	}
 	l.round = r.k
 	l.mu.Unlock()

@@ -63,6 +63,7 @@ type config struct {
 	roundTimeout time.Duration
 	optimizer    ServerOptimizer
 	secure       *SecureAggregation
+	scaffold     bool
 
 	// both
 	joinTimeout time.Duration

@@ -32,6 +32,10 @@ const (
 // taskSecure is the Task aux flag of a round with secure aggregation.
 const taskSecure uint32 = 1
 
+// taskScaffold is the Task aux flag of a round with SCAFFOLD: the leader's
+// control variate follows the model in the payload.
+const taskScaffold uint32 = 2
+
 func (k kind) String() string {
 	switch k {
 	case kJoin:

@@ -21,7 +21,7 @@ type secRound struct {
 // answers with its keys.
 func (lp *loop) secStart(chosen []int) error {
 	r := lp.cur
-	cfg := lp.l.cfg.secure.roundConfig(r.k, chosen, len(lp.l.model))
+	cfg := lp.l.cfg.secure.roundConfig(r.k, chosen, lp.l.updateLen())
 	srv, err := secagg.NewServer(cfg)
 	if err != nil {
 		return fmt.Errorf("fed: round %d: secure aggregation: %w", r.k, err)
@@ -134,7 +134,12 @@ func (lp *loop) secFinish(fail error) {
 	if fail == nil {
 		reported, weight = sum.Clients, sum.Weight
 		if weight > 0 {
+			// The weighted mean of the updates; with SCAFFOLD, the control
+			// variates' changes, which the clients divided by their sample
+			// counts, summed plain.
 			delta = sum.Mean()
+			dim := len(lp.l.model)
+			copy(delta[dim:], sum.Sum[dim:])
 		}
 	} else {
 		lp.l.log.Warn("fed: round failed", "round", r.k, "err", fail)
