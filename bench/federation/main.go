@@ -48,7 +48,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 	"time"
@@ -95,11 +94,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return c, err
 	}
-	bad := func(format string, a ...any) (config, error) {
-		err := fmt.Errorf(format, a...)
-		fmt.Fprintln(stderr, "federation:", err) // usage errors are the program's to print
-		return c, fmt.Errorf("%w: %w", errUsage, err)
-	}
+	bad := func(format string, a ...any) (config, error) { return c, cli.Usagef(fs, errUsage, format, a...) }
 	switch {
 	case c.Runs < 1, c.Clients < 2, c.Dim < 1:
 		return bad("-n and -dim must be positive and -clients at least 2")

@@ -19,6 +19,7 @@ import (
 	"github.com/gdist/gdist/dist/fed"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/hybrid"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 	"github.com/gdist/gdist/internal/certs"
 )
 
@@ -27,22 +28,7 @@ var testToken = []byte("fed-test-token-0123456789abcdef0")
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // logBuffer collects log lines from several goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer struct{ transporttest.LogBuffer }
 
 func (l *logBuffer) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))

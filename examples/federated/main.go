@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 	"time"
@@ -58,21 +57,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return c, err
 	}
-	bad := func(err error) (config, error) {
-		fmt.Fprintln(stderr, "federated:", err) // usage errors are the program's to print
-		return c, fmt.Errorf("%w: %w", errUsage, err)
-	}
+	bad := func(format string, a ...any) (config, error) { return c, cli.Usagef(fs, errUsage, format, a...) }
 	switch {
 	case c.Clients < 2 || c.Clients > 10:
-		return bad(fmt.Errorf("-clients %d: between 2 and 10 (each holds at least one digit)", c.Clients))
+		return bad("-clients %d: between 2 and 10 (each holds at least one digit)", c.Clients)
 	case c.Rounds < 1, c.LocalEpochs < 1, c.Batch < 1, c.LR <= 0, c.Hidden < 1, c.Limit < 0, c.LRDecay <= 0 || c.LRDecay > 1:
-		return bad(errors.New("-rounds, -local-epochs, -batch, -lr and -hidden must be positive, -limit not negative, -lr-decay in (0, 1]"))
+		return bad("-rounds, -local-epochs, -batch, -lr and -hidden must be positive, -limit not negative, -lr-decay in (0, 1]")
 	case c.KillClient < 0 || c.KillClient > c.Clients:
-		return bad(fmt.Errorf("-kill %d: a client is 1 to %d", c.KillClient, c.Clients))
+		return bad("-kill %d: a client is 1 to %d", c.KillClient, c.Clients)
 	case c.KillClient > 0 && (c.KillAt < 2 || c.KillAt > c.Rounds):
-		return bad(fmt.Errorf("-kill-at %d: a round from 2 to %d", c.KillAt, c.Rounds))
+		return bad("-kill-at %d: a round from 2 to %d", c.KillAt, c.Rounds)
 	case c.KillClient > 0 && c.RestartAt != 0 && (c.RestartAt <= c.KillAt || c.RestartAt > c.Rounds):
-		return bad(fmt.Errorf("-restart-at %d: a round after -kill-at %d, at most %d", c.RestartAt, c.KillAt, c.Rounds))
+		return bad("-restart-at %d: a round after -kill-at %d, at most %d", c.RestartAt, c.KillAt, c.Rounds)
 	}
 	return c, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -144,7 +145,7 @@ func TestLinkAgain(t *testing.T) {
 // ECONNREFUSED; a dial the listener never answers ends within the
 // handshake timeout.
 func TestLinkRefusals(t *testing.T) {
-	var logs syncBuffer
+	var logs transporttest.LogBuffer
 	l, err := Listen(context.Background(), "127.0.0.1:0", 3, WithToken(testToken),
 		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.NoError(t, err)
@@ -168,9 +169,10 @@ func TestLinkRefusals(t *testing.T) {
 	assert.Equal(t, 1, r)
 	tr.Close()
 	acc.Close()
-	out := logs.String()
-	assert.Contains(t, out, "authentication failed")
-	assert.Contains(t, out, "world size 4, this job has 3")
+	for _, want := range []string{"authentication failed", "world size 4, this job has 3"} {
+		assert.Eventually(t, func() bool { return strings.Contains(logs.String(), want) }, 5*time.Second, 5*time.Millisecond,
+			"the listener logs %q (its serving goroutine may log after the dialer has its answer):\n%s", want, logs.String())
+	}
 
 	// Nobody listens.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -195,7 +197,7 @@ func TestLinkRefusals(t *testing.T) {
 // refused with ErrTLS and a log line, and the listener goes on.
 func TestLinkTLS(t *testing.T) {
 	cfg, _ := testTLS(t)
-	var logs syncBuffer
+	var logs transporttest.LogBuffer
 	l, err := Listen(context.Background(), "127.0.0.1:0", 2, WithToken(testToken), WithTLS(cfg),
 		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.NoError(t, err)
@@ -221,5 +223,5 @@ func TestLinkTLS(t *testing.T) {
 	assert.Equal(t, "sealed", string(m.Payload))
 	tr.Close()
 	acc.Close()
-	assert.Contains(t, logs.String(), "TLS handshake failed")
+	assert.Eventually(t, func() bool { return strings.Contains(logs.String(), "TLS handshake failed") }, 5*time.Second, 5*time.Millisecond)
 }
