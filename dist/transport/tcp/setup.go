@@ -508,7 +508,11 @@ func (t *Transport) serve(conn *net.TCPConn, slot *hsSlot) {
 		err = t.acceptRegistration(l)
 	}
 	if err != nil {
-		conn.Close()
+		if errors.Is(err, ErrTLS) {
+			lingerClose(conn)
+		} else {
+			conn.Close()
+		}
 		select {
 		case <-t.stop:
 			return // closing: not worth a warning

@@ -6,8 +6,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"time"
 )
 
 // ErrTLS is matched by the errors of a TLS handshake that failed for a
@@ -205,4 +207,21 @@ func tlsAlert(err error) bool {
 	var alert tls.AlertError
 	var op *net.OpError
 	return errors.As(err, &alert) || errors.As(err, &op) && op.Op == "remote error"
+}
+
+// tlsLinger bounds how long a refused TLS connection is drained.
+const tlsLinger = 250 * time.Millisecond
+
+// lingerClose closes a connection whose TLS handshake this side refused so
+// that the peer reads the alert: TLS 1.3 lets the dialing side send its
+// first bytes before it learns of the refusal, and closing a socket with
+// unread bytes resets the connection, which can destroy the alert before
+// the peer reads it (it would then retry instead of failing with ErrTLS).
+// So: shut down the write side after the alert, read and drop what the
+// peer still sends, briefly, then close.
+func lingerClose(c *net.TCPConn) {
+	c.CloseWrite()
+	c.SetReadDeadline(time.Now().Add(tlsLinger))
+	io.Copy(io.Discard, io.LimitReader(c, 1<<16))
+	c.Close()
 }
