@@ -43,9 +43,8 @@ const (
 // alike; the others to TCP only.
 const (
 	// EnvHeartbeatTimeout: after how long without a byte from a peer it is
-	// reported unresponsive, a Go duration (default 8s:
-	// tcp.DefaultHeartbeatTimeout; 5s on shared memory when neither
-	// heartbeat variable is set: shm.DefaultHeartbeatTimeout).
+	// reported unresponsive, a Go duration (default 10s on every
+	// transport: transport.DefaultHeartbeatTimeout, whose doc says why).
 	EnvHeartbeatTimeout = "GDIST_HEARTBEAT_TIMEOUT"
 	// EnvHeartbeatInterval: how often each link sends a heartbeat, a Go
 	// duration (default: min(timeout/8, 1s)).

@@ -44,7 +44,11 @@
 // A data-parallel job (every rank holds the same model) has one writer,
 // rank 0, which saves DIR/ckpt-<step>.gdc through a checkpoint.Async: Save
 // copies the state and returns, the write (atomic, verified after writing,
-// pruned to the last K) runs on the writer's goroutine. A pipeline job
+// pruned to the newest K that verify; damaged files are set aside as
+// *.corrupt and never count) runs on the writer's goroutine. Resuming over
+// files none of which verifies is a *DamagedError unless
+// WithStartFreshOverDamaged says otherwise, and a checkpoint of another
+// world size or layout is a *LayoutError. A pipeline job
 // (WithStage) has one writer per stage, each saving only its own layers to
 // DIR/stage<k>/ckpt-<step>.gdc.
 //

@@ -23,6 +23,8 @@ type config struct {
 	rankRNG  bool
 	tag      uint32
 	logger   *slog.Logger
+
+	freshOverDamaged bool
 }
 
 func defaultConfig() config {
@@ -90,6 +92,18 @@ func WithStage(k int) Option {
 func WithRankRNG() Option {
 	return func(o *config) error {
 		o.rankRNG = true
+		return nil
+	}
+}
+
+// WithStartFreshOverDamaged makes Resume start afresh (a Fresh result)
+// when checkpoint files exist but none of them verifies, instead of failing
+// with a *DamagedError: the damaged files are set aside (renamed
+// ckpt-<step>.gdc.corrupt) and listed in Resumed.Skipped. Without it a
+// directory of damaged files never silently restarts a run from step 0.
+func WithStartFreshOverDamaged() Option {
+	return func(o *config) error {
+		o.freshOverDamaged = true
 		return nil
 	}
 }

@@ -182,8 +182,8 @@ func WithHybrid(opts ...hybrid.Option) Option {
 // WithHeartbeat sets the links' heartbeat (TCP and shared memory alike):
 // a side silent for timeout is lost, so a client that froze is dropped,
 // and a client names a frozen leader, within about timeout. interval 0
-// derives it (min(timeout/8, 1 s)). The defaults are the transports'
-// (8 s over TCP, 5 s over shared memory).
+// derives it (min(timeout/8, 1 s)). The default is the transports'
+// (transport.DefaultHeartbeatTimeout, 10 s).
 func WithHeartbeat(interval, timeout time.Duration) Option {
 	if interval == 0 {
 		interval = tcp.DeriveHeartbeatInterval(timeout)

@@ -67,6 +67,8 @@
 //	-ckpt-dir DIR    save checkpoints here and resume from the newest good one
 //	-ckpt-every N    with -ckpt-dir, save every N steps (default 100; 0: only
 //	                 at the end)
+//	-ckpt-fresh      with -ckpt-dir, start afresh when no checkpoint there
+//	                 verifies (by default that is an error listing the files)
 //
 // With the defaults two ranks reach about 97.5% test accuracy in three
 // epochs.

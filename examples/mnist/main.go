@@ -41,6 +41,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.StringVar(&cfg.Compress, "compress", "", "all-reduce gradients as f16 or bf16 (default: float32)")
 	fs.StringVar(&cfg.CkptDir, "ckpt-dir", "", "save checkpoints here (rank 0) and resume from the latest good one (every rank)")
 	fs.Int64Var(&cfg.CkptEvery, "ckpt-every", 100, "with -ckpt-dir: save every this many steps (0: only at the end)")
+	fs.BoolVar(&cfg.CkptFresh, "ckpt-fresh", false, "with -ckpt-dir: when checkpoints exist but none verifies, start afresh (setting them aside as *.corrupt) instead of failing")
 	fs.IntVar(&cfg.BucketCap, "bucket-cap", 0, "DDP bucket size cap in bytes (default: 25 MiB; the first bucket is capped at min(this, 1 MiB))")
 	fs.IntVar(&cfg.MaxSteps, "max-steps", 0, "train at most this many steps per epoch, for a quick run (0: the whole epoch)")
 	fs.Usage = func() {
@@ -117,7 +118,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		},
 		step: func(step int, loss float64) { bar.step(step, loss) },
 		resumed: func(r *ckpt.Resumed) {
-			fmt.Fprintf(out, "mnist: resumed from %s (step %d, epoch %d)\n", r.Path, r.Step, r.State.Epoch+1)
+			if r.Fresh() {
+				fmt.Fprintf(out, "mnist: -ckpt-fresh: starting afresh over %d checkpoint(s) that do not verify, set aside as *.corrupt\n", len(r.Skipped))
+			} else {
+				fmt.Fprintf(out, "mnist: resumed from %s (step %d, epoch %d)\n", r.Path, r.Step, r.State.Epoch+1)
+			}
 			for _, s := range r.Skipped {
 				fmt.Fprintf(out, "mnist: passed over %s: %v\n", s.Path, s.Err)
 			}

@@ -48,6 +48,10 @@ type config struct {
 	// steps (0: only at the end) and from which every rank resumes.
 	CkptDir   string
 	CkptEvery int64
+	// CkptFresh starts afresh when CkptDir holds checkpoints but none
+	// verifies (they are set aside as *.corrupt); without it that is an
+	// error.
+	CkptFresh bool
 
 	// Cap the steps per epoch (-max-steps; 0: a full epoch) and, for
 	// tests, the number of test images evaluated (0: all).
@@ -95,7 +99,8 @@ type hooks struct {
 	step func(step int, loss float64)
 	// end is called after each epoch, after the evaluation.
 	end func(e epochStats)
-	// resumed is called when training resumes from a checkpoint.
+	// resumed is called when training resumes from a checkpoint, and when
+	// it starts afresh over checkpoints that do not verify (CkptFresh).
 	resumed func(r *ckpt.Resumed)
 }
 
@@ -349,6 +354,9 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		if cfg.CkptEvery > 0 {
 			opts = append(opts, ckpt.WithEvery(cfg.CkptEvery))
 		}
+		if cfg.CkptFresh {
+			opts = append(opts, ckpt.WithStartFreshOverDamaged())
+		}
 		if m, err = ckpt.New(pg, cfg.CkptDir, opts...); err != nil {
 			return nil, err
 		}
@@ -362,9 +370,9 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 				return nil, err
 			}
 			step = r.Step
-			if leader && h.resumed != nil {
-				h.resumed(r)
-			}
+		}
+		if leader && h.resumed != nil && (!r.Fresh() || len(r.Skipped) > 0) {
+			h.resumed(r)
 		}
 		// Every rank must now hold what rank 0 holds: parameters, solver
 		// state, step, epoch and sampler position.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -31,7 +30,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	def := transformer.DefaultConfig(0)
 	var cfg trainConfig
 	textPath := fs.String("text", "", "training text, UTF-8 (default: $(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt)")
-	out := fs.String("out", defaultCkpt, "write the checkpoint here (rank 0)")
+	out := fs.String("out", defaultCkpt, "write the model here (rank 0): a gdist checkpoint, or safetensors if the name ends in .safetensors")
 	plotPath := fs.String("plot", "", "write a PNG of the loss curves here (rank 0)")
 	fs.IntVar(&cfg.Steps, "steps", 0, "stop after this many steps (0: no limit)")
 	fs.DurationVar(&cfg.Duration, "duration", 3*time.Minute, "stop after this much time (0: no limit; default 0 when only -steps is given)")
@@ -140,10 +139,7 @@ Flags:
 			return nil
 		}
 		fmt.Fprintf(w, "train: %d steps in %.1fs, %.0f tokens/s\n", steps, elapsed.Seconds(), float64(steps*cfg.Batch*model.Ctx)/elapsed.Seconds())
-		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-			return fmt.Errorf("transformer: %w", err)
-		}
-		if err := transformer.Save(*out, &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(steps), Tensors: weights}); err != nil {
+		if err := saveModel(*out, &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(steps), Tensors: weights}); err != nil {
 			return err
 		}
 		fmt.Fprintf(w, "train: saved %s (the single-process model, gathered from every rank)\n", *out)
@@ -211,13 +207,8 @@ Flags:
 		fmt.Fprintln(w, ddpSummary(res))
 		fmt.Fprintf(w, "train: parameters identical on all %d ranks (fnv64a %016x)\n", pg.WorldSize(), res.Check.Hash)
 	}
-	if dir := filepath.Dir(*out); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("transformer: %w", err)
-		}
-	}
 	ck := &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(res.Steps), Tensors: res.Weights}
-	if err := transformer.Save(*out, ck); err != nil {
+	if err := saveModel(*out, ck); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "train: saved %s\n", *out)

@@ -82,4 +82,19 @@
 // seed (the tests check it for 2 and 3 stages in one process and for 2 OS
 // processes over TCP). A model with a tied head (embedding and head sharing
 // a matrix) cannot be split that way and generates on one process only.
+//
+// # safetensors
+//
+// A model leaves the Go world and comes back as safetensors, the format
+// torch and Hugging Face share, its parameters named as Hugging Face's
+// GPT-2 names them (models/transformer documents the table): train -out
+// and generate -ckpt take a .safetensors file as well as a gdist
+// checkpoint, and convert turns one into the other:
+//
+//	go run ./examples/transformer convert -in out/opticks.gdc -out out/opticks.safetensors
+//	go run ./examples/transformer generate -ckpt out/opticks.safetensors -prompt "Light is"
+//	go run ./examples/transformer convert -in gpt2-like.safetensors -heads 12 -out out/model.gdc
+//
+// -heads is needed only for a file that does not record gdist's
+// configuration in its metadata (one written elsewhere).
 package main

@@ -13,7 +13,9 @@
 //
 // A [Dir] keeps a run's checkpoints, ckpt-<step>.gdc: [Dir.SaveStep] verifies
 // a new file completely before renaming it into place and only then removes
-// the oldest beyond the last K, and [Dir.LoadLatest] returns the newest file
+// the oldest beyond the newest K that verify (files that fail verification
+// are renamed *.corrupt and never count; the file just saved is never
+// removed), and [Dir.LoadLatest] returns the newest file
 // that verifies, passing over truncated or corrupt ones and saying why. An
 // [Async] writer takes a copy of the state and writes it on its own
 // goroutine, so a training loop stalls only for the copy.

@@ -92,9 +92,11 @@
 // yet is dropped. A silent peer (a stopped process, a machine gone, a cut
 // link) is reported as transport.ErrPeerUnresponsive and ErrHeartbeatTimeout:
 // every link sends a heartbeat each interval (default 1 s) and the peer
-// echoes it (WithHeartbeatObserver sees the round trips); after 8 s
-// (WithHeartbeat) without a byte from a peer, it is named, within 8.25 s of
-// the last bytes it sent. The heartbeat goroutines do no work but post a
+// echoes it (WithHeartbeatObserver sees the round trips); after 10 s
+// (WithHeartbeat; transport.DefaultHeartbeatTimeout, the same on every
+// transport) without a byte from a peer, it is named, within about 10.25 s
+// of the last bytes it sent. A pause shorter than the timeout by
+// transport.PauseMargin is never taken for a death. The heartbeat goroutines do no work but post a
 // frame, and every read that returns bytes counts as liveness, also in the
 // middle of a long frame: a rank computing with GOMAXPROCS=1 keeps
 // answering (TestBusyComputeNotDeclaredDead: 10 s of Gorgonia matrix

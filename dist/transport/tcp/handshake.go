@@ -109,13 +109,19 @@ func (t *Transport) helloInfo(peer int, mode uint8) (wire.HelloInfo, error) {
 // server proves it in Welcome only after checking that proof: a connector
 // that does not know the token gets nothing from the server that depends on
 // the token.
-func (t *Transport) clientHandshake(ctx context.Context, conn stream, br *frameReader, server int, mode uint8) (wire.HelloInfo, error) {
+func (t *Transport) clientHandshake(ctx context.Context, conn stream, br *frameReader, server int, mode uint8) (info wire.HelloInfo, err error) {
 	defer bindDeadline(ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
 	me, world := t.ident()
 	mine, err := t.helloInfo(server, mode)
 	if err != nil {
 		return wire.HelloInfo{}, err
 	}
+	t.dialing(mine.Nonce, true)
+	defer func() {
+		if t.dialing(mine.Nonce, false) && err != nil {
+			err = errSelfDial
+		}
+	}()
 	hello := make([]byte, wire.HelloSize)
 	mine.Put(hello)
 	if err := writeFrame(conn, wire.Header{Kind: wire.Hello, Src: me}, hello); err != nil {
@@ -175,7 +181,7 @@ func errFatal(err error) bool {
 	// A TLS peer that refuses our certificate says so with an alert, which
 	// TLS 1.3 delivers after our side of its handshake has completed: at
 	// the first read of the job token's handshake.
-	return errors.As(err, &rj) || errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol) ||
+	return errors.As(err, &rj) || errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol) || errors.Is(err, errSelfDial) ||
 		errors.Is(err, ErrTLS) || tlsAlert(err)
 }
 
@@ -218,6 +224,9 @@ func (t *Transport) serverExchange(conn stream, br *frameReader) (link, int, err
 	claimed := -1
 	if c < int64(t.world) {
 		claimed = int(c)
+	}
+	if t.ownHello(theirs.Nonce) {
+		return link{}, claimed, reject(wire.RejectRank, "rank %d dialed its own listener", c)
 	}
 	mine, err := t.helloInfo(0, t.acceptMode)
 	if err != nil {
@@ -277,6 +286,41 @@ func (t *Transport) serverExchange(conn stream, br *frameReader) (link, int, err
 		return link{}, claimed, err
 	}
 	return link{rank: int(c), conn: conn, br: br, info: theirs}, claimed, nil
+}
+
+// errSelfDial is the handshake error of a dial that reached this very
+// transport's listener (the dialer turns it into a *SelfDialError).
+var errSelfDial = errors.New("reached this process's own listener")
+
+// dialing registers (on) or unregisters (!on) the nonce of a handshake
+// this transport is making as the client. Unregistering reports whether
+// this transport's own listener received that very handshake: the dial
+// reached itself.
+func (t *Transport) dialing(nonce [wire.NonceSize]byte, on bool) (self bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if on {
+		if t.ownNonces == nil {
+			t.ownNonces = map[[wire.NonceSize]byte]bool{}
+		}
+		t.ownNonces[nonce] = false
+		return false
+	}
+	self = t.ownNonces[nonce]
+	delete(t.ownNonces, nonce)
+	return self
+}
+
+// ownHello reports whether a Hello with nonce is one this transport sent
+// (its dial reached its own listener), and records it for the dialer.
+func (t *Transport) ownHello(nonce [wire.NonceSize]byte) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.ownNonces[nonce]; !ok {
+		return false
+	}
+	t.ownNonces[nonce] = true
+	return true
 }
 
 // claim reserves rank r for an authenticated link from remote; if r is

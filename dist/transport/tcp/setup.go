@@ -302,6 +302,9 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 				t.mu.Unlock()
 				return l, nil
 			}
+			if errors.Is(err, errSelfDial) { // connect closed conn
+				return link{}, &SelfDialError{Rank: t.rank, To: to, Addr: addr, Master: mode == wire.ModeRendezvous}
+			}
 			if errFatal(err) {
 				return link{}, fmt.Errorf("tcp: rank %d: connect to rank %d at %s: %w", t.rank, to, addr, err)
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/internal/bufpool"
 	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // closeLinger bounds how long Close waits for peers to acknowledge its
@@ -70,6 +71,10 @@ type Transport struct {
 	joining    bool         // rank > 0 in a rendezvous that has not received the table (guarded by mu)
 	waiting    string       // the rendezvous step in progress, for InitTimeoutError (guarded by mu)
 	dialErr    error        // the last error of a dial being retried (guarded by mu)
+	// ownNonces holds the Hello nonces of this transport's handshakes in
+	// progress as a client, true once its own listener received one
+	// (guarded by mu).
+	ownNonces map[[wire.NonceSize]byte]bool
 
 	// links (Listen, Dial)
 	idRank, idWorld int        // a link's rank and size of its star, which the handshake states (see ident)
@@ -255,6 +260,16 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 
 // Release implements transport.Transport.
 func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
+
+// Queued implements transport.Backlog: the messages that arrived at this
+// rank and that nobody has received yet.
+func (t *Transport) Queued() []transport.Queued {
+	var out []transport.Queued
+	for _, q := range t.box.Backlog() {
+		out = append(out, transport.Queued{From: q.Src, To: t.rank, Tag: q.Tag, Messages: q.Msgs, Bytes: q.Bytes})
+	}
+	return out
+}
 
 // Close implements transport.Transport: it tells every peer goodbye (they
 // see this rank as closed, not lost, once they have drained its messages),
