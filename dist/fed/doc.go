@@ -65,6 +65,15 @@
 // averaged into another. Result says who was sampled, who took part, who
 // was missing, who joined and who left.
 //
+// With WithSecureAggregation the leader learns only the weighted sum of the
+// updates, never one client's: each round runs package secagg's four stages
+// over the clients' links (the key exchange while they train, the masked
+// update with Report, the unmasking after the round), and a client that
+// drops after masking stays in the sum. With WithScaffold the clients'
+// drift is corrected with SCAFFOLD's control variates: Task.Correction, to
+// add to each local gradient, and Task.Trained before Report. Both work
+// together and with every server optimizer.
+//
 // # Usage
 //
 // Started by a launcher (gdistrun, torchrun, Slurm, ...), rank 0 leads and
