@@ -36,5 +36,8 @@
 // Flags: -clients, -rounds, -local-epochs, -batch, -lr, -lr-decay, -hidden,
 // -seed, -data (the MNIST IDX files; default: the GoMNIST module's), -limit
 // (images per client), -secagg, -scaffold, -train-head, -kill, -kill-at,
-// -restart-at, -heartbeat (the links' heartbeat timeout, default 2s).
+// -restart-at, -heartbeat (the links' heartbeat timeout; default the
+// transports', 10s: a killed client is seen at once anyway, by its closed
+// connection, and a short timeout on a loaded machine takes a busy process
+// for a frozen one).
 package main

@@ -53,7 +53,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.KillClient, "kill", 3, "the client the supervisor kills with SIGKILL (0: none)")
 	fs.IntVar(&c.KillAt, "kill-at", 5, "kill it before this round")
 	fs.IntVar(&c.RestartAt, "restart-at", 10, "start it again before this round (0: never)")
-	fs.DurationVar(&c.Heartbeat, "heartbeat", 2*time.Second, "the links' heartbeat timeout")
+	fs.DurationVar(&c.Heartbeat, "heartbeat", 0, "the links' heartbeat timeout (0: the transports' default, 10s)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return c, err
 	}

@@ -28,7 +28,10 @@ func runRank(ctx context.Context, cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	opts := []fed.Option{fed.WithHeartbeat(0, cfg.Heartbeat)}
+	var opts []fed.Option
+	if cfg.Heartbeat > 0 {
+		opts = append(opts, fed.WithHeartbeat(0, cfg.Heartbeat))
+	}
 	if job.Rank == 0 {
 		return lead(ctx, cfg, job, opts, out)
 	}
