@@ -30,7 +30,8 @@ func WithScaffold() Option {
 }
 
 // Trained records how the client trained on this task: steps optimizer
-// steps at learning rate lr. A round with SCAFFOLD (WithScaffold on the
+// steps at learning rate lr (for SGD with momentum β, pass lr/(1-β), the
+// step its updates settle at). A round with SCAFFOLD (WithScaffold on the
 // leader; Task.Correction is not nil) needs it before Report; otherwise it
 // is ignored.
 func (t *Task) Trained(steps int, lr float64) {
