@@ -68,6 +68,7 @@ type config struct {
 	spin       time.Duration
 	remoteMin  int
 	logger     *slog.Logger
+	quietLoss  bool
 }
 
 func defaultConfig() config {
@@ -222,6 +223,13 @@ func WithSingleCopy(min int) Option {
 // format GDIST_LOG_FORMAT selects, text or json).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.logger = l; return nil }
+}
+
+// WithQuietLoss logs a lost peer at debug level instead of as an error, for
+// links whose loss the layer above reports itself (package dist/fed drops a
+// client and logs it once).
+func WithQuietLoss() Option {
+	return func(c *config) error { c.quietLoss = true; return nil }
 }
 
 func (c *config) validate(rank, world int) error {

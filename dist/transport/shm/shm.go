@@ -357,7 +357,11 @@ func (t *Transport) fail(rank int, cause error) {
 		p.lostErr = cause
 		p.lost.Store(true)
 		close(p.lostCh)
-		t.log.Error("shm: peer lost", "peer", rank, "err", cause)
+		level := slog.LevelError
+		if t.cfg.quietLoss {
+			level = slog.LevelDebug
+		}
+		t.log.Log(context.Background(), level, "shm: peer lost", "peer", rank, "err", cause)
 		t.box.FailSource(rank, &transport.PeerError{Rank: rank, Op: "recv", Err: cause})
 		p.conn.Close()
 		// Wake the reader. fail may run on an application goroutine (a

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,6 +136,7 @@ type config struct {
 	sockBuf      int
 	maxPendingHS int
 	hbObserver   func(peer int, rtt time.Duration)
+	tls          *tls.Config // WithTLS; nil: plain TCP
 }
 
 func defaultConfig() config {

@@ -75,6 +75,11 @@ type Transport struct {
 	// progress as a client, true once its own listener received one
 	// (guarded by mu).
 	ownNonces map[[wire.NonceSize]byte]bool
+
+	// links (Listen, Dial)
+	idRank, idWorld int        // a link's rank and size of its star, which the handshake states (see ident)
+	handOff         func(link) // accepting side of links: takes each authenticated link
+	quietLoss       bool       // a lost peer is the layer above's to report: log it at debug level
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -106,6 +111,15 @@ func newTransport(rank, world int, ln net.Listener, cfg config) *Transport {
 		go t.monitor()
 	}
 	return t
+}
+
+// ident is the rank and world size this side states in the handshake: its
+// own, or a dialed link's rank in its star.
+func (t *Transport) ident() (rank, world uint32) {
+	if t.idWorld == 0 {
+		return uint32(t.rank), uint32(t.world)
+	}
+	return uint32(t.idRank), uint32(t.idWorld)
 }
 
 // Rank implements transport.Transport.
@@ -286,7 +300,7 @@ func (t *Transport) shutdown(graceful bool) {
 	t.regs = nil
 	t.mu.Unlock()
 	for _, r := range regs {
-		r.l.conn.Close() // registered with rank 0, still waiting for the table
+		r.l.raw.Close() // registered with rank 0, still waiting for the table
 	}
 	t.box.Fail(errClosed("recv"))
 	deadline := time.Now().Add(min(closeLinger, max(t.cfg.hbTimeout, time.Second)))
@@ -304,7 +318,7 @@ func (t *Transport) shutdown(graceful bool) {
 			p.goodbye(deadline)
 			p.conn.SetReadDeadline(deadline)
 		} else {
-			p.conn.Close()
+			p.raw.Close()
 		}
 	}
 	// No peer is added once closing is set (addPeer checks it under mu), so
@@ -319,7 +333,7 @@ func (t *Transport) shutdown(graceful bool) {
 	t.wg.Wait()
 	for r := range t.peers {
 		if p := t.peers[r].Load(); p != nil {
-			p.conn.Close()
+			p.raw.Close()
 		}
 	}
 }
@@ -345,11 +359,15 @@ func (t *Transport) fail(rank int, cause error) {
 		p.lostErr = cause
 		p.lost.Store(true)
 		close(p.lostCh)
-		t.log.Error("tcp: peer lost", "peer", rank, "err", cause)
+		level := slog.LevelError
+		if t.quietLoss {
+			level = slog.LevelDebug
+		}
+		t.log.Log(context.Background(), level, "tcp: peer lost", "peer", rank, "err", cause)
 		pe := &transport.PeerError{Rank: rank, Op: "recv", Err: cause}
 		t.box.FailSource(rank, pe)
 		t.setupFailed(&transport.PeerError{Rank: rank, Op: "connect", Err: cause}) // only matters during setup
-		p.conn.Close()
+		p.raw.Close()
 	})
 }
 
@@ -443,7 +461,7 @@ func (t *Transport) linger(tick *time.Ticker) {
 			if rx := p.rx.Load(); rx != p.lastRx {
 				p.lastRx, p.lastRxAt = rx, now
 			} else if now.Sub(p.lastRxAt) >= silence {
-				p.conn.Close()
+				p.raw.Close()
 			}
 		}
 		if now.After(t.lingerUntil) {
