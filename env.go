@@ -1,6 +1,7 @@
 package gdist
 
 import (
+	"crypto/tls"
 	"fmt"
 	"strconv"
 	"time"
@@ -9,8 +10,8 @@ import (
 	"github.com/gdist/gdist/dist/metrics"
 	"github.com/gdist/gdist/dist/transport/hybrid"
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/envconf"
 	"github.com/gdist/gdist/internal/launchenv"
-	"github.com/gdist/gdist/internal/options"
 )
 
 // Environment variables InitFromEnv reads.
@@ -42,9 +43,8 @@ const (
 // alike; the others to TCP only.
 const (
 	// EnvHeartbeatTimeout: after how long without a byte from a peer it is
-	// reported unresponsive, a Go duration (default 8s:
-	// tcp.DefaultHeartbeatTimeout; 5s on shared memory when neither
-	// heartbeat variable is set: shm.DefaultHeartbeatTimeout).
+	// reported unresponsive, a Go duration (default 10s on every
+	// transport: transport.DefaultHeartbeatTimeout, whose doc says why).
 	EnvHeartbeatTimeout = "GDIST_HEARTBEAT_TIMEOUT"
 	// EnvHeartbeatInterval: how often each link sends a heartbeat, a Go
 	// duration (default: min(timeout/8, 1s)).
@@ -60,6 +60,17 @@ const (
 	// connection, in bytes with an optional K, M or G suffix (default: the
 	// kernel's auto-tuning).
 	EnvSocketBuffer = "GDIST_SOCKET_BUFFER"
+	// EnvTLSCert, EnvTLSKey and EnvTLSCA: PEM files of this rank's
+	// certificate chain, its private key and the CA certificates it trusts
+	// for its peers. Set all three to run every TCP link over TLS 1.3 with
+	// mutual authentication (tcp.WithTLS, tcp.LoadTLS); the certificate must
+	// be valid for client and server authentication and for the address
+	// its peers dial, unless EnvTLSServerName names the one name every
+	// certificate carries.
+	EnvTLSCert       = envconf.TLSCert
+	EnvTLSKey        = envconf.TLSKey
+	EnvTLSCA         = envconf.TLSCA
+	EnvTLSServerName = envconf.TLSServerName
 )
 
 // groupEnvOptions returns the group options the environment asks for
@@ -157,48 +168,42 @@ func hybridEnvOptions(lookup func(string) (string, bool)) ([]hybrid.Option, erro
 // GDIST_HEARTBEAT_INTERVAL ask for: ok is false when neither is set;
 // interval is 0 (derived by the transport) unless set.
 func envHeartbeat(lookup func(string) (string, bool)) (interval, timeout time.Duration, ok bool, err error) {
-	hbTimeout, tset, err := envDuration(lookup, EnvHeartbeatTimeout)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	hbInterval, iset, err := envDuration(lookup, EnvHeartbeatInterval)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	if !tset && !iset {
-		return 0, 0, false, nil
-	}
-	if !tset {
-		hbTimeout = tcp.DefaultHeartbeatTimeout
-	}
-	if iset && hbTimeout < 2*hbInterval {
-		return 0, 0, false, fmt.Errorf("%w: %s=%v must be at least twice %s=%v", dist.ErrEnv,
-			EnvHeartbeatTimeout, hbTimeout, EnvHeartbeatInterval, hbInterval)
-	}
-	return hbInterval, hbTimeout, true, nil
+	interval, timeout, ok, err = envconf.Heartbeat(lookup, tcp.DefaultHeartbeatTimeout)
+	return interval, timeout, ok, envErr(err)
 }
 
 // envDuration parses the positive duration in variable name, if set.
 func envDuration(lookup func(string) (string, bool), name string) (time.Duration, bool, error) {
-	return envPositive(lookup, name, time.ParseDuration, "a positive duration (e.g. 10s)")
+	d, ok, err := envconf.Duration(lookup, name)
+	return d, ok, envErr(err)
 }
 
 // envSize parses the positive byte count in variable name, if set.
 func envSize(lookup func(string) (string, bool), name string) (int, bool, error) {
-	return envPositive(lookup, name, options.ParseBytes, "a positive size in bytes (e.g. 67108864 or 64M)")
+	n, ok, err := envconf.Size(lookup, name)
+	return n, ok, envErr(err)
 }
 
-// envPositive parses variable name with parse, if it is set: ok is false
-// when it is not, and a value parse refuses, or one <= 0, is an error
-// matching dist.ErrEnv that names the variable and says it is not want.
-func envPositive[T ~int | ~int64](lookup func(string) (string, bool), name string, parse func(string) (T, error), want string) (x T, ok bool, err error) {
-	v, set := lookup(name)
-	if !set || v == "" {
-		return 0, false, nil
+// envTLS returns the TLS configuration GDIST_TLS_CERT, GDIST_TLS_KEY,
+// GDIST_TLS_CA and GDIST_TLS_SERVER_NAME ask for, or nil when none is set.
+// Files that cannot be loaded give an error matching dist.ErrEnv that names
+// them.
+func envTLS(lookup func(string) (string, bool)) (*tls.Config, error) {
+	f, ok, err := envconf.TLS(lookup)
+	if err != nil || !ok {
+		return nil, envErr(err)
 	}
-	x, err = parse(v)
-	if err != nil || x <= 0 {
-		return 0, false, fmt.Errorf("%w: %s=%q is not %s", dist.ErrEnv, name, v, want)
+	cfg, err := tcp.LoadTLS(f.Cert, f.Key, f.CA, f.ServerName)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s, %s, %s: %w", dist.ErrEnv, EnvTLSCert, EnvTLSKey, EnvTLSCA, err)
 	}
-	return x, true, nil
+	return cfg, nil
+}
+
+// envErr wraps a malformed variable's error with dist.ErrEnv.
+func envErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", dist.ErrEnv, err)
 }

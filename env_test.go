@@ -23,7 +23,8 @@ func clearEnv(t *testing.T, kv ...string) {
 	}
 	for _, v := range []string{EnvMasterAddr, EnvMasterPort, EnvToken, EnvInsecure, EnvListenAddr,
 		EnvHeartbeatTimeout, EnvHeartbeatInterval, EnvInitTimeout, EnvMaxFrame, EnvSocketBuffer,
-		EnvTransport, EnvHostID, EnvTimeline, EnvMetricsAddr, EnvRestartCount} {
+		EnvTransport, EnvHostID, EnvTimeline, EnvMetricsAddr, EnvRestartCount,
+		EnvTLSCert, EnvTLSKey, EnvTLSCA, EnvTLSServerName} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}

@@ -137,6 +137,11 @@ func WithLogger(l *slog.Logger) Option {
 //     and fails naming the rank where it could not be set up. Every rank
 //     must use the same value. The group's Transport is then a
 //     *hybrid.Transport (Via tells the route to each peer).
+//   - with GDIST_TLS_CERT, GDIST_TLS_KEY and GDIST_TLS_CA set (PEM files:
+//     this rank's certificate, its key, the CA it trusts for its peers), every
+//     TCP link runs over TLS 1.3 with mutual authentication, under the token
+//     (tcp.WithTLS; GDIST_TLS_SERVER_NAME names the one name every
+//     certificate carries, else each is checked against the address dialed).
 //   - the transports' heartbeat, init timeout, maximum frame and socket
 //     buffers come from GDIST_HEARTBEAT_TIMEOUT, GDIST_HEARTBEAT_INTERVAL,
 //     GDIST_INIT_TIMEOUT, GDIST_MAX_FRAME and GDIST_SOCKET_BUFFER when set
@@ -252,6 +257,11 @@ func dialFromEnv(ctx context.Context, job launchenv.Job, cfg *config, rtts *atom
 	eopts, err := tcpEnvOptions(os.LookupEnv)
 	if err != nil {
 		return nil, err
+	}
+	if tc, err := envTLS(os.LookupEnv); err != nil {
+		return nil, err
+	} else if tc != nil {
+		topts = append(topts, tcp.WithTLS(tc))
 	}
 	topts = append(append(topts, eopts...), cfg.tcpOpts...)
 	hopts = append(hopts, hybrid.WithTCP(topts...))

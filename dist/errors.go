@@ -178,18 +178,24 @@ func (e *AbortError) Unwrap() []error { return []error{e.Err, e.Kind.Sentinel()}
 
 // TimeoutError is the error of a collective that ran out of time on this
 // rank: it names the ranks it was still waiting for and where each of them
-// was, as far as this rank knew. It matches ErrTimeout and
-// context.DeadlineExceeded.
+// was, as far as this rank knew, and the messages the transport held that
+// nobody had received (a message nobody receives fills its sender's share
+// of the receive queue, and what that sender sends next waits behind it).
+// It matches ErrTimeout and context.DeadlineExceeded.
 type TimeoutError struct {
 	Op      string
 	Seq     uint64
 	After   time.Duration  // how long the collective ran
 	Waiting []PeerProgress // the ranks that had not finished the collective
+	// Queued lists the point-to-point and collective messages queued
+	// unreceived when it timed out, if the transport can tell
+	// (transport.Backlog).
+	Queued []transport.Queued
 }
 
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("dist: %s #%d timed out after %v waiting for %s",
-		e.Op, e.Seq, e.After.Round(time.Millisecond), describeWaiting(e.Waiting, time.Now()))
+	return fmt.Sprintf("dist: %s #%d timed out after %v waiting for %s%s",
+		e.Op, e.Seq, e.After.Round(time.Millisecond), describeWaiting(e.Waiting, time.Now()), describeQueued(e.Queued))
 }
 
 func (e *TimeoutError) Unwrap() []error { return []error{ErrTimeout, context.DeadlineExceeded} }

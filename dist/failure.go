@@ -30,8 +30,12 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 )
 
-// setCauseLocked records the job's first failure and wakes every
-// collective blocked in the transport, in every group. d.mu is held.
+// setCauseLocked records the job's first failure, wakes every
+// collective blocked in the transport, in every group, and, for a failure
+// to tell the peers about (a != nil), starts sending the notice. The
+// sender is registered with Close under the lock that records the cause:
+// a rank whose call fails with this cause and which closes at once still
+// tells its peers why before it says goodbye. d.mu is held.
 func (d *domain) setCauseLocked(a *AbortError, cause error) {
 	d.cause, d.abort = cause, a
 	for _, g := range d.groups {
@@ -42,6 +46,11 @@ func (d *domain) setCauseLocked(a *AbortError, cause error) {
 	}
 	close(d.abortCh)
 	d.failCancel()
+	if a != nil && !d.transportClosing {
+		d.wg.Add(1)
+		d.sending.Add(1)
+		go d.sendAbort(encodeNotice(a))
+	}
 }
 
 // fail records a (and cause, the error of the operation that found it)
@@ -59,19 +68,11 @@ func (d *domain) fail(a *AbortError, cause error) bool {
 	return true
 }
 
-// aborted logs a new abort and tells the peers.
+// aborted logs a new abort (setCauseLocked has started telling the
+// peers).
 func (d *domain) aborted(a *AbortError) {
 	d.log.Warn("dist: process group aborted", "culprit", a.Rank, "kind", a.Kind.String(),
 		"op", a.Op, "seq", a.Seq, "err", a.Error())
-	d.mu.Lock()
-	if d.transportClosing {
-		d.mu.Unlock()
-		return
-	}
-	d.wg.Add(1)
-	d.sending.Add(1)
-	d.mu.Unlock()
-	go d.sendAbort(encodeNotice(a))
 }
 
 // sendAbort tells every peer (in parallel, each bounded by
@@ -210,6 +211,41 @@ type ownError struct {
 
 func (e *ownError) Error() string   { return e.err.Error() }
 func (e *ownError) Unwrap() []error { return []error{e.err, e.a} }
+
+// ownCtxEnded makes err, the error of a collective whose own context ctx
+// has ended, match ctx.Err(): the group may have failed first because of a
+// peer's notice (typically the peer's own cancellation, which arrived
+// before this rank's), but a caller that cancelled must find its
+// cancellation (errors.Is(err, context.Canceled)), and the peer's cause
+// stays in the chain. err is returned as it is when it matches already or
+// ctx has not ended.
+func ownCtxEnded(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	return withCtxErr(ctx.Err(), err)
+}
+
+// withCtxErr is ownCtxEnded for a context that ended with ctxErr (nil: it
+// has not).
+func withCtxErr(ctxErr, err error) error {
+	if ctxErr == nil || errors.Is(err, ctxErr) {
+		return err
+	}
+	return &ctxEndedError{ctx: ctxErr, err: err}
+}
+
+// ctxEndedError is the error of a collective whose context ended while
+// (or after) its group failed for another reason.
+type ctxEndedError struct {
+	ctx error // the context's error
+	err error // the group's
+}
+
+func (e *ctxEndedError) Error() string {
+	return fmt.Sprintf("%v (this rank's context ended too: %v)", e.err, e.ctx)
+}
+func (e *ctxEndedError) Unwrap() []error { return []error{e.ctx, e.err} }
 
 // failedHere reports whether this rank failed the job, for a reason of its
 // own, while collective seq of g ran.

@@ -36,7 +36,11 @@ type fedCall struct {
 // length gets every rank a *DesyncError. data stays the caller's.
 //
 // FederatedAverage takes its turn among the group's collectives like any
-// other collective, and a failure aborts the group like theirs. Because it
+// other collective, and a failure aborts the group like theirs: a client
+// that dies ends the job. Package dist/fed is its successor for federated
+// learning whose clients come and go (they are dropped and join again),
+// with weighted FedAvg, client sampling, server optimizers and secure
+// aggregation. Because it
 // waits for no one but the leader, it cannot tell a slow rank from one that
 // called another collective instead: such a mismatch is caught by the
 // timeouts (ctx or WithTimeout), not by desync detection.

@@ -17,6 +17,7 @@ package dist
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,6 +109,42 @@ func describeWaiting(ps []PeerProgress, now time.Time) string {
 		word = "ranks "
 	}
 	return word + strings.Join(ranks, ", ") + " (" + strings.Join(where, "; ") + ")"
+}
+
+// queued returns the point-to-point messages the transport holds
+// unreceived, if it can tell (transport.Backlog). The group's own messages
+// are left out: collective messages queued while a collective waits are
+// its ordinary traffic.
+func (d *domain) queued() []transport.Queued {
+	b, ok := d.t.(transport.Backlog)
+	if !ok {
+		return nil
+	}
+	return slices.DeleteFunc(b.Queued(), func(q transport.Queued) bool { return q.Tag >= TagReservedBase })
+}
+
+// describeQueued formats unreceived point-to-point messages for a timeout
+// or stall report, like "; unreceived: from rank 1 to rank 0, tag 5: 1 message,
+// 68000000 bytes (a message nobody receives holds back what its sender
+// sends next)", or "" if there are none.
+func describeQueued(qs []transport.Queued) string {
+	if len(qs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("; unreceived: ")
+	for i, q := range qs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "from rank %d to rank %d, tag %d: %d message", q.From, q.To, q.Tag, q.Messages)
+		if q.Messages != 1 {
+			b.WriteString("s")
+		}
+		fmt.Fprintf(&b, ", %d bytes", q.Bytes)
+	}
+	b.WriteString(" (a message nobody receives holds back what its sender sends next)")
+	return b.String()
 }
 
 // Progress returns where every other member of the group was, as far as
@@ -315,8 +352,8 @@ func (d *domain) inspectStalls() {
 			d.mu.Unlock()
 			waited := time.Since(started)
 			name := g.opName(cur.kind)
-			msg := fmt.Sprintf("dist: %s #%d stalled: waiting %v for %s", name, cur.seq,
-				waited.Round(100*time.Millisecond), describeWaiting(g.waitingFor(cur.seq), time.Now()))
+			msg := fmt.Sprintf("dist: %s #%d stalled: waiting %v for %s%s", name, cur.seq,
+				waited.Round(100*time.Millisecond), describeWaiting(g.waitingFor(cur.seq), time.Now()), describeQueued(d.queued()))
 			d.cfg.stallLog.Warn(msg, "op", name, "seq", cur.seq, "waited", waited)
 		}
 	}

@@ -25,8 +25,9 @@ func newTCPCluster(t testing.TB, n int, opts ...Option) (*cluster, []*tcp.Transp
 	return tcpCluster(t, ts, opts...), ts
 }
 
-// tcpMesh is n TCP transports in this process, connected over loopback.
-func tcpMesh(t testing.TB, n int) []*tcp.Transport {
+// tcpMesh is n TCP transports in this process, connected over loopback,
+// with opts.
+func tcpMesh(t testing.TB, n int, opts ...tcp.Option) []*tcp.Transport {
 	t.Helper()
 	lns := make([]net.Listener, n)
 	addrs := make([]string, n)
@@ -35,15 +36,22 @@ func tcpMesh(t testing.TB, n int) []*tcp.Transport {
 		require.NoError(t, err)
 		lns[r], addrs[r] = ln, ln.Addr().String()
 	}
-	ts := make([]*tcp.Transport, n)
+	return startRanks(t, n, func(ctx context.Context, r int) (*tcp.Transport, error) {
+		return tcp.New(ctx, r, n, lns[r], addrs, append([]tcp.Option{tcp.WithToken(testToken)}, opts...)...)
+	})
+}
+
+// startRanks starts the transports of n ranks in this process at once,
+// rank r's with start, and requires every one to succeed.
+func startRanks[T transport.Transport](t testing.TB, n int, start func(ctx context.Context, r int) (T, error)) []T {
+	t.Helper()
+	ts := make([]T, n)
 	errs := make([]error, n)
 	ctx, cancel := context.WithTimeout(bg, 20*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	for r := range n {
-		wg.Go(func() {
-			ts[r], errs[r] = tcp.New(ctx, r, n, lns[r], addrs, tcp.WithToken(testToken))
-		})
+		wg.Go(func() { ts[r], errs[r] = start(ctx, r) })
 	}
 	wg.Wait()
 	for r, err := range errs {

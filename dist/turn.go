@@ -90,6 +90,7 @@ func (g *ProcessGroup) runSync(ctx context.Context, c *call) error {
 func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, queued time.Time) error {
 	d := g.d
 	if err := g.waitTurn(ctx, seq, c.kind); err != nil {
+		err = ownCtxEnded(ctx, err)
 		if w != nil {
 			w.finish(err)
 		}
@@ -98,7 +99,7 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 	d.mu.Lock()
 	if d.cause != nil || g.closed {
 		d.mu.Unlock()
-		err := g.derive(seq, g.opName(c.kind))
+		err := ownCtxEnded(ctx, g.derive(seq, g.opName(c.kind)))
 		if w != nil {
 			w.finish(err)
 		}
@@ -141,6 +142,7 @@ func (g *ProcessGroup) exec(ctx context.Context, seq uint64, c *call, w *Work, q
 		// part completed: it reports the failure too, as they do.
 		err = g.derive(seq, g.opName(c.kind))
 	}
+	err = ownCtxEnded(ctx, err)
 	if d.obs.on() {
 		g.observe(c, seq, queued, start, time.Now(), err)
 	}
@@ -206,7 +208,7 @@ func (g *ProcessGroup) giveUp(kind opKind, seq uint64, err error) error {
 	if g.d.fail(a, cause) {
 		return cause
 	}
-	return g.derive(seq, name)
+	return withCtxErr(err, g.derive(seq, name))
 }
 
 // abandonLocked gives up turn seq, which nobody waits for: if it has come
@@ -261,7 +263,7 @@ func (g *ProcessGroup) onTimer() {
 // none).
 func (g *ProcessGroup) timedOut(cur opState, started time.Time) bool {
 	te := &TimeoutError{Op: g.opName(cur.kind), Seq: cur.seq, After: time.Since(started),
-		Waiting: g.waitingFor(cur.seq)}
+		Waiting: g.waitingFor(cur.seq), Queued: g.d.queued()}
 	a := &AbortError{Kind: KindTimeout, Rank: g.d.rank, Reporter: g.d.rank, Op: te.Op, Seq: cur.seq, Msg: te.Error(), Err: te}
 	if len(te.Waiting) > 0 {
 		a.Rank = te.Waiting[0].Rank
@@ -305,7 +307,7 @@ func (g *ProcessGroup) watchCtx(ctx context.Context) {
 func (g *ProcessGroup) onCancel() {
 	d := g.d
 	d.mu.Lock()
-	if !g.running || g.runCtx == nil || g.runCtx.Err() == nil || d.cause != nil {
+	if !g.running || g.runCtx == nil || d.cause != nil || g.runCtx.Err() == nil {
 		d.mu.Unlock()
 		return
 	}

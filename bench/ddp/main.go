@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -25,6 +23,7 @@ import (
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/tcp"
+	"github.com/gdist/gdist/internal/benchutil"
 	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/launch"
 )
@@ -32,9 +31,6 @@ import (
 // envJob carries a rank's job (JSON) from the parent to the re-executed
 // child; its presence makes the program a rank.
 const envJob = "GDIST_BENCH_JOB"
-
-// resultPrefix starts the line with a rank's outcome on its stdout.
-const resultPrefix = "GDIST_BENCH_RESULT "
 
 // errUsage reports bad command-line arguments (already printed).
 var errUsage = errors.New("bench/ddp: usage")
@@ -139,7 +135,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	fmt.Fprintf(stdout, "bench/ddp: %s/%s, %d CPUs, %s; ranks are separate processes over loopback TCP; load average %s\n",
-		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), loadAvg())
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), benchutil.LoadAvg())
 	if o.part != "overlap" {
 		if err := scaling(ctx, o, stdout, stderr); err != nil {
 			return err
@@ -150,21 +146,8 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	}
-	fmt.Fprintf(stdout, "\nload average at the end: %s\n", loadAvg())
+	fmt.Fprintf(stdout, "\nload average at the end: %s\n", benchutil.LoadAvg())
 	return nil
-}
-
-// loadAvg returns the system's load averages (Linux), or "unknown".
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // run is one configuration's result: every rank's outcome.
@@ -433,43 +416,9 @@ func startRanks(ctx context.Context, world, procs int, bind bool, j job, stderr 
 		}
 		specs[r] = string(spec)
 	}
-	outs := make([]bytes.Buffer, world)
-	prefixed := launch.Prefixed(nil, stderr)
-	l, err := launch.Start(ctx, launch.Job{
-		Spec:    launch.Spec{NProc: world},
-		Procs:   procs,
-		Bind:    bind,
-		RankEnv: func(r int) []string { return []string{envJob + "=" + specs[r]} },
-		Output: func(r int) (io.Writer, io.Writer) {
-			_, e := prefixed(r)
-			return &outs[r], e
-		},
-		KillGrace: 5 * time.Second,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := l.Wait(); err != nil {
-		return nil, err
-	}
-	res := make(run, world)
-	for r := range world {
-		found := false
-		sc := bufio.NewScanner(&outs[r])
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			if line, ok := strings.CutPrefix(sc.Text(), resultPrefix); ok {
-				if err := json.Unmarshal([]byte(line), &res[r]); err != nil {
-					return nil, fmt.Errorf("rank %d: result: %w", r, err)
-				}
-				found = true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("rank %d printed no result", r)
-		}
-	}
-	return res, nil
+	outs, err := benchutil.RunRanks[outcome](ctx, launch.Job{Spec: launch.Spec{NProc: world}, Procs: procs, Bind: bind,
+		RankEnv: func(r int) []string { return []string{envJob + "=" + specs[r]} }}, stderr)
+	return run(outs), err
 }
 
 // smallThreshold is the -small flag for a job: nil for the default.
@@ -570,15 +519,10 @@ func runAndReport(ctx context.Context, pg *dist.ProcessGroup, j job, stdout io.W
 	if lt, ok := pg.Transport().(*limited); ok {
 		o.Transport = fmt.Sprintf("%T over %T", lt, lt.Transport)
 	}
-	line, err := json.Marshal(o)
-	if err != nil {
-		return err
-	}
 	// A last barrier so that no rank closes its links while a peer still
 	// measures.
 	if err := pg.Barrier(ctx); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "%s%s\n", resultPrefix, line)
-	return err
+	return benchutil.Report(stdout, o)
 }

@@ -24,6 +24,13 @@
 //	        must report its own cancellation or the other's (kind cancelled),
 //	        and the third rank one of theirs: nobody may report a peer that
 //	        closed or was lost, or name the third rank.
+//	cancel-all
+//	        the parent signals every rank at once: every rank whose
+//	        all-reduce saw its own context end must report that
+//	        (errors.Is(err, context.Canceled)), whichever rank's notice came
+//	        first; a rank whose call returned before its context ended may
+//	        report another's cancellation instead. (Run it with -count
+//	        4194304 for issue 21's 16 MiB all-reduce.)
 //
 // Each rank prints its final error on one line (rank, type of the error,
 // the rank it names, kind, iteration, time), classified with errors.As and
@@ -36,6 +43,11 @@
 // summary table has, per scenario: runs, wrong, healthy, no-report,
 // detection-time percentiles and the outcomes seen (type/kind: count). The
 // program exits 1 if any run was wrong or unreported.
+//
+// With -local the ranks of every job are goroutines of this process
+// connected by the in-process transport (transport.Local) instead of OS
+// processes: the scenarios kill (the transport's Kill), desync, cancel and
+// cancel-all (the victims' contexts cancelled directly).
 //
 // With -soak D it runs instead one 3-rank job for D under load: -hogs
 // processes running `yes` (spawned and killed by this program; default one
@@ -62,6 +74,7 @@
 //	                 the transport's default)
 //	-jitter D        the fault comes a random time in [0, D) after every rank
 //	                 is ready (default 20ms: mid all-reduce)
+//	-local           ranks as goroutines over the in-process transport
 //	-v               print every run's verdict
 //	-soak D          soak mode for D instead of the scenarios
 //	-hogs N          CPU hogs during the soak (default: runtime.NumCPU())
@@ -94,7 +107,7 @@ const (
 // world is the number of ranks of every job.
 const world = 3
 
-var allScenarios = []string{"kill", "freeze", "desync", "cancel"}
+var allScenarios = []string{"kill", "freeze", "desync", "cancel", "cancel-all"}
 
 type options struct {
 	n         int
@@ -104,6 +117,7 @@ type options struct {
 	heartbeat time.Duration
 	jitter    time.Duration
 	verbose   bool
+	local     bool
 	soak      time.Duration
 	hogs      int
 	compute   time.Duration
@@ -144,6 +158,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.DurationVar(&o.heartbeat, "heartbeat", 0, "GDIST_HEARTBEAT_TIMEOUT for the ranks (0: unset)")
 	fs.DurationVar(&o.jitter, "jitter", 20*time.Millisecond, "the fault comes a random time in [0, jitter) after every rank is ready")
 	fs.BoolVar(&o.verbose, "v", false, "print every run's verdict")
+	fs.BoolVar(&o.local, "local", false, "run each job's ranks as goroutines over the in-process transport (kill, desync, cancel, cancel-all)")
 	fs.DurationVar(&o.soak, "soak", 0, "soak for this long instead of running the scenarios")
 	fs.IntVar(&o.hogs, "hogs", runtime.NumCPU(), "CPU hogs (`yes`) during the soak")
 	fs.DurationVar(&o.compute, "compute", 5*time.Millisecond, "CPU work per iteration during the soak")
@@ -153,9 +168,15 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	bad := func(format string, a ...any) (options, error) {
 		return o, cli.Usagef(fs, errUsage, format, a...)
 	}
+	if o.local && *sc == strings.Join(allScenarios, ",") { // the default
+		*sc = strings.Join(localScenarios, ",")
+	}
 	for _, s := range strings.Split(*sc, ",") {
 		if !slices.Contains(allScenarios, s) {
 			return bad("unknown scenario %q (want some of %s)", s, strings.Join(allScenarios, ","))
+		}
+		if o.local && !slices.Contains(localScenarios, s) {
+			return bad("-local runs %s, not %q", strings.Join(localScenarios, ","), s)
 		}
 		o.scenarios = append(o.scenarios, s)
 	}
@@ -170,6 +191,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		return bad("durations must not be negative")
 	case o.hogs < 0:
 		return bad("-hogs must not be negative, got %d", o.hogs)
+	case o.local && o.soak > 0:
+		return bad("-soak runs OS processes: not with -local")
 	}
 	return o, nil
 }

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 
 func TestLineRoundTrip(t *testing.T) {
 	at := time.Unix(1764572059, 123456789)
-	rep := report{Rank: 1, Type: typePeer, Peer: 2, Kind: kindLost, Iter: 57, At: at,
+	rep := report{Rank: 1, Type: typePeer, Peer: 2, Kind: kindLost, Iter: 57, At: at, Own: true, Canceled: true,
 		Msg: `all_reduce: peer rank 2: "quoted" msg=x at=3`}
 	ev, ok, err := parseLine(rep.String())
 	require.NoError(t, err)
@@ -141,10 +141,10 @@ func TestJudge(t *testing.T) {
 	assert.Empty(t, v.Wrong)
 	assert.Equal(t, []int{2}, v.Missing)
 	v = judge("cancel", 0, []int{0, 1}, at, map[int]report{
-		0: rep(0, typeCtx, -1, kindCancelled, 0), 1: rep(1, typeCtx, -1, kindCancelled, 0),
+		0: rep(0, typeAbort, 0, kindCancelled, 0), 1: rep(1, typeAbort, 1, kindCancelled, 0),
 		2: rep(2, typePeer, 1, kindClosed, 0),
 	})
-	assert.Len(t, v.Wrong, 1)
+	assert.Len(t, v.Wrong, 1, "rank 1 aborted with a notice: rank 2 must not take it for a close")
 	v = judge("cancel", 0, []int{0, 1}, at, map[int]report{
 		0: rep(0, typePeer, 2, kindAborted, 0), 1: rep(1, typeCtx, -1, kindCancelled, 0),
 		2: rep(2, typeCtx, -1, kindCancelled, 0),
@@ -166,6 +166,33 @@ func TestJudge(t *testing.T) {
 		2: rep(2, typeAbort, 0, kindLost, 0),
 	})
 	assert.Len(t, v.Wrong, 1, "a desync reported as a lost peer")
+
+	// cancel-all: a call that saw its own context end must report it,
+	// whatever notice came first; one that returned before may report a
+	// peer's cancellation.
+	own := func(r report, own, canceled bool) report { r.Own, r.Canceled = own, canceled; return r }
+	all := victims("cancel-all", 7)
+	assert.Equal(t, []int{0, 1, 2}, all)
+	v = judge("cancel-all", 7, all, at, map[int]report{
+		0: own(rep(0, typeAbort, 0, kindCancelled, 0), true, true),
+		1: own(rep(1, typeAbort, 0, kindCancelled, 0), false, false),
+		2: own(rep(2, typeAbort, 0, kindCancelled, 0), true, true),
+	})
+	assert.Empty(t, v.Wrong)
+	v = judge("cancel-all", 7, all, at, map[int]report{
+		0: own(rep(0, typeAbort, 0, kindCancelled, 0), true, true),
+		1: own(rep(1, typeAbort, 0, kindCancelled, 0), true, false), // issue 21's defect
+		2: own(rep(2, typePeer, 0, kindClosed, 0), false, false),
+	})
+	assert.Len(t, v.Wrong, 2, "rank 1 saw its context end but does not say so; rank 2 reports a close")
+	// A victim whose next call was refused before it started (its context
+	// ended between two all-reduces) aborted nothing: it left, and its
+	// peers may only see it close.
+	v = judge("cancel", 0, []int{0, 1}, at, map[int]report{
+		0: rep(0, typeCtx, -1, kindCancelled, 0), 1: rep(1, typeCtx, -1, kindCancelled, 0),
+		2: rep(2, typeAbort, 0, kindClosed, 0),
+	})
+	assert.Empty(t, v.Wrong)
 }
 
 func TestPercentile(t *testing.T) {
@@ -184,7 +211,7 @@ func TestFlags(t *testing.T) {
 	var out bytes.Buffer
 	for _, args := range [][]string{
 		{"-scenarios", "kill,bogus"}, {"-n", "0"}, {"-count", "1"}, {"-parallel", "0"},
-		{"-jitter", "-1s"}, {"-hogs", "-1"}, {"extra"},
+		{"-jitter", "-1s"}, {"-hogs", "-1"}, {"extra"}, {"-local", "-scenarios", "freeze"}, {"-local", "-soak", "1s"},
 	} {
 		err := run(context.Background(), args, &out, &out)
 		assert.ErrorIs(t, err, errUsage, "%q", args)
@@ -214,7 +241,7 @@ func TestScenarios(t *testing.T) {
 	for _, c := range []struct {
 		scenarios string
 		n         int
-	}{{"kill,desync,cancel", 3}, {"freeze", 1}} {
+	}{{"kill,desync,cancel,cancel-all", 3}, {"freeze", 1}} {
 		var out, errb bytes.Buffer
 		args := []string{"-n", strconv.Itoa(c.n), "-scenarios", c.scenarios, "-count", "65536", "-heartbeat", "3s"}
 		err := run(context.Background(), args, &out, &errb)
@@ -225,6 +252,19 @@ func TestScenarios(t *testing.T) {
 			require.Contains(t, rows, sc)
 			assert.Equal(t, []string{strconv.Itoa(c.n), "0", "0", "0"}, rows[sc][1:5], "%s: runs, wrong, healthy, no-report", sc)
 		}
+	}
+}
+
+// TestScenariosLocal runs the in-process scenarios a few times each.
+func TestScenariosLocal(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"-local", "-n", "5", "-count", "65536"}, &out, &errb)
+	t.Logf("%s\n%s", out.String(), errb.String())
+	require.NoError(t, err)
+	rows := tableRows(t, out.String())
+	for _, sc := range localScenarios {
+		require.Contains(t, rows, sc)
+		assert.Equal(t, []string{"5", "0", "0", "0"}, rows[sc][1:5], "%s: runs, wrong, healthy, no-report", sc)
 	}
 }
 

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gdist/gdist"
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/internal/ctxseen"
 )
 
 const (
@@ -44,7 +46,7 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 	}
 	opCtx, cancelOp := context.WithCancel(ctx)
 	defer cancelOp()
-	if role == "cancel" {
+	if cancels(role) {
 		// Before joining: the parent may signal as soon as this rank is
 		// ready, and SIGUSR1's default action would kill it.
 		sig := make(chan os.Signal, 1)
@@ -64,6 +66,28 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 	if err != nil {
 		return err
 	}
+	var stopAt time.Time
+	if role == "soak" {
+		ns, err := strconv.ParseInt(until, 10, 64)
+		if err != nil {
+			_ = pg.Close()
+			return fmt.Errorf("failures: %s=%q: %w", untilEnv, until, err)
+		}
+		stopAt = time.Unix(0, ns)
+	}
+	rankLoop(opCtx, o, pg, role, slices.Contains(victims, pg.Rank()), stopAt, out)
+	return nil
+}
+
+// cancels reports whether the ranks of scenario role cancel their context
+// when told (SIGUSR1, or in-process their cancel function).
+func cancels(role string) bool { return role == "cancel" || role == "cancel-all" }
+
+// rankLoop all-reduces on pg until an error (or, in the soak, the time
+// stopAt agreed through the all-reduce) and prints how it ended; it closes
+// pg. ctx is the context of the all-reduces (the one cancellation
+// cancels).
+func rankLoop(ctx context.Context, o options, pg *dist.ProcessGroup, role string, victim bool, stopAt time.Time, out io.Writer) {
 	closed := false
 	defer func() {
 		if !closed {
@@ -71,16 +95,6 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 		}
 	}()
 	rank := pg.Rank()
-	victim := slices.Contains(victims, rank)
-	var stopAt time.Time
-	if role == "soak" {
-		ns, err := strconv.ParseInt(until, 10, 64)
-		if err != nil {
-			return fmt.Errorf("failures: %s=%q: %w", untilEnv, until, err)
-		}
-		stopAt = time.Unix(0, ns)
-	}
-
 	buf := make([]float32, o.count)
 	for i := range buf {
 		buf[i] = float32(rank*len(buf) + i)
@@ -102,19 +116,21 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 			}
 		}
 		start := time.Now()
-		err := pg.AllReduce(opCtx, dist.F32(data), dist.Max)
+		sc := ctxseen.New(ctx) // whether the call saw its context end
+		err := pg.AllReduce(sc, dist.F32(data), dist.Max)
 		at := time.Now()
 		slowest = max(slowest, at.Sub(start))
 		if err != nil {
 			typ, peer, kind := classify(err)
-			rep := report{Rank: rank, Type: typ, Peer: peer, Kind: kind, Iter: i, At: at, Msg: err.Error()}
+			rep := report{Rank: rank, Type: typ, Peer: peer, Kind: kind, Iter: i, At: at,
+				Own: sc.Seen(), Canceled: errors.Is(err, context.Canceled), Msg: err.Error()}
 			if role == "desync" && victim {
 				// The scenario: close at once after the failed call.
 				closed = true
 				_ = pg.Close()
 			}
 			fmt.Fprintln(out, rep)
-			return nil
+			return
 		}
 		if i == readyAfter-1 {
 			fmt.Fprintf(out, "%sready rank=%d\n", linePrefix, rank)
@@ -123,7 +139,7 @@ func runRank(ctx context.Context, o options, role, victimList, until string, out
 			rep := report{Rank: rank, Type: typeNone, Peer: -1, Kind: kindNone, Iter: i + 1, At: at,
 				Msg: fmt.Sprintf("%d iterations, slowest all-reduce %v", i+1, slowest.Round(time.Millisecond))}
 			fmt.Fprintln(out, rep)
-			return nil
+			return
 		}
 	}
 }

@@ -14,12 +14,14 @@ import (
 //
 //	gdist-failures: ready rank=1
 //	gdist-failures: fault rank=2 at=1764572059123456789
-//	gdist-failures: result rank=1 type=peer peer=2 kind=lost iter=57 at=1764572059123456789 msg="all_reduce: peer rank 2: ..."
+//	gdist-failures: result rank=1 type=peer peer=2 kind=lost iter=57 at=1764572059123456789 own=false canceled=false msg="all_reduce: peer rank 2: ..."
 //
 // ready: the rank has finished its first iterations (the parent injects the
 // fault after every rank is ready); fault: the rank made its own fault (the
 // desynced call) at that time; result: the error the loop ended with,
-// classified by classify, at the time the call returned (Unix nanoseconds).
+// classified by classify, at the time the call returned (Unix nanoseconds),
+// whether the call saw its own context end (own) and whether the error
+// matches context.Canceled.
 const linePrefix = "gdist-failures: "
 
 // report is a rank's classified final error.
@@ -30,7 +32,10 @@ type report struct {
 	Kind string // kind*
 	Iter int    // iterations completed before the failing one
 	At   time.Time
-	Msg  string
+	// Own: the failing call saw its own context end; Canceled: the error
+	// matches context.Canceled (errors.Is).
+	Own, Canceled bool
+	Msg           string
 }
 
 // Error types: the typed error classify found.
@@ -60,8 +65,8 @@ const (
 )
 
 func (r report) String() string {
-	return fmt.Sprintf("%sresult rank=%d type=%s peer=%d kind=%s iter=%d at=%d msg=%s",
-		linePrefix, r.Rank, r.Type, r.Peer, r.Kind, r.Iter, r.At.UnixNano(), strconv.Quote(r.Msg))
+	return fmt.Sprintf("%sresult rank=%d type=%s peer=%d kind=%s iter=%d at=%d own=%t canceled=%t msg=%s",
+		linePrefix, r.Rank, r.Type, r.Peer, r.Kind, r.Iter, r.At.UnixNano(), r.Own, r.Canceled, strconv.Quote(r.Msg))
 }
 
 // errBadLine is wrapped by parseLine's errors.
@@ -134,7 +139,7 @@ func parseLine(s string) (ev event, ok bool, err error) {
 			return ev, true, err
 		}
 		ev.Report = report{Rank: ev.Rank, Type: fields["type"], Peer: int(peer), Kind: fields["kind"],
-			Iter: int(iter), At: ev.At, Msg: fields["msg"]}
+			Iter: int(iter), At: ev.At, Own: fields["own"] == "true", Canceled: fields["canceled"] == "true", Msg: fields["msg"]}
 		return ev, true, nil
 	}
 	return ev, true, fmt.Errorf("%w: unknown line kind %q: %q", errBadLine, what, s)

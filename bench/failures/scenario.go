@@ -20,11 +20,19 @@ import (
 	"github.com/gdist/gdist/internal/launch"
 )
 
-// victims returns the ranks that fail in run i of a scenario: one rank, or
-// two neighbours for cancel, rotating over the ranks.
+// victims returns the ranks that fail in run i of a scenario: one rank,
+// two neighbours for cancel, rotating over the ranks, every rank for
+// cancel-all.
 func victims(scenario string, i int) []int {
-	if scenario == "cancel" {
+	switch scenario {
+	case "cancel":
 		return []int{i % world, (i + 1) % world}
+	case "cancel-all":
+		vs := make([]int, world)
+		for r := range vs {
+			vs[r] = r
+		}
+		return vs
 	}
 	return []int{i % world}
 }
@@ -43,10 +51,15 @@ func reporters(scenario string, victims []int) []int {
 }
 
 // allowed reports whether rank r's report is a right diagnosis of the
-// scenario whose failing ranks are victims.
-func allowed(scenario string, victims []int, r int, rep report) bool {
+// scenario whose failing ranks are victims; reports are every rank's.
+func allowed(scenario string, victims []int, r int, rep report, reports map[int]report) bool {
 	// A *dist.PeerError or a *dist.AbortError names a culprit.
 	blames := (rep.Type == typePeer || rep.Type == typeAbort) && slices.Contains(victims, rep.Peer)
+	// A victim whose context ended between two all-reduces had its next
+	// call refused before it started (a bare context error), which aborts
+	// nothing: it then closed its group without a notice, and a peer can
+	// only see it close.
+	left := blames && rep.Kind == kindClosed && reports[rep.Peer].Type == typeCtx
 	switch scenario {
 	case "kill", "freeze":
 		return blames && (rep.Kind == kindLost || rep.Kind == kindUnresponsive)
@@ -55,8 +68,17 @@ func allowed(scenario string, victims []int, r int, rep report) bool {
 	case "cancel":
 		// A victim's own cancellation, or a victim's abort notice (an
 		// AbortError of kind cancelled, or before it an ErrAborted notice).
-		return blames && (rep.Kind == kindCancelled || rep.Kind == kindAborted) ||
+		return blames && (rep.Kind == kindCancelled || rep.Kind == kindAborted) || left ||
 			slices.Contains(victims, r) && rep.Type == typeCtx && rep.Kind == kindCancelled
+	case "cancel-all":
+		// Every rank cancelled its own context: a call that saw it end
+		// reports that (errors.Is(err, context.Canceled)), whatever notice
+		// came first; one that returned before may report a peer's
+		// cancellation instead.
+		if rep.Own {
+			return rep.Canceled
+		}
+		return rep.Canceled || blames && (rep.Kind == kindCancelled || rep.Kind == kindAborted) || left
 	}
 	return false
 }
@@ -84,7 +106,7 @@ func judge(scenario string, run int, vs []int, faultAt time.Time, reports map[in
 			continue
 		}
 		v.Reports = append(v.Reports, rep)
-		if !allowed(scenario, vs, r, rep) {
+		if !allowed(scenario, vs, r, rep, reports) {
 			v.Wrong = append(v.Wrong, fmt.Sprintf("rank %d: %s/%s naming rank %d: %s", r, rep.Type, rep.Kind, rep.Peer, rep.Msg))
 			if (rep.Type == typePeer || rep.Type == typeAbort) && !slices.Contains(vs, rep.Peer) {
 				v.Healthy = true
@@ -179,9 +201,13 @@ func describe(scenario string, v verdict) string {
 	return b.String()
 }
 
-// runOnce runs one job of a scenario: start 3 ranks, wait until all are
-// ready, make the fault, collect the reports, stop the job and judge.
+// runOnce runs one job of a scenario: start 3 ranks (processes, or with
+// -local goroutines of this process), wait until all are ready, make the
+// fault, collect the reports, stop the job and judge.
 func runOnce(ctx context.Context, o options, scenario string, run int, args []string) verdict {
+	if o.local {
+		return runOnceLocal(ctx, o, scenario, run)
+	}
 	vs := victims(scenario, run)
 	events := make(chan event, 64)
 	var tail rankTail
@@ -195,19 +221,8 @@ func runOnce(ctx context.Context, o options, scenario string, run int, args []st
 		KeepGoing: true,
 		KillGrace: time.Second,
 		Output: func(rank int) (io.Writer, io.Writer) {
-			stdout := launch.LineFunc(func(l string) {
-				ev, ok, err := parseLine(l)
-				switch {
-				case err != nil:
-					tail.add(rank, l)
-				case ok:
-					select {
-					case events <- ev:
-					default: // a rank prints at most three lines
-					}
-				}
-			})
-			return stdout, launch.LineFunc(func(l string) { tail.add(rank, l) })
+			return eventLines(events, func(l string) { tail.add(rank, l) }),
+				launch.LineFunc(func(l string) { tail.add(rank, l) })
 		},
 	})
 	if err != nil {
@@ -223,7 +238,47 @@ func runOnce(ctx context.Context, o options, scenario string, run int, args []st
 		}
 		_ = r.Wait()
 	}()
+	inject := func() {
+		switch scenario {
+		case "kill":
+			procs[vs[0]].Kill()
+		case "freeze":
+			procs[vs[0]].Signal(syscall.SIGSTOP)
+		case "cancel", "cancel-all":
+			for _, v := range vs {
+				procs[v].Signal(syscall.SIGUSR1)
+			}
+		}
+	}
+	return drive(ctx, o, scenario, run, vs, events, inject, r.Done(), func() string {
+		return fmt.Sprintf("(%v); stderr: %s", r.Wait(), tail.String())
+	}, tail.String)
+}
 
+// eventLines returns a writer of a rank's stdout that sends its
+// gdist-failures lines to events (a rank prints at most three) and hands
+// any other line to other.
+func eventLines(events chan<- event, other func(string)) io.Writer {
+	return launch.LineFunc(func(l string) {
+		ev, ok, err := parseLine(l)
+		switch {
+		case err != nil:
+			other(l)
+		case ok:
+			select {
+			case events <- ev:
+			default:
+			}
+		}
+	})
+}
+
+// drive carries out one started job of a scenario: it waits until every
+// rank is ready, makes the fault with inject (unless the scenario's rank
+// makes its own), collects the reports from events and judges them. ended
+// is closed if the job ends early; endedWhy and stderr describe it.
+func drive(ctx context.Context, o options, scenario string, run int, vs []int, events <-chan event,
+	inject func(), ended <-chan struct{}, endedWhy, stderr func() string) verdict {
 	reports := map[int]report{}
 	var faultAt time.Time
 	take := func(ev event) {
@@ -237,17 +292,33 @@ func runOnce(ctx context.Context, o options, scenario string, run int, args []st
 	ready := map[int]bool{}
 	readyBy := time.NewTimer(initTimeout + 30*time.Second)
 	defer readyBy.Stop()
+	event := func(ev event) {
+		if ev.What == "ready" {
+			ready[ev.Rank] = true
+		}
+		take(ev)
+	}
 	for len(ready) < world {
 		select {
 		case ev := <-events:
-			if ev.What == "ready" {
-				ready[ev.Rank] = true
+			event(ev)
+		case <-ended:
+			// A quick job (a desync in-process) may end after every rank
+			// was ready: their lines are still in events.
+			for drained := false; !drained; {
+				select {
+				case ev := <-events:
+					event(ev)
+				default:
+					drained = true
+				}
 			}
-			take(ev)
-		case <-r.Done():
-			return verdict{Run: run, Victims: vs, Err: fmt.Errorf("job ended before every rank was ready (%v); stderr: %s", r.Wait(), tail.String())}
+			if len(ready) == world {
+				break
+			}
+			return verdict{Run: run, Victims: vs, Err: fmt.Errorf("job ended before every rank was ready %s", endedWhy())}
 		case <-readyBy.C:
-			return verdict{Run: run, Victims: vs, Err: fmt.Errorf("ranks %v ready after %v; stderr: %s", keys(ready), initTimeout+30*time.Second, tail.String())}
+			return verdict{Run: run, Victims: vs, Err: fmt.Errorf("ranks %v ready after %v; stderr: %s", keys(ready), initTimeout+30*time.Second, stderr())}
 		case <-ctx.Done():
 			return verdict{Run: run, Victims: vs, Err: ctx.Err()}
 		}
@@ -255,18 +326,9 @@ func runOnce(ctx context.Context, o options, scenario string, run int, args []st
 	if o.jitter > 0 {
 		time.Sleep(rand.N(o.jitter))
 	}
-	switch scenario {
-	case "kill":
+	if scenario != "desync" { // the desync's victim makes its own fault
 		faultAt = time.Now()
-		procs[vs[0]].Kill()
-	case "freeze":
-		faultAt = time.Now()
-		procs[vs[0]].Signal(syscall.SIGSTOP)
-	case "cancel":
-		faultAt = time.Now()
-		for _, v := range vs {
-			procs[v].Signal(syscall.SIGUSR1)
-		}
+		inject()
 	}
 	want := reporters(scenario, vs)
 	resultsBy := time.NewTimer(o.resultTimeout(scenario))
@@ -304,7 +366,7 @@ collect:
 	}
 	v := judge(scenario, run, vs, faultAt, reports)
 	if len(v.Missing) > 0 {
-		v.Stderr = tail.String()
+		v.Stderr = stderr()
 	}
 	return v
 }
@@ -403,9 +465,13 @@ func printTable(w io.Writer, o options, sums []summary) {
 	if o.heartbeat > 0 {
 		hb = o.heartbeat.String()
 	}
-	fmt.Fprintf(w, "# failures: %d ranks (OS processes on one host, GDIST_TRANSPORT=%s, GOMAXPROCS=1), all_reduce of %d float32, heartbeat %s, GOOS %s\n",
-		world, transportName(), o.count, hb, runtime.GOOS)
-	fmt.Fprintf(w, "%-8s %5s %6s %7s %9s %9s %9s %9s %9s  %s\n", "scenario", "runs", "wrong", "healthy", "no-report", "p50", "p90", "p99", "max", "outcomes (type/kind: reports)")
+	ranks := "OS processes on one host, GDIST_TRANSPORT=" + transportName(o) + ", GOMAXPROCS=1"
+	if o.local {
+		ranks = "goroutines of one process, transport.Local"
+	}
+	fmt.Fprintf(w, "# failures: %d ranks (%s), all_reduce of %d float32, heartbeat %s, GOOS %s\n",
+		world, ranks, o.count, hb, runtime.GOOS)
+	fmt.Fprintf(w, "%-10s %5s %6s %7s %9s %9s %9s %9s %9s  %s\n", "scenario", "runs", "wrong", "healthy", "no-report", "p50", "p90", "p99", "max", "outcomes (type/kind: reports)")
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond)) }
 	for _, s := range sums {
 		var oc []string
@@ -413,7 +479,7 @@ func printTable(w io.Writer, o options, sums []summary) {
 			oc = append(oc, fmt.Sprintf("%s: %d", k, n))
 		}
 		sort.Strings(oc)
-		fmt.Fprintf(w, "%-8s %5d %6d %7d %9d %9s %9s %9s %9s  %s\n", s.Scenario, s.Runs, s.Wrong, s.Healthy, s.Missing,
+		fmt.Fprintf(w, "%-10s %5d %6d %7d %9d %9s %9s %9s %9s  %s\n", s.Scenario, s.Runs, s.Wrong, s.Healthy, s.Missing,
 			ms(percentile(s.Detect, 50)), ms(percentile(s.Detect, 90)), ms(percentile(s.Detect, 99)),
 			ms(percentile(s.Detect, 100)), strings.Join(oc, ", "))
 		if s.Errors > 0 {
@@ -426,8 +492,12 @@ func printTable(w io.Writer, o options, sums []summary) {
 }
 
 // transportName is the GDIST_TRANSPORT the ranks inherit: auto (shared
-// memory between these ranks on Linux) unless it is set.
-func transportName() string {
+// memory between these ranks on Linux) unless it is set; "local" with
+// -local.
+func transportName(o options) string {
+	if o.local {
+		return "local"
+	}
 	if v := os.Getenv("GDIST_TRANSPORT"); v != "" {
 		return v
 	}

@@ -82,7 +82,7 @@ collect:
 	}
 	falseDetections := 0
 	fmt.Fprintf(stdout, "# soak: %d ranks (GOMAXPROCS=1, GDIST_TRANSPORT=%s) for %v, all_reduce of %d float32 + %v compute per iteration, %d CPU hogs, heartbeat %s\n",
-		world, transportName(), o.soak, o.count, o.compute, len(hogs), hb)
+		world, transportName(o), o.soak, o.count, o.compute, len(hogs), hb)
 	for rank := range world {
 		rep, ok := reports[rank]
 		switch {

@@ -30,7 +30,7 @@
 //	-kill-grace D    time between SIGTERM and SIGKILL when stopping (default 3s)
 //	-heartbeat-timeout D  report a rank that stops responding after D
 //	                 (-heartbeat_timeout; sets GDIST_HEARTBEAT_TIMEOUT for the
-//	                 ranks; default: gdist's, 8s)
+//	                 ranks; default: gdist's, 10s)
 //	-init-timeout D  fail the rendezvous after D, naming the ranks that never
 //	                 joined (-init_timeout; sets GDIST_INIT_TIMEOUT; default:
 //	                 gdist's, 5m)

@@ -151,7 +151,7 @@ func newFlagSet(cfg *config, cf *cmdFlags) *flagSet {
 	fs.add(boolValue(&cfg.noPrefix), "do not prefix output lines with the rank", "no-prefix")
 	fs.add(durationValue(&cfg.timeout, 0), "stop the job after this long, restarts included, e.g. 30m (0: no limit)", "timeout")
 	fs.add(durationValue(&cfg.killGrace, defaultKillGrace), "time between SIGTERM and SIGKILL when stopping ranks", "kill-grace")
-	fs.add(durationValue(&cfg.heartbeatTimeout, 0), "report a rank that stops responding after this long, e.g. 20s (GDIST_HEARTBEAT_TIMEOUT; 0: gdist's default, 8s)",
+	fs.add(durationValue(&cfg.heartbeatTimeout, 0), "report a rank that stops responding after this long, e.g. 20s (GDIST_HEARTBEAT_TIMEOUT; 0: gdist's default, 10s)",
 		"heartbeat-timeout", "heartbeat_timeout")
 	fs.add(durationValue(&cfg.initTimeout, 0), "fail the rendezvous, naming the ranks that never joined, after this long (GDIST_INIT_TIMEOUT; 0: gdist's default, 5m)",
 		"init-timeout", "init_timeout")

@@ -6,11 +6,19 @@
 //	gdisttimeline merge -o job.json timeline.rank*.json
 //	gdisttimeline plot -o step.png [-step K] [-mark NAME] timeline.rank*.json
 //	gdisttimeline plot -o step.png -from 120.5 -to 150 timeline.rank*.json
+//	gdisttimeline stats -window "train step" timeline.rank*.json
 //
 // plot shows by default one DDP step: from the end of the K-th (-step) event
 // named -mark ("exposed communication", which ends every DDP step) on the
 // lowest rank to the end of the next one. -from and -to give a window in
 // milliseconds since the first event instead.
+//
+// stats prints, for every rank, where the time of its windows went: the
+// windows are the events named -window (one per step, added by the
+// program, or DDP's "exposed communication"), and for every lane and event
+// name it gives the events per window, their time per window and their
+// share of the windows' time (timeline.Summarize) — for instance the share
+// of a training step that a tensor-parallel group's all-reduces take.
 package main
 
 import (
@@ -51,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = mergeCmd(args[1:], stdout)
 	case "plot":
 		err = plotCmd(args[1:], stdout)
+	case "stats":
+		err = statsCmd(args[1:], stdout)
 	default:
 		err = fmt.Errorf("%w: unknown command %q", errUsage, args[0])
 	}
@@ -70,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 const usage = `Usage:
   gdisttimeline merge -o OUT.json FILE...     one Chrome trace of every rank's file
   gdisttimeline plot -o OUT.png [flags] FILE... a PNG of a window of the events
+  gdisttimeline stats -window NAME FILE...    per rank, each lane's share of the NAME events' time
 Run 'gdisttimeline plot -h' for plot's flags.
 `
 

@@ -88,3 +88,19 @@ func TestHelp(t *testing.T) {
 	assert.Equal(t, 2, run([]string{"bogus"}, &stdout, &stderr))
 	assert.Equal(t, 2, run(nil, &stdout, &stderr))
 }
+
+// TestStats: in each step the all-reduce (6-8 ms) fills the 1 ms window of
+// the exposed communication (7-8 ms); the gradients (1-6 ms) stay out.
+func TestStats(t *testing.T) {
+	paths := writeJob(t)
+	var stdout, stderr bytes.Buffer
+	code := run(append([]string{"stats", "-window", "exposed communication"}, paths...), &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	out := stdout.String()
+	assert.Regexp(t, `(?m)^ +0 +3 +1\.000 +collectives +all_reduce +1\.0 +1\.000 +100\.0%`, out)
+	assert.Regexp(t, `(?m)^ +1 +3 +1\.000 +collectives +all_reduce`, out)
+	code = run(append([]string{"stats", "-window", "nothing"}, paths...), &stdout, &stderr)
+	assert.Equal(t, 1, code)
+	code = run([]string{"stats"}, &stdout, &stderr)
+	assert.Equal(t, 2, code)
+}

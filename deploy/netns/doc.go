@@ -15,7 +15,7 @@
 //     (`ip link set eth0 down` inside it) in the middle of the run. Every
 //     surviving rank must fail with an error that names the cut rank as its
 //     culprit ("peer rank N" or "rank N failed") and no other, within the
-//     heartbeat timeout (GDIST_HEARTBEAT_TIMEOUT=3s) plus 5 s, and its
+//     heartbeat timeout (GDIST_HEARTBEAT_TIMEOUT=3s) plus 1 s, and its
 //     gdistrun must exit non-zero.
 //     The detection time after the cut is logged. (The ranks are other
 //     processes: the error text gdistrun relays is all the test can see.)

@@ -113,6 +113,12 @@ func (tp *topology) cut(t *testing.T, k int) {
 	mustIP(t, "-n", tp.nodes[k], "link", "set", "eth0", "down")
 }
 
+// restore sets node k's link up again after cut.
+func (tp *topology) restore(t *testing.T, k int) {
+	t.Helper()
+	mustIP(t, "-n", tp.nodes[k], "link", "set", "eth0", "up")
+}
+
 // stats returns node k's qdisc statistics (bytes sent, overlimits).
 func (tp *topology) stats(k int) string {
 	out, err := exec.Command("tc", "-n", tp.nodes[k], "-s", "qdisc", "show", "dev", "eth0").CombinedOutput()

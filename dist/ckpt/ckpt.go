@@ -37,12 +37,79 @@ var (
 	ErrRankState = errors.New("ckpt: checkpoint has no state for this rank")
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("ckpt: manager closed")
+	// ErrDamaged means checkpoint files exist but none verifies, and the
+	// Manager was not told to start afresh over them
+	// (WithStartFreshOverDamaged): a *DamagedError lists the files and
+	// why each failed.
+	ErrDamaged = errors.New("ckpt: no checkpoint verifies")
+	// ErrLayout means the checkpoint to resume from was saved by a job of
+	// another world size or parallel layout (a *LayoutError says which).
+	// A Manager does not reshard.
+	ErrLayout = errors.New("ckpt: checkpoint of another world size or parallel layout")
 )
+
+// DamagedError is Resume's error when checkpoint files exist but none
+// verifies: training would otherwise start again from step 0 and lose the
+// run's progress in silence. Every rank gets one; Files lists this rank's
+// files (empty on a rank whose own directory held none, in a pipeline job
+// whose other stages' files failed).
+type DamagedError struct {
+	Dir   string
+	Rank  int
+	Files []*checkpoint.SkipError // newest first
+}
+
+func (e *DamagedError) Error() string {
+	var b strings.Builder
+	if len(e.Files) == 0 {
+		fmt.Fprintf(&b, "ckpt: rank %d: no checkpoint of the job verifies: another rank's files failed verification (its error lists them)", e.Rank)
+	} else {
+		fmt.Fprintf(&b, "ckpt: rank %d: none of the %d checkpoint(s) in %s verifies:", e.Rank, len(e.Files), e.Dir)
+		for _, f := range e.Files {
+			fmt.Fprintf(&b, " %s: %v;", filepath.Base(f.Path), f.Err)
+		}
+	}
+	b.WriteString(" resuming would start again from step 0: fix or move the files, or start afresh over them explicitly (ckpt.WithStartFreshOverDamaged)")
+	return b.String()
+}
+
+// Unwrap returns ErrDamaged and the reasons the files failed, so that
+// errors.Is(err, checkpoint.ErrCorrupt) holds for corrupt files.
+func (e *DamagedError) Unwrap() []error {
+	errs := []error{ErrDamaged}
+	for _, f := range e.Files {
+		errs = append(errs, f)
+	}
+	return errs
+}
+
+// LayoutError reports a checkpoint saved by a job of another world size or
+// parallel layout than the one resuming it.
+type LayoutError struct {
+	Path                string
+	SavedWorld, World   int
+	SavedLayout, Layout string
+}
+
+func (e *LayoutError) Error() string {
+	if e.SavedWorld != e.World {
+		return fmt.Sprintf("ckpt: %s was saved on %d ranks, resuming on %d: not supported by ckpt.Manager (it does not reshard) but for a data-parallel job with WithWorldChange: resume on %d ranks, or start afresh in another directory",
+			e.Path, e.SavedWorld, e.World, e.SavedWorld)
+	}
+	return fmt.Sprintf("ckpt: %s was saved by a %s job, resuming as %s: not supported by ckpt.Manager: resume with the layout it was saved with, or start afresh in another directory",
+		e.Path, e.SavedLayout, e.Layout)
+}
+
+// Unwrap returns ErrLayout.
+func (e *LayoutError) Unwrap() error { return ErrLayout }
 
 // Metadata keys a Manager adds to the checkpoints it writes.
 const (
 	// MetaWorld records the world size of the job that saved.
 	MetaWorld = "ckpt.world"
+	// MetaLayout records the parallel layout of the job that saved:
+	// "data-parallel", or "pipeline stage <k>" (WithStage).
+	MetaLayout = "ckpt.layout"
 	// MetaRankRNG + "<rank>" holds that rank's RNG state (WithRankRNG).
 	MetaRankRNG = "ckpt.rng."
 )
@@ -155,6 +222,58 @@ func (m *Manager) steps() ([]int64, error) {
 	return steps, nil
 }
 
+// load loads and fully verifies the checkpoint of step: through the Dir on
+// a writer (which then knows the file is good when it prunes).
+func (m *Manager) load(step int64) (*checkpoint.File, error) {
+	if m.dir != nil {
+		return m.dir.Load(step)
+	}
+	return checkpoint.LoadStep(m.stepPath(step), step)
+}
+
+// layout names this Manager's parallel layout, as MetaLayout records it.
+func (m *Manager) layout() string {
+	if m.o.stage >= 0 {
+		return "pipeline stage " + strconv.Itoa(m.o.stage)
+	}
+	return "data-parallel"
+}
+
+// checkLayout returns a *LayoutError if f was saved by a job of another
+// world size or layout. Files without the metadata (saved by other means)
+// pass.
+func (m *Manager) checkLayout(path string, f *checkpoint.File) error {
+	e := &LayoutError{Path: path, World: m.pg.WorldSize(), Layout: m.layout()}
+	if w, err := strconv.Atoi(f.Meta[MetaWorld]); err == nil && w != e.World && !m.resizes(f) {
+		e.SavedWorld, e.SavedLayout = w, f.Meta[MetaLayout]
+		return e
+	}
+	if l, ok := f.Meta[MetaLayout]; ok && l != e.Layout {
+		e.SavedWorld, e.SavedLayout = e.World, l
+		return e
+	}
+	return nil
+}
+
+// resizes reports whether f, saved by a job of another world size, may
+// resume this one: WithWorldChange, and both jobs data-parallel.
+func (m *Manager) resizes(f *checkpoint.File) bool {
+	l, ok := f.Meta[MetaLayout]
+	return m.o.worldChange && m.o.stage < 0 && (!ok || l == m.layout())
+}
+
+// setAside sets aside, on a writer, the damaged files Resume passed over.
+func (m *Manager) setAside(skipped []*checkpoint.SkipError) {
+	if m.dir == nil {
+		return
+	}
+	for _, s := range skipped {
+		if checkpoint.Damaged(s.Err) {
+			_, _ = m.dir.SetAside(s.Step, s.Err) // logged by the Dir; a failure leaves the file, still passed over
+		}
+	}
+}
+
 // Writer reports whether this rank writes checkpoints.
 func (m *Manager) Writer() bool { return m.writer }
 
@@ -228,6 +347,7 @@ func (m *Manager) Save(ctx context.Context, step int64, st *checkpoint.State) er
 			cp.Meta = map[string]string{}
 		}
 		cp.Meta[MetaWorld] = strconv.Itoa(m.pg.WorldSize())
+		cp.Meta[MetaLayout] = m.layout()
 	}
 	if m.o.rankRNG && m.pg.WorldSize() > 1 {
 		start := time.Now()
@@ -325,6 +445,10 @@ type Resumed struct {
 	// Skipped lists this rank's files that failed verification, newest
 	// first.
 	Skipped []*checkpoint.SkipError
+	// SavedWorld is the world size of the job that saved the checkpoint
+	// (0 when the checkpoint does not say): another than this job's only
+	// WithWorldChange.
+	SavedWorld int
 }
 
 // Fresh reports whether there is nothing to resume from.
@@ -336,9 +460,17 @@ func (r *Resumed) Fresh() bool { return r.File == nil }
 // all-reduces, on the newest step for which every rank has a checkpoint
 // that verifies completely: a torn or corrupt file is passed over (listed
 // in Skipped), and a step missing on any rank is passed over by all. So no
-// rank resumes from another step than the others. If no rank has a
-// checkpoint the result is Fresh; if some have but no step is common to
-// all, the error matches ErrNoCommonStep.
+// rank resumes from another step than the others. The writers set the
+// damaged files they passed over aside (checkpoint.Dir.SetAside), so that
+// they never count among the checkpoints kept.
+//
+// If no rank has a checkpoint the result is Fresh. If files exist but none
+// verifies, the error is a *DamagedError (matching ErrDamaged) listing
+// them, unless WithStartFreshOverDamaged asks for a fresh start over them
+// (then they are set aside). If some rank has a checkpoint that verifies
+// but no step is common to all, the error matches ErrNoCommonStep. A
+// checkpoint saved by a job of another world size or parallel layout is a
+// *LayoutError (matching ErrLayout): a Manager does not reshard.
 //
 // Every rank loading a data-parallel job's files (rather than rank 0
 // loading and broadcasting) needs the directory to be visible to every rank
@@ -364,14 +496,10 @@ func (m *Manager) Resume(ctx context.Context) (*Resumed, error) {
 			if s > limit {
 				continue
 			}
-			path := m.stepPath(s)
-			g, err := checkpoint.Load(path)
-			if err == nil && g.Version >= 2 && g.Step != s {
-				err = fmt.Errorf("%s: %w: file records step %d", path, checkpoint.ErrCorrupt, g.Step)
-			}
+			g, err := m.load(s)
 			if err != nil {
 				if !errors.Is(err, os.ErrNotExist) {
-					res.Skipped = append(res.Skipped, &checkpoint.SkipError{Path: path, Step: s, Err: err})
+					res.Skipped = append(res.Skipped, &checkpoint.SkipError{Path: m.stepPath(s), Step: s, Err: err})
 					m.log("passing over a checkpoint that does not verify", "step", s, "err", err)
 				}
 				continue
@@ -383,16 +511,23 @@ func (m *Manager) Resume(ctx context.Context) (*Resumed, error) {
 	const maxStep = 1 << 53 // steps travel as float64
 	next(maxStep)
 	res.Newest = fstep
+	damaged := false // some rank passed over a file that does not verify
 	for {
-		v := []float64{float64(fstep), -float64(fstep)}
+		v := []float64{float64(fstep), -float64(fstep), -float64(len(res.Skipped))}
 		if err := m.pg.AllReduce(ctx, dist.F64(v), dist.Min); err != nil {
 			return nil, fmt.Errorf("ckpt: agreeing on the step to resume from: %w", err)
 		}
 		lo, hi := int64(v[0]), int64(-v[1])
+		damaged = v[2] < 0
 		if lo == hi {
 			break
 		}
 		if lo < 0 {
+			if f != nil {
+				if err := m.checkLayout(m.stepPath(fstep), f); err != nil {
+					return nil, err
+				}
+			}
 			return nil, fmt.Errorf("%w: rank %d's newest is step %d, some rank has none that verifies (in %s)",
 				ErrNoCommonStep, m.pg.Rank(), res.Newest, m.path)
 		}
@@ -400,14 +535,34 @@ func (m *Manager) Resume(ctx context.Context) (*Resumed, error) {
 			next(lo)
 		}
 	}
-	if fstep < 0 {
-		return res, nil // no rank has a checkpoint
+	if fstep < 0 { // no rank has a checkpoint that verifies
+		if damaged && !m.o.freshOverDamaged {
+			return nil, &DamagedError{Dir: m.path, Rank: m.pg.Rank(), Files: res.Skipped}
+		}
+		if damaged {
+			m.log("starting afresh over checkpoints that do not verify (WithStartFreshOverDamaged)", "files", len(res.Skipped))
+		}
+		m.setAside(res.Skipped)
+		return res, nil
 	}
 	res.Step, res.Path, res.File, res.State = fstep, m.stepPath(fstep), f, f.State()
+	if err := m.checkLayout(res.Path, f); err != nil {
+		return nil, err
+	}
+	m.setAside(res.Skipped)
 	if res.Step != res.Newest {
 		m.log("resuming from an older step than this rank's newest, the newest every rank has", "step", res.Step, "newest", res.Newest)
 	}
-	if m.o.rankRNG && m.pg.Rank() != 0 {
+	if w, err := strconv.Atoi(res.State.Meta[MetaWorld]); err == nil {
+		res.SavedWorld = w
+	}
+	if res.SavedWorld != 0 && res.SavedWorld != m.pg.WorldSize() {
+		m.log("resuming a checkpoint of another world size (WithWorldChange)", "step", res.Step,
+			"saved_world", res.SavedWorld, "world", m.pg.WorldSize())
+		if m.o.rankRNG {
+			res.State.RNG = nil // the ranks' streams were another world's
+		}
+	} else if m.o.rankRNG && m.pg.Rank() != 0 {
 		rng, ok := res.State.Meta[MetaRankRNG+strconv.Itoa(m.pg.Rank())]
 		if !ok {
 			return nil, fmt.Errorf("%w: rank %d's RNG state is not in %s (saved by a world of %s)",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -53,6 +54,48 @@ func runRanks(t *testing.T, n int, fn func(rank int, pg *dist.ProcessGroup) erro
 	}
 }
 
+// saveEvery trains n in-process ranks to step last, saving every every
+// steps in dir.
+func saveEvery(t *testing.T, dir string, n int, every, last int64) {
+	t.Helper()
+	ctx := ctxT(t)
+	runRanks(t, n, func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithEvery(every))
+		if err != nil {
+			return err
+		}
+		return train(ctx, m, rank, last)
+	})
+}
+
+// dirSteps lists the steps of the checkpoints in dir, newest first.
+func dirSteps(t *testing.T, dir string) []int64 {
+	t.Helper()
+	d, err := checkpoint.OpenDir(dir)
+	require.NoError(t, err)
+	steps, err := d.Steps()
+	require.NoError(t, err)
+	return steps
+}
+
+// resumeErrs returns the errors of resumeOn.
+func resumeErrs(_ []*ckpt.Resumed, errs []error) []error { return errs }
+
+// resumeOn resumes n in-process ranks from dir with opts and returns each
+// rank's result and error.
+func resumeOn(t *testing.T, n int, dir string, opts ...ckpt.Option) ([]*ckpt.Resumed, []error) {
+	t.Helper()
+	ctx := ctxT(t)
+	return disttest.Results(t, disttest.Cluster(t, n), func(rank int, pg *dist.ProcessGroup) (*ckpt.Resumed, error) {
+		m, err := ckpt.New(pg, dir, opts...)
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		return m.Resume(ctx)
+	})
+}
+
 // train saves steps 1..last of state(step) with m.Step on every rank.
 func train(ctx context.Context, m *ckpt.Manager, rank int, last int64) error {
 	for step := int64(1); step <= last; step++ {
@@ -82,9 +125,7 @@ func TestRoundTrip(t *testing.T) {
 		assert.Equal(t, rank == 0, m.Writer())
 		return train(ctx, m, rank, 10)
 	})
-	steps, err := (func() ([]int64, error) { d, err := checkpoint.OpenDir(dir); require.NoError(t, err); return d.Steps() })()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{9, 6}, steps, "every 3 steps, the last 2 kept")
+	assert.Equal(t, []int64{9, 6}, dirSteps(t, dir), "every 3 steps, the last 2 kept")
 
 	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
 		m, err := ckpt.New(pg, dir, ckpt.WithEvery(3))
@@ -145,20 +186,18 @@ func TestRankRNG(t *testing.T) {
 		// The RNG states differ by design: Verify does not compare them.
 		return m.Verify(ctx, r.State)
 	})
-	// A bigger world finds no RNG state for its new rank.
-	errs := disttest.Run(t, disttest.Cluster(t, 4), func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithRankRNG())
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		_, err = m.Resume(ctx)
-		return err
-	})
-	for r := range 3 {
-		assert.NoError(t, errs[r], "rank %d", r)
+	// A bigger world is refused on every rank: it would find no RNG state
+	// for its new rank, and a Manager does not reshard.
+	errs := resumeErrs(resumeOn(t, 4, dir, ckpt.WithRankRNG()))
+	for r, err := range errs {
+		assert.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
 	}
-	assert.ErrorIs(t, errs[3], ckpt.ErrRankState)
+	// A checkpoint saved without every rank's RNG state has none for rank 1.
+	dir = t.TempDir()
+	saveEvery(t, dir, 2, 2, 2)
+	errs = resumeErrs(resumeOn(t, 2, dir, ckpt.WithRankRNG()))
+	assert.NoError(t, errs[0])
+	assert.ErrorIs(t, errs[1], ckpt.ErrRankState)
 }
 
 func TestVerifyMismatch(t *testing.T) {
@@ -301,26 +340,12 @@ func TestStagesWithoutCommonStep(t *testing.T) {
 // TestDataParallelRanksAgree: the ranks of a data-parallel job pass over a
 // torn newest file together and all resume from the previous step.
 func TestDataParallelRanksAgree(t *testing.T) {
-	ctx := ctxT(t)
 	dir := t.TempDir()
-	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
-		m, err := ckpt.New(pg, dir, ckpt.WithEvery(2))
-		if err != nil {
-			return err
-		}
-		return train(ctx, m, rank, 6) // steps 2, 4, 6
-	})
+	saveEvery(t, dir, 2, 2, 6) // steps 2, 4, 6
 	// Tear step 6: both ranks read the same directory and skip it.
 	p := filepath.Join(dir, "ckpt-6.gdc")
 	require.NoError(t, os.Truncate(p, 100))
-	res, errs := disttest.Results(t, disttest.Cluster(t, 2), func(rank int, pg *dist.ProcessGroup) (*ckpt.Resumed, error) {
-		m, err := ckpt.New(pg, dir)
-		if err != nil {
-			return nil, err
-		}
-		defer m.Close()
-		return m.Resume(ctx)
-	})
+	res, errs := resumeOn(t, 2, dir)
 	for r, err := range errs {
 		require.NoError(t, err)
 		assert.Equal(t, int64(4), res[r].Step)
@@ -348,11 +373,7 @@ func TestInterval(t *testing.T) {
 		}
 		return m.Close()
 	})
-	d, err := checkpoint.OpenDir(dir)
-	require.NoError(t, err)
-	steps, err := d.Steps()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{3, 2, 1}, steps)
+	assert.Equal(t, []int64{3, 2, 1}, dirSteps(t, dir))
 }
 
 func TestOptions(t *testing.T) {
@@ -430,5 +451,121 @@ func TestOnlyWritersCopy(t *testing.T) {
 			want = []int{2, 2}
 		}
 		assert.Equal(t, want, calls, "rank RNG %v", rankRNG)
+	}
+}
+
+// damageAll truncates every checkpoint file in dir and returns their names.
+func damageAll(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		if filepath.Ext(e.Name()) == ".gdc" {
+			require.NoError(t, os.Truncate(filepath.Join(dir, e.Name()), 100))
+			names = append(names, e.Name())
+		}
+	}
+	require.NotEmpty(t, names)
+	return names
+}
+
+// TestResumeAllDamaged is issue 21's first scenario: every checkpoint in the
+// directory fails verification. Resuming is an error on every rank that
+// lists each file and why, and touches nothing; starting afresh over them
+// takes WithStartFreshOverDamaged, which sets them aside.
+func TestResumeAllDamaged(t *testing.T) {
+	dir := t.TempDir()
+	saveEvery(t, dir, 2, 2, 6) // steps 2, 4, 6 (3 kept)
+	names := damageAll(t, dir)
+	_, errs := resumeOn(t, 2, dir)
+	for r, err := range errs {
+		require.ErrorIs(t, err, ckpt.ErrDamaged, "rank %d", r)
+		assert.ErrorIs(t, err, checkpoint.ErrCorrupt, "rank %d: the reasons are in the chain", r)
+		var de *ckpt.DamagedError
+		require.ErrorAs(t, err, &de)
+		assert.Len(t, de.Files, len(names))
+		for _, n := range names {
+			assert.Contains(t, err.Error(), n, "rank %d names every file", r)
+		}
+		assert.Contains(t, err.Error(), "WithStartFreshOverDamaged")
+	}
+	for _, n := range names {
+		_, err := os.Stat(filepath.Join(dir, n))
+		assert.NoError(t, err, "%s is left in place by the refusal", n)
+	}
+
+	res, errs := resumeOn(t, 2, dir, ckpt.WithStartFreshOverDamaged())
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.True(t, res[r].Fresh())
+		assert.Len(t, res[r].Skipped, len(names), "rank %d lists what it passed over", r)
+	}
+	for _, n := range names {
+		_, err := os.Stat(filepath.Join(dir, n+".corrupt"))
+		assert.NoError(t, err, "%s set aside", n)
+	}
+	// Nothing left to pass over: a fresh start without the option.
+	res, errs = resumeOn(t, 2, dir)
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.True(t, res[r].Fresh())
+		assert.Empty(t, res[r].Skipped)
+	}
+}
+
+// TestResumePastDamagedNewerFiles: issue 21's second scenario through a
+// Manager. Damaged files at steps above the run's (ckpt-100050, -100100,
+// -100150) are set aside by the resume, and the run that then saves ten
+// checkpoints keeps its newest good ones.
+func TestResumePastDamagedNewerFiles(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	for _, step := range []int64{100050, 100100, 100150} {
+		require.NoError(t, checkpoint.SaveState(filepath.Join(dir, "ckpt-"+strconv.FormatInt(step, 10)+".gdc"), state(step, 0, "")))
+	}
+	damageAll(t, dir)
+	runRanks(t, 2, func(rank int, pg *dist.ProcessGroup) error {
+		m, err := ckpt.New(pg, dir, ckpt.WithEvery(50), ckpt.WithStartFreshOverDamaged())
+		if err != nil {
+			return err
+		}
+		r, err := m.Resume(ctx)
+		if err != nil {
+			return err
+		}
+		assert.True(t, r.Fresh())
+		return train(ctx, m, rank, 500) // 10 saves
+	})
+	assert.Equal(t, []int64{500, 450, 400}, dirSteps(t, dir))
+}
+
+// TestResumeOtherWorld is issue 21's third scenario: a checkpoint saved on
+// 2 ranks, resumed on 3 by a program that uses dist/ckpt alone, is refused
+// on every rank with an error naming both world sizes; so is one saved by
+// a pipeline stage read as data-parallel.
+func TestResumeOtherWorld(t *testing.T) {
+	dir := t.TempDir()
+	saveEvery(t, dir, 2, 2, 4)
+	errs := resumeErrs(resumeOn(t, 3, dir))
+	for r, err := range errs {
+		require.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
+		var le *ckpt.LayoutError
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, []int{2, 3}, []int{le.SavedWorld, le.World})
+		assert.Contains(t, err.Error(), "saved on 2 ranks, resuming on 3: not supported by ckpt.Manager")
+	}
+
+	// Stage 0's files of a 2-stage job, copied where a data-parallel job
+	// of 2 looks for them.
+	dir = t.TempDir()
+	saveStages(t, dir, 2, 2)
+	b, err := os.ReadFile(filepath.Join(ckpt.StageDir(dir, 0), "ckpt-2.gdc"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "ckpt-2.gdc"), b, 0o644))
+	errs = resumeErrs(resumeOn(t, 2, dir))
+	for r, err := range errs {
+		require.ErrorIs(t, err, ckpt.ErrLayout, "rank %d", r)
+		assert.Contains(t, err.Error(), "pipeline stage 0")
 	}
 }

@@ -44,7 +44,15 @@
 // A data-parallel job (every rank holds the same model) has one writer,
 // rank 0, which saves DIR/ckpt-<step>.gdc through a checkpoint.Async: Save
 // copies the state and returns, the write (atomic, verified after writing,
-// pruned to the last K) runs on the writer's goroutine. A pipeline job
+// pruned to the newest K that verify; damaged files are set aside as
+// *.corrupt and never count) runs on the writer's goroutine. Resuming over
+// files none of which verifies is a *DamagedError unless
+// WithStartFreshOverDamaged says otherwise, and a checkpoint of another
+// world size or layout is a *LayoutError — except, WithWorldChange, a
+// data-parallel checkpoint resumed by a data-parallel job of another world
+// size: it holds the whole state, Resumed.SavedWorld says who saved it,
+// and the program carries the sampler's position over
+// (train/data's DistributedSampler.Resume). A pipeline job
 // (WithStage) has one writer per stage, each saving only its own layers to
 // DIR/stage<k>/ckpt-<step>.gdc.
 //
@@ -71,6 +79,39 @@
 // sampler position, parameters, optimizer state, RNG state: FNV-1a hashes
 // of every element's bits) and fails on every rank with a *MismatchError
 // naming the part and the ranks that differ from rank 0.
+//
+// # Sharded checkpoints
+//
+// A job whose ranks each hold part of the state — ZeRO (dist/ddp's
+// WithZeRO) or fully sharded parameters (dist/fsdp) — cannot have one rank
+// write it. SaveSharded (a collective) has every rank write its own pieces
+// of the parameters and of the optimizer's slots to DIR/ckpt-<step>/rank-<r>.gdc,
+// and rank 0, once all have, write the index (train/checkpoint's sharded
+// format, as torch's DCP saves). ResumeSharded loads the newest complete
+// one into a job of any world size and any layout — DDP, ZeRO-1, ZeRO-2 or
+// fully sharded: each rank reads, from each file, only the chunks that
+// overlap what it holds, and the optimizer's state for the pieces its
+// solver steps. A plain DDP job saves and resumes sharded checkpoints too
+// (its ranks write equal shares), so every layout converts to every other.
+//
+//	d, err := ddp.Wrap(ctx, pg, params, ddp.WithZeRO(2))    // or f, err := fsdp.Wrap(ctx, pg, units)
+//	adam, err := optim.NewAdam()                           // the solver d.Solver(adam) steps
+//	r, err := ckpt.ResumeSharded(ctx, d, adam, dir, logger) // a collective
+//	if !r.Fresh() {
+//		// r.Step, r.State (config, epoch, sampler position, metadata,
+//		// this rank's RNG if the world size is the one that saved),
+//		// r.World and r.Layout of the job that saved
+//	}
+//	...
+//	err = ckpt.SaveSharded(ctx, d, adam, dir, &checkpoint.State{Step: step, Epoch: epoch, Sampler: pos}, 3)
+//
+// The wrapper (a Sharded) says which parts of the parameters it holds and
+// which its solver steps; a checkpoint whose parameters are not the job's
+// (missing, another dtype or shape) or whose optimizer is another kind
+// fails with an *IncompatibleError naming the part, on every rank. A change
+// of world size or layout is logged. FullState gathers the whole state
+// onto every rank, as one process would hold it: to write a single-process
+// checkpoint from a sharded job, or to compare.
 //
 // # Design
 //

@@ -23,6 +23,9 @@ type config struct {
 	rankRNG  bool
 	tag      uint32
 	logger   *slog.Logger
+
+	freshOverDamaged bool
+	worldChange      bool
 }
 
 func defaultConfig() config {
@@ -94,6 +97,18 @@ func WithRankRNG() Option {
 	}
 }
 
+// WithStartFreshOverDamaged makes Resume start afresh (a Fresh result)
+// when checkpoint files exist but none of them verifies, instead of failing
+// with a *DamagedError: the damaged files are set aside (renamed
+// ckpt-<step>.gdc.corrupt) and listed in Resumed.Skipped. Without it a
+// directory of damaged files never silently restarts a run from step 0.
+func WithStartFreshOverDamaged() Option {
+	return func(o *config) error {
+		o.freshOverDamaged = true
+		return nil
+	}
+}
+
 // WithTag sets the point-to-point tag WithRankRNG's messages use (default
 // DefaultTag); it must be below dist.TagReservedBase and not used by
 // anything else in the group.
@@ -115,6 +130,21 @@ func WithLogger(l *slog.Logger) Option {
 			return fmt.Errorf("ckpt: %w: nil logger", ErrInvalidArgument)
 		}
 		o.logger = l
+		return nil
+	}
+}
+
+// WithWorldChange lets a data-parallel job resume from a checkpoint saved by
+// a job of another world size: every rank holds the whole state, so the
+// checkpoint fits any number of ranks, and Resume reports the saved world
+// size (Resumed.SavedWorld) and logs the change. The caller carries what
+// depends on the world size over, as DistributedSampler.Resume does the
+// sampler's position; RNG states saved per rank (WithRankRNG) are then not
+// handed out (Resumed.State.RNG is nil on every rank). Without it, and
+// with WithStage, a checkpoint of another world size is a *LayoutError.
+func WithWorldChange() Option {
+	return func(o *config) error {
+		o.worldChange = true
 		return nil
 	}
 }

@@ -6,12 +6,12 @@ package ddp
 import (
 	"fmt"
 	"time"
-	"unsafe"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 	"github.com/gdist/gdist/internal/vec"
 )
 
@@ -24,6 +24,8 @@ type slot struct {
 // gradients are all-reduced together.
 type bucket struct {
 	params  []int // parameter indices
+	dt      tensor.Dtype
+	n       int // elements of its parameters
 	f32     []float32
 	f64     []float64
 	scratch []float32 // F64 parameters with compression: float32 staging
@@ -36,6 +38,15 @@ type bucket struct {
 	launchAt time.Time
 	firstAt  time.Time // this pass's first gradient of the bucket (timeline)
 	readyAt  time.Time // its last one
+
+	// ZeRO (see zero.go).
+	padded int       // n rounded up to a multiple of the world size
+	piece  int       // padded / world size: this rank's piece
+	g32    []float32 // this rank's piece of the summed, then averaged, gradient
+	g64    []float64
+	stage  *staging   // ZeRO-2: the staging buffer the bucket uses; nil if it has its own
+	filled bool       // ZeRO-2: its buffer holds this pass's gradients
+	gather *dist.Work // the parameter all-gather after a step
 }
 
 // closedChan is the done channel of a bucket with nothing to wait for.
@@ -67,14 +78,7 @@ func (b *bucket) doneAt() time.Time {
 // waiting when Close began reads it without the lock.
 func (b *bucket) release() {
 	b.f32, b.f64, b.scratch, b.wire = nil, nil, nil, nil
-}
-
-// numel is the number of elements of p.
-func numel(p *gorgonia.Node) int {
-	if p.IsScalar() {
-		return 1
-	}
-	return p.Shape().TotalSize()
+	b.g32, b.g64 = nil, nil
 }
 
 // buildBuckets assigns parameters, in reverse order, to buckets of at most
@@ -87,7 +91,10 @@ func (d *DDP) buildBuckets() {
 		if cur == nil {
 			return
 		}
-		if curDT == tensor.Float32 {
+		cur.dt, cur.n = curDT, curN
+		if d.cfg.zero > 0 {
+			d.shardBucket(cur, len(d.bkts))
+		} else if curDT == tensor.Float32 {
 			cur.f32 = make([]float32, curN)
 		} else {
 			cur.f64 = make([]float64, curN)
@@ -103,7 +110,7 @@ func (d *DDP) buildBuckets() {
 	}
 	for i := len(d.params) - 1; i >= 0; i-- {
 		p := d.params[i]
-		n := numel(p)
+		n := shard.Numel(p)
 		size := n * int(p.Dtype().Size())
 		limit := d.cfg.bucketCap
 		if len(d.bkts) == 0 {
@@ -128,14 +135,14 @@ func (d *DDP) buildBuckets() {
 // back.
 func (d *DDP) copyParam(i int, b *bucket, toBucket bool) error {
 	s := d.slots[i]
-	f32, f64, err := floatsOf(d.params[i].Value())
+	f32, f64, err := shard.Floats(d.params[i].Value())
 	if err != nil {
 		return fmt.Errorf("ddp: parameter %s: %w", d.params[i].Name(), err)
 	}
 	switch {
-	case b.f32 != nil && toBucket:
+	case b.dt == tensor.Float32 && toBucket:
 		copy(b.f32[s.off:s.off+s.n], f32)
-	case b.f32 != nil:
+	case b.dt == tensor.Float32:
 		copy(f32, b.f32[s.off:s.off+s.n])
 	case toBucket:
 		copy(b.f64[s.off:s.off+s.n], f64)
@@ -148,7 +155,7 @@ func (d *DDP) copyParam(i int, b *bucket, toBucket bool) error {
 // addInto adds gradient g into slot s of bucket b, or copies it there if
 // overwrite is set.
 func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
-	f32, f64, err := floatsOf(g)
+	f32, f64, err := shard.Floats(g)
 	if err != nil {
 		return err
 	}
@@ -168,29 +175,4 @@ func addInto(b *bucket, s slot, g gorgonia.Value, overwrite bool) error {
 		return fmt.Errorf("gradient dtype %v differs from the parameter's: %w", g.Dtype(), dist.ErrUnsupportedDType)
 	}
 	return nil
-}
-
-// floatsOf returns the backing slice of a Float32 or Float64 tensor or scalar
-// value (exactly one of f32, f64 is non-nil).
-func floatsOf(v gorgonia.Value) (f32 []float32, f64 []float64, err error) {
-	switch x := v.(type) {
-	case *gorgonia.F32:
-		return unsafe.Slice((*float32)(x), 1), nil, nil
-	case *gorgonia.F64:
-		return nil, unsafe.Slice((*float64)(x), 1), nil
-	case tensor.Tensor:
-		if x.RequiresIterator() {
-			return nil, nil, fmt.Errorf("value is a non-contiguous view: %w", dist.ErrInvalidArgument)
-		}
-		switch data := x.Data().(type) {
-		case []float32:
-			return data[:x.Size()], nil, nil
-		case []float64:
-			return nil, data[:x.Size()], nil
-		}
-	}
-	if v == nil {
-		return nil, nil, fmt.Errorf("no value: %w", dist.ErrInvalidArgument)
-	}
-	return nil, nil, fmt.Errorf("value of type %T (%v): %w", v, v.Dtype(), dist.ErrUnsupportedDType)
 }

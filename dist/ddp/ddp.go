@@ -12,6 +12,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 )
 
 // This file holds the DDP's lifetime: Wrap, the initial broadcast, the
@@ -50,6 +51,9 @@ var (
 	// Solver.Step) and reaches RunAll from a backward pass through its
 	// hooks. It wraps dist.ErrClosed, so either sentinel matches.
 	ErrClosed = fmt.Errorf("ddp: closed: %w", dist.ErrClosed)
+	// ErrUnsupported is returned for a use the DDP's mode does not support,
+	// such as accumulating gradients (SetSync(false)) under ZeRO-2.
+	ErrUnsupported = errors.New("ddp: not supported in this mode")
 )
 
 // ddpIDs numbers DDP instances so that their hook ops hash differently.
@@ -91,6 +95,14 @@ type DDP struct {
 	cur           Stats     // being accumulated
 	last          Stats     // of the last Sync
 	trace         func(ev event)
+	gradNorm      float64 // of the last Sync, before clipping (WithMaxGradNorm)
+
+	// ZeRO (zero.go). segs is fixed at Wrap; views and viewBase are
+	// guarded by mu.
+	segs     []segment
+	views    []gorgonia.ValueGrad
+	viewBase []uintptr
+	stages   [2]staging
 
 	closeOnce sync.Once
 	closeErr  error
@@ -165,7 +177,7 @@ func checkParam(p, first *gorgonia.Node) error {
 	case p.Value() == nil:
 		return fmt.Errorf("%s has no value (create it with gorgonia.WithValue or WithInit): %w", p.Name(), dist.ErrInvalidArgument)
 	}
-	f32, f64, err := floatsOf(p.Value())
+	f32, f64, err := shard.Floats(p.Value())
 	if err != nil {
 		return fmt.Errorf("%s: %w", p.Name(), err)
 	}
@@ -179,13 +191,18 @@ func checkParam(p, first *gorgonia.Node) error {
 // per bucket.
 func (d *DDP) broadcast(ctx context.Context) error {
 	for bi, b := range d.bkts {
+		if d.cfg.zero > 0 {
+			if err := d.acquireLocked(b, true); err != nil {
+				return err
+			}
+		}
 		for _, i := range b.params {
 			if err := d.copyParam(i, b, true); err != nil {
 				return err
 			}
 		}
 		var err error
-		if b.f32 != nil {
+		if b.dt == tensor.Float32 {
 			err = d.pg.Broadcast(ctx, dist.F32(b.f32), 0)
 		} else {
 			err = d.pg.Broadcast(ctx, dist.F64(b.f64), 0)
@@ -200,6 +217,9 @@ func (d *DDP) broadcast(ctx context.Context) error {
 		}
 		clear(b.f32)
 		clear(b.f64)
+		if b.stage != nil {
+			b.stage.user = nil // free for the next bucket
+		}
 	}
 	return nil
 }
@@ -280,24 +300,37 @@ func (d *DDP) Close() error {
 			if b.work != nil {
 				inFlight = append(inFlight, b.work)
 			}
+			if b.gather != nil {
+				inFlight = append(inFlight, b.gather)
+			}
 		}
 		d.mu.Unlock()
 		for bi, w := range inFlight {
 			<-w.Done()
 			if err := w.Err(); err != nil && d.closeErr == nil {
-				d.closeErr = fmt.Errorf("ddp: close: all-reduce of bucket %d: %w", bi, err)
+				d.closeErr = fmt.Errorf("ddp: close: collective %d in flight: %w", bi, err)
 			}
 		}
 		d.mu.Lock()
 		for _, b := range d.bkts {
 			b.release()
 		}
+		d.stages = [2]staging{}
+		d.views = nil
 		d.mu.Unlock()
 	})
 	if !first {
 		return nil
 	}
 	return d.closeErr
+}
+
+// collName names the collective a bucket runs, for errors.
+func (d *DDP) collName() string {
+	if d.cfg.zero > 0 {
+		return "reduce-scatter"
+	}
+	return "all-reduce"
 }
 
 // closedLocked returns ErrClosed, wrapped for op, once Close has begun.

@@ -238,20 +238,3 @@ func TestOptionsValidated(t *testing.T) {
 		return nil
 	})
 }
-
-func TestMulInto(t *testing.T) {
-	for _, n := range []int{0, 1, 7, 8, 9, 17, 1000} {
-		src := make([]float32, n)
-		for i := range src {
-			src[i] = float32(i)*1.5 - 3
-		}
-		dst := make([]float32, n+3)
-		mulInto(dst, src, 0.25)
-		for i, v := range src {
-			require.Equal(t, v*0.25, dst[i], "n=%d i=%d", n, i)
-		}
-		for _, v := range dst[n:] {
-			require.Zero(t, v, "past the end untouched")
-		}
-	}
-}

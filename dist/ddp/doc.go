@@ -66,6 +66,44 @@
 // ops all run at the end of backprop: training is identical, but the
 // all-reduces do not overlap the backward pass (Stats.Exposed ≈ Stats.Comm).
 //
+// # ZeRO: sharded optimizer state and gradients
+//
+// WithZeRO(1) and WithZeRO(2) are DeepSpeed's ZeRO stages 1 and 2 on the
+// same buckets and hooks. Each bucket is padded to a multiple of the world
+// size and cut into one piece per rank; its reduce-scatter, launched during
+// backprop exactly when DDP would launch its all-reduce, leaves on each rank
+// the summed gradient of its own piece, which Sync averages as DDP does. The
+// Solver then steps only this rank's piece — the parameter segments it
+// covers, handed to the inner solver as gorgonia.ValueGrads over the
+// parameters' own memory — so the inner solver keeps state (Adam's
+// moments, a velocity) for 1/WorldSize of the model, and finally
+// all-gathers the updated parameters, bucket by bucket, into every rank's
+// tensors. ZeRO-1 keeps a gradient buffer per bucket, as DDP; ZeRO-2
+// passes the buckets through two staging buffers, so that between steps a
+// rank holds only its 1/WorldSize of the gradients.
+//
+//	d, err := ddp.Wrap(ctx, pg, params, ddp.WithZeRO(2))
+//	logits, err := model.ForwardHooked(x, d.Hook)       // as with DDP
+//	...
+//	vm := gorgonia.NewTapeMachine(g)                     // no dual values: they would hold full gradients
+//	solver := d.Solver(adam)                             // steps this rank's shard, then all-gathers
+//	for each batch { vm.RunAll(); solver.Step(gorgonia.NodesToValueGrads(params)); vm.Reset() }
+//
+// The training is DDP's: on two ranks the reduce-scatter adds the ranks'
+// gradients as the all-reduce does and the parameters are bitwise equal;
+// on more ranks the sums are taken in another order, a difference of the
+// size that reordering the batch across ranks makes (see the tests).
+// Under ZeRO step through Solver: Sync alone leaves the averaged gradients
+// in the shards, not in param.Grad(), and the parameters must be gathered
+// after the step. Gorgonia's TapeMachine still computes every parameter's
+// full gradient during backprop (a value it keeps for the life of the
+// machine, as every node's); what ZeRO saves is the DDP's copies, the
+// parameters' dual values and the optimizer state. Memory reports the
+// DDP's buffers.
+//
+// WithMaxGradNorm clips the averaged gradients to a global norm, in plain
+// DDP and under ZeRO (where the squares of the pieces are all-reduced).
+//
 // # Requirements
 //
 //   - The loss must be a mean over the local batch, and every rank's local

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/disttest"
+	"github.com/gdist/gdist/dist/internal/shard"
 	"github.com/gdist/gdist/dist/pipeline/pipelinetest"
 )
 
@@ -71,7 +72,7 @@ func dense(dt tensor.Dtype, shape []int, vals []float64) tensor.Tensor {
 
 // toFloat64 copies a Float32/Float64 value.
 func toFloat64(v gorgonia.Value) []float64 {
-	f32, f64, err := floatsOf(v)
+	f32, f64, err := shard.Floats(v)
 	if err != nil {
 		panic(err)
 	}

@@ -3,7 +3,6 @@ package ddp
 import (
 	"fmt"
 	"hash"
-	"hash/fnv"
 	"runtime"
 
 	"github.com/chewxy/hm"
@@ -11,6 +10,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 )
 
 // Hook returns hook(p), the node to use in the forward pass in place of the
@@ -99,7 +99,7 @@ func (op *hookOp) Type() hm.Type {
 }
 
 func (op *hookOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
-	return identityShape(inputs)
+	return shard.FirstShape(inputs)
 }
 
 // Do returns a copy of the parameter's value: returning the value itself
@@ -120,7 +120,7 @@ func (op *hookOp) OverwritesInput() int { return -1 }
 
 func (op *hookOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "gdist.ddp.Hook#%d.%d", op.d.id, op.i) }
 
-func (op *hookOp) Hashcode() uint32 { return hashOf(op) }
+func (op *hookOp) Hashcode() uint32 { return shard.HashOf(op) }
 
 func (op *hookOp) String() string { return fmt.Sprintf("DDPHook(%s)", op.d.params[op.i].Name()) }
 
@@ -167,7 +167,7 @@ func (op *hookGradOp) Type() hm.Type {
 }
 
 func (op *hookGradOp) InferShape(inputs ...gorgonia.DimSizer) (tensor.Shape, error) {
-	return identityShape(inputs)
+	return shard.FirstShape(inputs)
 }
 
 // Do hands the gradient to the DDP and returns a copy of it: this rank's
@@ -228,27 +228,10 @@ func (op *hookGradOp) WriteHash(h hash.Hash) {
 	fmt.Fprintf(h, "gdist.ddp.HookGrad#%d.%d", op.d.id, op.i)
 }
 
-func (op *hookGradOp) Hashcode() uint32 { return hashOf(op) }
+func (op *hookGradOp) Hashcode() uint32 { return shard.HashOf(op) }
 
 func (op *hookGradOp) String() string {
 	return fmt.Sprintf("DDPHookGrad(%s)", op.d.params[op.i].Name())
-}
-
-func identityShape(inputs []gorgonia.DimSizer) (tensor.Shape, error) {
-	if len(inputs) != 1 {
-		return nil, fmt.Errorf("ddp: hook: want 1 input shape, got %d: %w", len(inputs), dist.ErrInvalidArgument)
-	}
-	s, ok := inputs[0].(tensor.Shape)
-	if !ok {
-		return nil, fmt.Errorf("ddp: hook: input shape is a %T: %w", inputs[0], dist.ErrInvalidArgument)
-	}
-	return s.Clone(), nil
-}
-
-func hashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
-	h := fnv.New32a()
-	op.WriteHash(h)
-	return h.Sum32()
 }
 
 // reuseCopy copies v into *buf and returns *buf, allocating *buf (a clone
@@ -276,8 +259,8 @@ func reuseCopy(buf *gorgonia.Value, v gorgonia.Value) (gorgonia.Value, error) {
 		}
 	case tensor.Tensor:
 		if b, ok := (*buf).(tensor.Tensor); ok && b.Dtype() == x.Dtype() && b.Shape().Eq(x.Shape()) {
-			s32, s64, err1 := floatsOf(x)
-			d32, d64, err2 := floatsOf(b)
+			s32, s64, err1 := shard.Floats(x)
+			d32, d64, err2 := shard.Floats(b)
 			if err1 == nil && err2 == nil && len(s32) == len(d32) && len(s64) == len(d64) {
 				copy(d32, s32)
 				copy(d64, s64)
@@ -285,7 +268,7 @@ func reuseCopy(buf *gorgonia.Value, v gorgonia.Value) (gorgonia.Value, error) {
 			}
 		}
 	}
-	c, err := cloneValue(v)
+	c, err := shard.Clone(v)
 	if err != nil {
 		return nil, err
 	}
@@ -294,21 +277,4 @@ func reuseCopy(buf *gorgonia.Value, v gorgonia.Value) (gorgonia.Value, error) {
 	}
 	*buf = c
 	return c, nil
-}
-
-// cloneValue returns a copy of a Float32/Float64 tensor or scalar.
-func cloneValue(v gorgonia.Value) (gorgonia.Value, error) {
-	switch x := v.(type) {
-	case *gorgonia.F32:
-		return gorgonia.NewF32(float32(*x)), nil
-	case *gorgonia.F64:
-		return gorgonia.NewF64(float64(*x)), nil
-	case tensor.Tensor:
-		c, ok := x.Clone().(tensor.Tensor)
-		if !ok {
-			return nil, fmt.Errorf("ddp: cannot copy a %T: %w", v, dist.ErrUnsupportedDType)
-		}
-		return c, nil
-	}
-	return nil, fmt.Errorf("ddp: cannot copy a %T: %w", v, dist.ErrUnsupportedDType)
 }

@@ -49,6 +49,9 @@ func (d *DDP) gradReady(i int, g gorgonia.Value) (launched bool, err error) {
 		if d.syncedPending {
 			return false, d.failLocked(ErrSyncPending)
 		}
+		if d.cfg.zero == 2 && !d.sync {
+			return false, d.failLocked(fmt.Errorf("ddp: a pass with SetSync(false) under ZeRO-2, which frees the gradients outside this rank's shard after every pass and so cannot accumulate them (ZeRO-1 can): %w", ErrUnsupported))
+		}
 		d.syncPass = d.sync && (d.cfg.accumulation == 1 || d.stepCalls == d.cfg.accumulation-1)
 		d.launchNow = d.cfg.overlap && d.syncPass
 		for _, b := range d.bkts {
@@ -63,6 +66,13 @@ func (d *DDP) gradReady(i int, g gorgonia.Value) (launched bool, err error) {
 	}
 	s := d.slots[i]
 	b := d.bkts[s.bucket]
+	if d.cfg.zero == 2 && !b.filled {
+		// ZeRO-2: the bucket's first gradient of the pass; take a buffer.
+		if err := d.acquireLocked(b, false); err != nil {
+			return false, d.failLocked(err)
+		}
+		b.filled = true
+	}
 	// The first pass since the last Sync overwrites the slot (the buckets
 	// keep the previous step's averages); later passes add to it.
 	if err := addInto(b, s, g, d.passes == 0); err != nil {
@@ -158,6 +168,16 @@ func (d *DDP) launchLocked(bi int) {
 			w = d.pg.AllReduceAsync(launchCtx, dist.Typed(b.wire, d.cfg.wire), dist.Sum)
 		}
 		bytes = len(b.wire)
+	case d.cfg.zero > 0:
+		if d.cfg.zero == 2 && !b.filled {
+			// No gradient reached the bucket in this pass: reduce zeros.
+			if err := d.acquireLocked(b, true); err != nil {
+				d.failLocked(err)
+				return
+			}
+			b.filled = true
+		}
+		w, bytes = d.reduceScatterLocked(b)
 	case d.pg.WorldSize() == 1:
 		// Nothing to exchange: the sum over one rank is the bucket.
 		bytes = 4*len(b.f32) + 8*len(b.f64)

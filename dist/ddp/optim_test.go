@@ -17,6 +17,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ddp"
 	"github.com/gdist/gdist/dist/disttest"
+	"github.com/gdist/gdist/dist/internal/dptest"
 	"github.com/gdist/gdist/models/mlp"
 	"github.com/gdist/gdist/train/optim"
 )
@@ -144,7 +145,7 @@ func trainOptim(pg *dist.ProcessGroup, mode string, dt tensor.Dtype, sizes []int
 			}
 			solver = d.Solver(own)
 		}
-		xv, yv := optimBatch(dt, step, lo, lo+rows, sizes[0], sizes[len(sizes)-1])
+		xv, yv := dptest.Batch(dt, step, lo, lo+rows, sizes[0], sizes[len(sizes)-1])
 		if err := gorgonia.Let(x, xv); err != nil {
 			return nil, err
 		}
@@ -181,27 +182,4 @@ func paramBits(params gorgonia.Nodes) []uint64 {
 		}
 	}
 	return out
-}
-
-// optimBatch returns rows [lo, hi) of step s's inputs and one-hot targets.
-func optimBatch(dt tensor.Dtype, s, lo, hi, in, classes int) (x, y tensor.Tensor) {
-	xs := make([]float64, 0, (hi-lo)*in)
-	ys := make([]float64, (hi-lo)*classes)
-	for r := lo; r < hi; r++ {
-		for c := range in {
-			xs = append(xs, math.Sin(0.7*float64(s)+1.3*float64(r)+0.37*float64(c)))
-		}
-		ys[(r-lo)*classes+(3*r+s)%classes] = 1
-	}
-	mk := func(shape []int, vals []float64) tensor.Tensor {
-		if dt == tensor.Float32 {
-			f := make([]float32, len(vals))
-			for i, v := range vals {
-				f[i] = float32(v)
-			}
-			return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f))
-		}
-		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(vals))
-	}
-	return mk([]int{hi - lo, in}, xs), mk([]int{hi - lo, classes}, ys)
 }

@@ -2,6 +2,7 @@ package ddp
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/internal/options"
@@ -31,6 +32,8 @@ type config struct {
 	compress       bool
 	wire           dist.DType
 	accumulation   int
+	zero           int     // ZeRO stage: 0 (plain DDP), 1 or 2
+	maxGradNorm    float64 // clip to this global L2 norm; 0: no clipping
 }
 
 func defaultConfig() config {
@@ -47,6 +50,14 @@ func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
 	if err := options.Apply(&cfg, opts, "ddp", dist.ErrInvalidArgument); err != nil {
 		return config{}, err
+	}
+	switch {
+	case cfg.zero > 0 && cfg.compress:
+		return config{}, fmt.Errorf("ddp: WithZeRO(%d) with WithCompression: reduce-scatters travel in the parameters' dtype: %w", cfg.zero, dist.ErrInvalidArgument)
+	case cfg.zero == 2 && cfg.accumulation > 1:
+		return config{}, fmt.Errorf("ddp: WithZeRO(2) with WithAccumulation(%d): ZeRO-2 frees the gradients outside this rank's shard after every pass, so it cannot accumulate them (ZeRO-1 can): %w", cfg.accumulation, dist.ErrInvalidArgument)
+	case cfg.zero == 2 && !cfg.overlap:
+		return config{}, fmt.Errorf("ddp: WithZeRO(2) with WithOverlap(false): ZeRO-2 reuses two staging buffers, so each bucket's reduce-scatter must start as soon as its gradients are complete: %w", dist.ErrInvalidArgument)
 	}
 	return cfg, nil
 }
@@ -122,6 +133,52 @@ func WithAccumulation(k int) Option {
 			return fmt.Errorf("ddp: WithAccumulation(%d): must be at least 1: %w", k, dist.ErrInvalidArgument)
 		}
 		c.accumulation = k
+		return nil
+	}
+}
+
+// WithZeRO shards the training state over the ranks as DeepSpeed's ZeRO
+// stages do. Stage 0 (the default) is plain DDP. With stage 1 (ZeRO-1)
+// each bucket's gradients are reduce-scattered instead of all-reduced, so
+// each rank receives the averaged gradient of its own piece of the bucket
+// (1/WorldSize of it); the Solver steps only those pieces, so the inner
+// solver's state covers 1/WorldSize of the model, and then all-gathers the
+// updated parameters. Stage 2 (ZeRO-2) also drops the gradients outside
+// the rank's piece: the buckets are staged through two reusable buffers
+// instead of one buffer per bucket, so a rank keeps 1/WorldSize of the
+// gradients between steps. Stage 3 (the parameters too) is package
+// dist/fsdp.
+//
+// ZeRO works with any gorgonia.Solver stepped through DDP.Solver (see the
+// package documentation) and not with WithCompression; ZeRO-2 also not with
+// WithAccumulation or WithOverlap(false).
+func WithZeRO(stage int) Option {
+	return func(c *config) error {
+		switch stage {
+		case 0, 1, 2:
+		case 3:
+			return fmt.Errorf("ddp: WithZeRO(3): parameters are sharded by package dist/fsdp: %w", dist.ErrInvalidArgument)
+		default:
+			return fmt.Errorf("ddp: WithZeRO(%d): want 0, 1 or 2: %w", stage, dist.ErrInvalidArgument)
+		}
+		c.zero = stage
+		return nil
+	}
+}
+
+// WithMaxGradNorm clips the averaged gradients before every optimiser step
+// so that their global L2 norm, over all parameters, is at most max: when
+// the norm exceeds it, every gradient is multiplied by max/(norm+1e-6), as
+// torch.nn.utils.clip_grad_norm_ does. Under ZeRO each rank sums the squares
+// of its own piece and one all-reduce of a number gives the global norm.
+// max must be positive and finite; the default is no clipping. DDP.GradNorm
+// reports the norm before clipping.
+func WithMaxGradNorm(max float64) Option {
+	return func(c *config) error {
+		if !(max > 0) || math.IsInf(max, 0) {
+			return fmt.Errorf("ddp: WithMaxGradNorm(%v): must be positive and finite: %w", max, dist.ErrInvalidArgument)
+		}
+		c.maxGradNorm = max
 		return nil
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/internal/shard"
 	"github.com/gdist/gdist/dist/transport"
 )
 
@@ -40,13 +41,13 @@ func (op *probeOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 	if op.grad {
 		op.counter.Add(1)
 	}
-	return cloneValue(in[0])
+	return shard.Clone(in[0])
 }
 func (op *probeOp) ReturnsPtr() bool          { return false }
 func (op *probeOp) CallsExtern() bool         { return false }
 func (op *probeOp) OverwritesInput() int      { return -1 }
 func (op *probeOp) WriteHash(h hash.Hash)     { fmt.Fprintf(h, "probe%d/%v", op.id, op.grad) }
-func (op *probeOp) Hashcode() uint32          { return hashOf(op) }
+func (op *probeOp) Hashcode() uint32          { return shard.HashOf(op) }
 func (op *probeOp) String() string            { return fmt.Sprintf("probe%d/%v", op.id, op.grad) }
 func (op *probeOp) DiffWRT(inputs int) []bool { return []bool{true} }
 func (op *probeOp) SymDiff(in gorgonia.Nodes, out, grad *gorgonia.Node) (gorgonia.Nodes, error) {

@@ -13,6 +13,12 @@
 //		return pg.AllReduceF64(ctx, data[rank], dist.Sum)
 //	})
 //	require.NoError(t, errors.Join(errs...))
+//
+//	disttest.Check(t, 3, func(pg *dist.ProcessGroup) error { ... }) // Cluster, Run, every error reported
+//
+// CheckGradients compares the gradients of a distributed graph (each
+// rank's own or replicated tensors) with central differences of a loss
+// the ranks compute together.
 package disttest
 
 import (
@@ -65,6 +71,19 @@ func Run(t testing.TB, groups []*dist.ProcessGroup, fn func(rank int, pg *dist.P
 		return struct{}{}, fn(rank, pg)
 	})
 	return errs
+}
+
+// Check runs fn on n in-process ranks (Cluster with opts, then Run) and
+// reports on t every rank's error: the usual start of a test of a
+// collective or a distributed op.
+func Check(t testing.TB, n int, fn func(pg *dist.ProcessGroup) error, opts ...dist.Option) {
+	t.Helper()
+	errs := Run(t, Cluster(t, n, opts...), func(_ int, pg *dist.ProcessGroup) error { return fn(pg) })
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
 }
 
 // Results is Run for functions that return a value: it returns the values

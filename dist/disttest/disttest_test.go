@@ -38,3 +38,19 @@ func TestRunFailingRankUnblocksPeers(t *testing.T) {
 	assert.ErrorIs(t, errs[0], boom)
 	assert.Error(t, errs[1])
 }
+
+// TestCheck: every rank's error reaches t, naming the rank.
+func TestCheck(t *testing.T) {
+	rec := &recorder{TB: t}
+	disttest.Check(rec, 3, func(pg *dist.ProcessGroup) error {
+		if pg.Rank() == 1 {
+			return errors.New("boom")
+		}
+		return nil
+	})
+	assert.Equal(t, []string{"rank 1: boom"}, rec.errs)
+	disttest.Check(t, 2, func(pg *dist.ProcessGroup) error {
+		v := []float64{1}
+		return pg.AllReduce(context.Background(), dist.F64(v), dist.Sum)
+	})
+}

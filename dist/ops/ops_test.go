@@ -31,12 +31,7 @@ var buildMu sync.Mutex
 // failing rank makes its peers fail instead of hang.
 func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) {
 	t.Helper()
-	errs := disttest.Run(t, disttest.Cluster(t, n, dist.WithTimeout(20*time.Second)), func(_ int, pg *dist.ProcessGroup) error {
-		return fn(pg)
-	})
-	for r, err := range errs {
-		assert.NoError(t, err, "rank %d", r)
-	}
+	disttest.Check(t, n, fn, dist.WithTimeout(20*time.Second))
 }
 
 // valueOf returns rank r's deterministic input element i.
@@ -461,41 +456,7 @@ func checkGraphGradient(t *testing.T, pg *dist.ProcessGroup, in tensor.Shape, xs
 	if err != nil {
 		return err
 	}
-	analytic := floats(t, gv)
-	n, r := pg.WorldSize(), pg.Rank()
-	sizes := make([]float64, n) // every rank's number of elements
-	if err := pg.AllGather(ctx, dist.F64(sizes), dist.F64([]float64{float64(len(data))})); err != nil {
-		return err
-	}
-	const eps = 1e-6
-	for owner := range n {
-		mine := r == owner
-		for i := range int(sizes[owner]) {
-			var orig float64
-			if mine {
-				orig = data[i]
-				data[i] = orig + eps
-			}
-			lp, err := total()
-			if err != nil {
-				return err
-			}
-			if mine {
-				data[i] = orig - eps
-			}
-			lm, err := total()
-			if err != nil {
-				return err
-			}
-			if mine {
-				data[i] = orig
-				num := (lp - lm) / (2 * eps)
-				assert.True(t, closeTo(num, analytic[i], 1e-6),
-					"rank %d x[%d]: numeric %v, analytic %v", r, i, num, analytic[i])
-			}
-		}
-	}
-	return nil
+	return disttest.CheckGradients(t, pg, total, []disttest.Gradient{{Name: "x", Data: data, Grad: floats(t, gv)}}, 1e-6, 1e-6)
 }
 
 // TestEachOpIsUnique checks that two identical collectives over the same

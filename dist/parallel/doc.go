@@ -28,12 +28,14 @@
 // the tests train 50 steps in float64 with TP=2, DP×TP, DP×PP, PP×TP and
 // DP×PP×TP and find the parameters equal to 1e-13 (relative).
 //
-// Generation with a KV cache on PP×TP ranks (DP = 1):
+// Generation with a KV cache, each of the DP replicas a pipeline of PP
+// stages of TP ranks serving requests of its own:
 //
 //	ck, err := transformer.Load(path)
-//	g, err := parallel.NewGenerator(ctx, pg, ck.Config, parallel.Layout{DP: 1, PP: 2, TP: 2}, 8,
+//	g, err := parallel.NewGenerator(ctx, pg, ck.Config, parallel.Layout{DP: 2, PP: 2, TP: 2}, 8,
 //		parallel.WithWeights(ck.Tensors)) // each rank keeps its part
-//	out, err := g.Generate(ctx, reqs) // on the first and last stages: each request's new tokens
+//	mine := reqs[g.Groups().DP.Rank()] // this replica's requests, the same on its ranks
+//	out, err := g.Generate(ctx, mine) // on the first and last stages: each request's new tokens
 //
 // The requests move through the stages in groups (WithGroups, default one
 // per stage): while the last stage samples one group's tokens, the first

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"gorgonia.org/tensor"
 
 	"github.com/gdist/gdist/dist"
+	"github.com/gdist/gdist/dist/timeline"
 	"github.com/gdist/gdist/dist/tp"
 	"github.com/gdist/gdist/models/transformer"
 )
@@ -18,14 +20,17 @@ const (
 	tagTokens                            // sampled tokens, last stage to first
 )
 
-// Generator serves generation requests with a KV cache on a Layout with
-// DP = 1: a pipeline of PP stages, each a transformer.Decoder over its
-// layers, split over TP members. Requests are cut into groups that move
+// Generator serves generation requests with a KV cache on a Layout: each
+// of the DP replicas is a pipeline of PP stages, each stage a
+// transformer.Decoder over its layers split over TP members, and serves
+// requests of its own. Requests are cut into groups that move
 // through the stages one after another, so that while the last stage
 // samples a group's next tokens the first already runs the next group:
 // every stage works at once. The tokens are those transformer.Generate
 // gives each request alone on one process. Every rank makes the same
-// calls; it is not safe for concurrent use.
+// calls; it is not safe for concurrent use. With the job's timeline on
+// (GDIST_TIMELINE) every Generate call, decoder pass and wait for the
+// previous or the last stage is an event on it.
 type Generator struct {
 	groups    *Groups
 	cfg       transformer.Config
@@ -41,18 +46,9 @@ type Generator struct {
 // whole model (each rank keeps its stage's part), WithGroups the number of
 // request groups in flight (default PP).
 func NewGenerator(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Config, l Layout, slots int, opts ...Option) (*Generator, error) {
-	c, err := newConfig(opts)
+	c, err := setup(pg, cfg, l, opts)
 	if err != nil {
 		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := l.Validate(pg.WorldSize(), cfg); err != nil {
-		return nil, err
-	}
-	if l.DP != 1 {
-		return nil, fmt.Errorf("parallel: a generator runs on pp×tp ranks, not %v: %w", l, ErrInvalidArgument)
 	}
 	if slots < 1 {
 		return nil, fmt.Errorf("parallel: %d slots: %w", slots, ErrInvalidArgument)
@@ -89,12 +85,18 @@ func NewGenerator(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Co
 	return g, nil
 }
 
+// Groups returns the generator's groups (Groups().DP.Rank() is this rank's
+// replica).
+func (g *Generator) Groups() *Groups { return g.groups }
+
 // Decoder returns this rank's decoder.
 func (g *Generator) Decoder() *transformer.Decoder { return g.dec }
 
 // Generate continues every request (at most the generator's slots) and
 // returns the new tokens of each on the pipeline's first and last stages
-// (nil elsewhere). Every rank passes the same requests.
+// (nil elsewhere). Every rank of a replica passes the same requests; the
+// replicas (DP > 1) serve different ones, or as many, independently: a
+// replica whose requests are done returns without waiting for the others.
 func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([][]int, error) {
 	if len(reqs) > g.slots {
 		return nil, fmt.Errorf("parallel: %d requests for %d slots: %w", len(reqs), g.slots, ErrInvalidArgument)
@@ -120,13 +122,16 @@ func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([
 	var hidden []float64
 	var hidden32 []float32
 	tokBuf := make([]float64, perGroup)
+	defer g.span("generation", "generate", time.Now())
 	for {
 		busy := false
-		for _, gr := range groups {
+		for gi, gr := range groups {
 			if first && gr.pending > 0 {
+				start := time.Now()
 				if err := g.recvTokens(ctx, gr.st, tokBuf[:gr.pending]); err != nil {
 					return nil, err
 				}
+				g.span("generation receive", "receive tokens", start)
 				gr.pending = 0
 			}
 			if gr.st.Done() {
@@ -139,15 +144,19 @@ func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([
 			}
 			var in any
 			if !first {
+				start := time.Now()
 				var err error
 				if in, err = g.recvHidden(ctx, len(rows), &hidden, &hidden32); err != nil {
 					return nil, err
 				}
+				g.span("generation receive", "receive hidden states", start)
 			}
+			start := time.Now()
 			out, err := g.dec.Forward(ctx, rows, ids, in)
 			if err != nil {
 				return nil, err
 			}
+			g.span("generation compute", groupName(gi), start)
 			if !last {
 				if err := pp.Send(ctx, pp.Rank()+1, tagHidden, rawBytes(out)); err != nil {
 					return nil, err
@@ -185,6 +194,23 @@ func (g *Generator) Generate(ctx context.Context, reqs []transformer.Request) ([
 		out = append(out, gr.st.Tokens()...)
 	}
 	return out, nil
+}
+
+// span puts an event from start to now on the job's timeline, if it is on.
+func (g *Generator) span(lane, name string, start time.Time) {
+	if tl := g.groups.PP.Timeline(); tl != nil {
+		tl.Add(timeline.Event{Lane: lane, Name: name, Cat: "generation", Start: start, End: time.Now()})
+	}
+}
+
+// groupNames name the passes of the first request groups on the timeline.
+var groupNames = [...]string{"forward group 0", "forward group 1", "forward group 2", "forward group 3"}
+
+func groupName(i int) string {
+	if i < len(groupNames) {
+		return groupNames[i]
+	}
+	return fmt.Sprintf("forward group %d", i)
 }
 
 // recvTokens receives the tokens of a group's last step from the last

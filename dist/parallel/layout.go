@@ -108,6 +108,19 @@ type config struct {
 
 var buildMu sync.Mutex
 
+// setup applies opts and checks cfg and l against the job pg: the common
+// start of NewTrainer and NewGenerator.
+func setup(pg *dist.ProcessGroup, cfg transformer.Config, l Layout, opts []Option) (config, error) {
+	c, err := newConfig(opts)
+	if err != nil {
+		return c, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return c, err
+	}
+	return c, l.Validate(pg.WorldSize(), cfg)
+}
+
 func newConfig(opts []Option) (config, error) {
 	c := config{micro: 1, lr: 3e-3, clip: 1, lock: &buildMu, groups: 0}
 	if err := options.Apply(&c, opts, "parallel", ErrInvalidArgument); err != nil {

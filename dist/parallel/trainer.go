@@ -56,14 +56,8 @@ type Trainer struct {
 // hooked into backprop without a pipeline, an all-reduce of the
 // accumulated gradients after each pipeline step with one.
 func NewTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Config, l Layout, batch int, opts ...Option) (*Trainer, error) {
-	c, err := newConfig(opts)
+	c, err := setup(pg, cfg, l, opts)
 	if err != nil {
-		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := l.Validate(pg.WorldSize(), cfg); err != nil {
 		return nil, err
 	}
 	if batch < 1 || batch%(l.DP*c.micro) != 0 {
@@ -87,11 +81,10 @@ func newTrainer(ctx context.Context, gs *Groups, cfg transformer.Config, batch i
 	t := &Trainer{groups: gs, cfg: cfg, batch: batch, local: batch / l.DP, micro: c.micro,
 		stage: l.Stages(cfg.NumLayers())[gs.PP.Rank()]}
 	t.lo, t.hi = transformer.VocabPart(cfg, gs.TP.Rank(), l.TP)
-	sopts := []gorgonia.SolverOpt{gorgonia.WithLearnRate(c.lr)}
-	if c.clip > 0 {
-		sopts = append(sopts, gorgonia.WithClip(c.clip))
+	var err error
+	if t.solver, err = transformer.NewAdam(c.lr, c.clip); err != nil {
+		return nil, err
 	}
-	t.solver = gorgonia.NewAdamSolver(sopts...)
 	var weights []checkpoint.Named
 	if c.weights != nil {
 		var err error

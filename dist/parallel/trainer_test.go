@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +22,12 @@ import (
 	"github.com/gdist/gdist/train/checkpoint"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv(childEnv); role != "" {
+		os.Exit(childMain(role))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 var buildMu sync.Mutex
 
@@ -48,26 +54,49 @@ func batches(steps, batch, ctx, vocab int) (ins, tgs [][]int) {
 
 // reference trains the single-process model.
 func reference(t *testing.T, cfg transformer.Config, batch, steps int) ([]float64, []checkpoint.Named) {
-	tr, err := transformer.NewTrainer(cfg, batch)
+	losses, weights, err := referenceRun(cfg, batch, steps)
 	require.NoError(t, err)
+	return losses, weights
+}
+
+// referenceRun trains the single-process model and returns its losses and
+// final weights.
+func referenceRun(cfg transformer.Config, batch, steps int) ([]float64, []checkpoint.Named, error) {
+	tr, err := transformer.NewTrainer(cfg, batch)
+	if err != nil {
+		return nil, nil, err
+	}
 	defer tr.Close()
 	ins, tgs := batches(steps, batch, cfg.Ctx, cfg.Vocab)
 	var losses []float64
 	for s := range steps {
 		l, err := tr.Step(context.Background(), ins[s], tgs[s])
-		require.NoError(t, err)
+		if err != nil {
+			return nil, nil, err
+		}
 		losses = append(losses, l)
 	}
-	return losses, tr.Weights()
+	return losses, tr.Weights(), nil
 }
 
 // maxRelDiff returns the largest, over tensors, of max|a-b| / max|b|.
 func maxRelDiff(t *testing.T, got, want []checkpoint.Named) float64 {
-	require.Len(t, got, len(want))
+	worst, err := relDiff(got, want)
+	require.NoError(t, err)
+	return worst
+}
+
+// relDiff returns the largest, over tensors, of max|a-b| / max|b| for
+// float64 tensors of the same names and shapes.
+func relDiff(got, want []checkpoint.Named) (float64, error) {
+	if len(got) != len(want) {
+		return 0, fmt.Errorf("%d tensors, want %d", len(got), len(want))
+	}
 	worst := 0.0
 	for i := range want {
-		require.Equal(t, want[i].Name, got[i].Name)
-		require.True(t, want[i].Tensor.Shape().Eq(got[i].Tensor.Shape()), "%s: %v vs %v", want[i].Name, got[i].Tensor.Shape(), want[i].Tensor.Shape())
+		if want[i].Name != got[i].Name || !want[i].Tensor.Shape().Eq(got[i].Tensor.Shape()) {
+			return 0, fmt.Errorf("tensor %d is %s %v, want %s %v", i, got[i].Name, got[i].Tensor.Shape(), want[i].Name, want[i].Tensor.Shape())
+		}
 		w, g := want[i].Tensor.Data().([]float64), got[i].Tensor.Data().([]float64)
 		var diff, scale float64
 		for j := range w {
@@ -78,7 +107,7 @@ func maxRelDiff(t *testing.T, got, want []checkpoint.Named) float64 {
 			worst = max(worst, diff/scale)
 		}
 	}
-	return worst
+	return worst, nil
 }
 
 // TestTrainingEquivalence: 50 steps of TP=2, DP×TP, DP×PP and PP×TP on 4
@@ -142,9 +171,10 @@ func TestLayout(t *testing.T) {
 
 // TestGeneratorSameTokens: a KV-cache generator on 1, 2 and 3 pipeline
 // stages of 1 or 2 tensor-parallel members, with requests in groups moving
-// through the stages, gives every request the tokens transformer.Generate
-// gives it alone on one process (with the full forward pass), greedy and
-// sampled, past the block size.
+// through the stages, and two such replicas serving requests of their own,
+// gives every request the tokens transformer.Generate gives it alone on one
+// process (with the full forward pass), greedy and sampled, past the block
+// size.
 func TestGeneratorSameTokens(t *testing.T) {
 	cfg := testConfig()
 	cfg.Layers = 3
@@ -164,9 +194,15 @@ func TestGeneratorSameTokens(t *testing.T) {
 		want[i], err = transformer.Generate(context.Background(), pred, r.Prompt, r.N, r.Temperature, r.Seed)
 		require.NoError(t, err)
 	}
-	for _, l := range []parallel.Layout{{DP: 1, PP: 1, TP: 2}, {DP: 1, PP: 2, TP: 1}, {DP: 1, PP: 3, TP: 1}, {DP: 1, PP: 2, TP: 2}} {
-		t.Run(fmt.Sprintf("pp%d_tp%d", l.PP, l.TP), func(t *testing.T) {
-			world := l.PP * l.TP
+	for _, l := range []parallel.Layout{{DP: 1, PP: 1, TP: 2}, {DP: 1, PP: 2, TP: 1}, {DP: 1, PP: 3, TP: 1}, {DP: 1, PP: 2, TP: 2},
+		{DP: 2, PP: 2, TP: 1}, {DP: 2, PP: 1, TP: 2}} {
+		t.Run(fmt.Sprintf("dp%d_pp%d_tp%d", l.DP, l.PP, l.TP), func(t *testing.T) {
+			world := l.DP * l.PP * l.TP
+			// With two replicas, the first serves requests 0..2, the second the rest.
+			parts := [][2]int{{0, len(reqs)}}
+			if l.DP == 2 {
+				parts = [][2]int{{0, 3}, {3, len(reqs)}}
+			}
 			errs := disttest.Run(t, disttest.Cluster(t, world, dist.WithTimeout(time.Minute)), func(rank int, pg *dist.ProcessGroup) error {
 				ctx := context.Background()
 				g, err := parallel.NewGenerator(ctx, pg, cfg, l, len(reqs), parallel.WithBuildLock(&buildMu))
@@ -174,13 +210,14 @@ func TestGeneratorSameTokens(t *testing.T) {
 					return err
 				}
 				defer g.Close()
-				got, err := g.Generate(ctx, reqs)
+				part := parts[g.Groups().DP.Rank()]
+				got, err := g.Generate(ctx, reqs[part[0]:part[1]])
 				if err != nil {
 					return err
 				}
-				stage := rank / l.TP
+				stage := g.Groups().PP.Rank()
 				if stage == 0 || stage == l.PP-1 {
-					assert.Equal(t, want, got, "rank %d", rank)
+					assert.Equal(t, want[part[0]:part[1]], got, "rank %d", rank)
 				}
 				return nil
 			})

@@ -340,17 +340,16 @@ type TraceEvent struct {
 
 // ReadFile reads the events of a trace file written by WriteFile or Merge.
 func ReadFile(path string) ([]TraceEvent, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("timeline: %w", err)
 	}
-	var f struct {
-		TraceEvents []TraceEvent `json:"traceEvents"`
+	defer f.Close()
+	evs, err := Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, path)
 	}
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("timeline: %s: %w", path, err)
-	}
-	return f.TraceEvents, nil
+	return evs, nil
 }
 
 // Lanes returns the lane names of events' metadata, by (pid, tid).

@@ -174,6 +174,54 @@ func part(t *tensor.Dense, axis, rank, size int) (*tensor.Dense, error) {
 	return transformer.SplitTensor(t, axis, rank, size)
 }
 
+// parameters adds this member's part of the layer's weight — the whole
+// [in, out] weight split along wAxis — and, if the layer has one, of its
+// bias — the whole [out] bias split along bAxis (transformer.Replicated:
+// kept whole) — to g.
+func (c *layerConfig) parameters(g *gorgonia.ExprGraph, group *dist.ProcessGroup, in, out, wAxis, bAxis int) (w, b *gorgonia.Node, err error) {
+	n, r := group.WorldSize(), group.Rank()
+	wt, err := c.wholeWeight(in, out)
+	if err != nil {
+		return nil, nil, err
+	}
+	if wt, err = part(wt, wAxis, r, n); err != nil {
+		return nil, nil, err
+	}
+	w = param(g, c.name+".w", wt)
+	if !c.bias {
+		return w, nil, nil
+	}
+	bt, err := c.wholeBias(out)
+	if err != nil {
+		return nil, nil, err
+	}
+	if bt, err = part(bt, bAxis, r, n); err != nil {
+		return nil, nil, err
+	}
+	return w, param(g, c.name+".b", bt), nil
+}
+
+// affine returns x·w plus b broadcast over the rows (none if b is nil).
+func affine(x, w, b *gorgonia.Node, layer string) (*gorgonia.Node, error) {
+	y, err := gorgonia.Mul(x, w)
+	if err != nil {
+		return nil, fmt.Errorf("tp: %s: %w", layer, err)
+	}
+	return addBias(y, b, layer)
+}
+
+// addBias returns y plus b broadcast over the rows (y if b is nil).
+func addBias(y, b *gorgonia.Node, layer string) (*gorgonia.Node, error) {
+	if b == nil {
+		return y, nil
+	}
+	y, err := gorgonia.BroadcastAdd(y, b, nil, []byte{0})
+	if err != nil {
+		return nil, fmt.Errorf("tp: %s: %w", layer, err)
+	}
+	return y, nil
+}
+
 func param(g *gorgonia.ExprGraph, name string, t *tensor.Dense) *gorgonia.Node {
 	if len(t.Shape()) == 1 {
 		return gorgonia.NewVector(g, t.Dtype(), gorgonia.WithShape(t.Shape()...), gorgonia.WithName(name), gorgonia.WithValue(t))
@@ -206,25 +254,9 @@ func NewColumnLinear(g *gorgonia.ExprGraph, group *dist.ProcessGroup, in, out in
 	if group == nil || g == nil || in < 1 || out < 1 || out%group.WorldSize() != 0 {
 		return nil, fmt.Errorf("tp: column-parallel layer %d -> %d over %v: %w", in, out, groupSize(group), ErrInvalidArgument)
 	}
-	n, r := group.WorldSize(), group.Rank()
 	l := &ColumnLinear{group: group, gather: c.gather}
-	w, err := c.wholeWeight(in, out)
-	if err != nil {
+	if l.W, l.B, err = c.parameters(g, group, in, out, 1, 0); err != nil {
 		return nil, err
-	}
-	if w, err = part(w, 1, r, n); err != nil {
-		return nil, err
-	}
-	l.W = param(g, c.name+".w", w)
-	if c.bias {
-		b, err := c.wholeBias(out)
-		if err != nil {
-			return nil, err
-		}
-		if b, err = part(b, 0, r, n); err != nil {
-			return nil, err
-		}
-		l.B = param(g, c.name+".b", b)
 	}
 	return l, nil
 }
@@ -253,14 +285,9 @@ func (l *ColumnLinear) Forward(x *gorgonia.Node) (*gorgonia.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	y, err := gorgonia.Mul(xin, l.W)
+	y, err := affine(xin, l.W, l.B, "column-parallel layer")
 	if err != nil {
-		return nil, fmt.Errorf("tp: column-parallel layer: %w", err)
-	}
-	if l.B != nil {
-		if y, err = gorgonia.BroadcastAdd(y, l.B, nil, []byte{0}); err != nil {
-			return nil, fmt.Errorf("tp: column-parallel layer: %w", err)
-		}
+		return nil, err
 	}
 	if l.gather {
 		return Gather(l.group, y)
@@ -293,20 +320,8 @@ func NewRowLinear(g *gorgonia.ExprGraph, group *dist.ProcessGroup, in, out int, 
 		return nil, fmt.Errorf("tp: row-parallel layer %d -> %d over %v: %w", in, out, groupSize(group), ErrInvalidArgument)
 	}
 	l := &RowLinear{group: group, parallel: c.parallel}
-	w, err := c.wholeWeight(in, out)
-	if err != nil {
+	if l.W, l.B, err = c.parameters(g, group, in, out, 0, transformer.Replicated); err != nil {
 		return nil, err
-	}
-	if w, err = part(w, 0, group.Rank(), group.WorldSize()); err != nil {
-		return nil, err
-	}
-	l.W = param(g, c.name+".w", w)
-	if c.bias {
-		b, err := c.wholeBias(out)
-		if err != nil {
-			return nil, err
-		}
-		l.B = param(g, c.name+".b", b)
 	}
 	return l, nil
 }
@@ -322,19 +337,14 @@ func (l *RowLinear) Forward(x *gorgonia.Node) (*gorgonia.Node, error) {
 			return nil, err
 		}
 	}
-	y, err := gorgonia.Mul(x, l.W)
+	y, err := affine(x, l.W, nil, "row-parallel layer")
 	if err != nil {
-		return nil, fmt.Errorf("tp: row-parallel layer: %w", err)
+		return nil, err
 	}
 	if y, err = Reduce(l.group, y); err != nil {
 		return nil, err
 	}
-	if l.B != nil {
-		if y, err = gorgonia.BroadcastAdd(y, l.B, nil, []byte{0}); err != nil {
-			return nil, fmt.Errorf("tp: row-parallel layer: %w", err)
-		}
-	}
-	return y, nil
+	return addBias(y, l.B, "row-parallel layer")
 }
 
 // VocabEmbedding is a vocabulary-parallel embedding (Megatron's
@@ -362,16 +372,12 @@ func NewVocabEmbedding(g *gorgonia.ExprGraph, group *dist.ProcessGroup, vocab, d
 	if group == nil || g == nil || dim < 1 || vocab < group.WorldSize() {
 		return nil, fmt.Errorf("tp: embedding of %d tokens into %d over %v: %w", vocab, dim, groupSize(group), ErrInvalidArgument)
 	}
-	w, err := c.wholeWeight(vocab, dim)
-	if err != nil {
+	c.bias = false
+	e := &VocabEmbedding{group: group}
+	if e.W, _, err = c.parameters(g, group, vocab, dim, 0, 0); err != nil {
 		return nil, err
 	}
-	n, r := group.WorldSize(), group.Rank()
-	if w, err = part(w, 0, r, n); err != nil {
-		return nil, err
-	}
-	e := &VocabEmbedding{W: param(g, c.name+".w", w), group: group}
-	e.lo, e.hi = transformer.Partition(vocab, n, r)
+	e.lo, e.hi = transformer.Partition(vocab, group.WorldSize(), group.Rank())
 	return e, nil
 }
 
@@ -384,9 +390,9 @@ func (e *VocabEmbedding) Learnables() gorgonia.Nodes { return gorgonia.Nodes{e.W
 // Forward returns Reduce(onehot·W) for onehot [N, hi-lo], this member's
 // part of the one-hot tokens.
 func (e *VocabEmbedding) Forward(onehot *gorgonia.Node) (*gorgonia.Node, error) {
-	y, err := gorgonia.Mul(onehot, e.W)
+	y, err := affine(onehot, e.W, nil, "embedding")
 	if err != nil {
-		return nil, fmt.Errorf("tp: embedding: %w", err)
+		return nil, err
 	}
 	return Reduce(e.group, y)
 }

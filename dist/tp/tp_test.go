@@ -26,12 +26,7 @@ var buildMu sync.Mutex
 
 func runRanks(t *testing.T, n int, fn func(pg *dist.ProcessGroup) error) {
 	t.Helper()
-	errs := disttest.Run(t, disttest.Cluster(t, n, dist.WithTimeout(60*time.Second)), func(_ int, pg *dist.ProcessGroup) error {
-		return fn(pg)
-	})
-	for r, err := range errs {
-		assert.NoError(t, err, "rank %d", r)
-	}
+	disttest.Check(t, n, fn, dist.WithTimeout(60*time.Second))
 }
 
 func matrix(rows, cols int, f func(i, j int) float64) *tensor.Dense {
@@ -98,70 +93,16 @@ func checkGradients(t *testing.T, pg *dist.ProcessGroup, build func(g *gorgonia.
 	if same[0] != loss || -same[1] != loss {
 		return 0, fmt.Errorf("loss %v differs between members (max %v, min %v)", loss, same[0], -same[1])
 	}
-	analytic := make([][]float64, len(wrt))
+	grads := make([]disttest.Gradient, len(wrt))
 	for i, n := range wrt {
 		gv, err := n.Grad()
 		if err != nil {
 			return 0, err
 		}
-		analytic[i] = append([]float64(nil), gv.Data().([]float64)...)
+		grads[i] = disttest.Gradient{Name: n.Name(), Data: n.Value().Data().([]float64),
+			Grad: append([]float64(nil), gv.Data().([]float64)...), Replicated: i >= len(c.parts)}
 	}
-	const eps = 1e-6
-	check := func(data []float64, i int, mine bool, want float64, what string) error {
-		var orig float64
-		if mine {
-			orig = data[i]
-			data[i] = orig + eps
-		}
-		lp, err := run()
-		if err != nil {
-			return err
-		}
-		if mine {
-			data[i] = orig - eps
-		}
-		lm, err := run()
-		if err != nil {
-			return err
-		}
-		if mine {
-			data[i] = orig
-			num := (lp - lm) / (2 * eps)
-			assert.InDelta(t, num, want, 1e-6*max(1, math.Abs(num)), "rank %d %s[%d]", pg.Rank(), what, i)
-		}
-		return nil
-	}
-	sizes := make([]float64, pg.WorldSize()*len(c.parts))
-	mine := make([]float64, len(c.parts))
-	for i, p := range c.parts {
-		mine[i] = float64(p.Shape().TotalSize())
-	}
-	if err := pg.AllGather(context.Background(), dist.F64(sizes), dist.F64(mine)); err != nil {
-		return 0, err
-	}
-	for k, p := range c.parts {
-		data := p.Value().Data().([]float64)
-		for owner := range pg.WorldSize() {
-			for i := range int(sizes[owner*len(c.parts)+k]) {
-				var want float64
-				if owner == pg.Rank() {
-					want = analytic[k][i]
-				}
-				if err := check(data, i, owner == pg.Rank(), want, p.Name()); err != nil {
-					return 0, err
-				}
-			}
-		}
-	}
-	for k, x := range c.replicated {
-		data := x.Value().Data().([]float64)
-		for i := range data {
-			if err := check(data, i, true, analytic[len(c.parts)+k][i], x.Name()); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return loss, nil
+	return loss, disttest.CheckGradients(t, pg, run, grads, 1e-6, 1e-6)
 }
 
 // mlpReference is the unsplit y = gelu-free (tanh) MLP: tanh(x·W1 + b1)·W2

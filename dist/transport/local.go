@@ -81,6 +81,7 @@ type Local struct {
 var (
 	_ Transport = (*Local)(nil)
 	_ Topology  = (*Local)(nil)
+	_ Backlog   = (*Local)(nil)
 )
 
 // NewLocal returns the n transports of an in-process job; element i has rank
@@ -213,6 +214,24 @@ func (l *Local) RecvInto(ctx context.Context, from int, tag uint32, dst []byte) 
 
 // Release implements Transport.
 func (l *Local) Release(p []byte) { bufpool.Default.Put(p) }
+
+// Queued implements Backlog: the messages queued at this rank, then those
+// this rank sent that wait unreceived at another.
+func (l *Local) Queued() []Queued {
+	var mine, sent []Queued
+	for to, b := range l.hub.boxes {
+		for _, q := range b.Backlog() {
+			e := Queued{From: q.Src, To: to, Tag: q.Tag, Messages: q.Msgs, Bytes: q.Bytes}
+			switch {
+			case to == l.rank:
+				mine = append(mine, e)
+			case q.Src == l.rank:
+				sent = append(sent, e)
+			}
+		}
+	}
+	return append(mine, sent...)
+}
 
 // Close implements Transport: later calls on l return ErrClosed and the other
 // ranks see this rank as cleanly gone (ErrPeerClosed once its messages are

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/gdist/gdist/internal/errs"
 )
@@ -104,6 +105,31 @@ type Transport interface {
 	Close() error
 }
 
+// DefaultHeartbeatTimeout is every transport's default heartbeat timeout:
+// how long a peer may stay silent (nothing received from it over TCP, its
+// heartbeat counter still in shared memory) before it is reported
+// unresponsive and its job fails.
+//
+// Silence is not always death. A long garbage-collection pause, a debugger
+// stopped at a breakpoint, a swap storm or a host short of memory stops a
+// process for seconds, and then it goes on. The timeout is long enough that
+// a pause shorter than it by PauseMargin — 8 s by default — is never taken
+// for a death on any transport, on either side of the pause, and short
+// enough that a rank frozen for good is named at most half a heartbeat
+// interval after the timeout (10.25 s from its last heartbeat over TCP and
+// from its freeze over shared memory). A job that prefers quicker detection
+// to that tolerance sets GDIST_HEARTBEAT_TIMEOUT (gdistrun
+// -heartbeat-timeout).
+const DefaultHeartbeatTimeout = 10 * time.Second
+
+// PauseMargin is how much shorter than the heartbeat timeout a pause must
+// be to be survived, with the transports' default heartbeat intervals (1 s
+// over TCP, 500 ms over shared memory) or one derived from the timeout
+// (at most 1 s): one interval, since the last heartbeat before the pause
+// may have gone out that long before it, plus a second for scheduling and
+// the time a resumed process takes to read what queued up meanwhile.
+const PauseMargin = 2 * time.Second
+
 // CheckRank returns an error wrapping ErrInvalidRank unless 0 <= r < world.
 func CheckRank(r, world int) error {
 	if r < 0 || r >= world {
@@ -143,4 +169,27 @@ func CheckHosts(hosts []int) error {
 		}
 	}
 	return nil
+}
+
+// Queued describes messages that arrived at rank To from rank From under
+// Tag and that nobody has received yet.
+type Queued struct {
+	From, To int
+	Tag      uint32
+	Messages int
+	Bytes    int // their payloads'
+}
+
+// Backlog is implemented by transports that can list the messages they
+// hold unreceived. The layer above uses it to explain a stall: a message
+// nobody receives fills its sender's share of the receive queue, and what
+// that sender sends next waits behind it (dist names them when a
+// collective times out).
+type Backlog interface {
+	// Queued returns the messages queued at this rank and not received
+	// yet, one entry per (source, tag), ordered by source and tag. A
+	// transport that sees its peers' queues too (the in-process one) adds
+	// the messages this rank sent that wait unreceived at a peer. The
+	// caller owns the slice.
+	Queued() []Queued
 }

@@ -66,11 +66,15 @@ var hashRE = regexp.MustCompile(`parameters identical on all 2 ranks .*fnv64a ([
 // job runs the program on 2 ranks under gdistrun -max-restarts 2 with the
 // given kill plan (GDIST_CHAOS_KILL) and returns the final parameter hash
 // and the output.
-func job(t *testing.T, ckptDir, kill string) (hash, out string) {
+func job(t *testing.T, ckptDir, kill string, extra ...string) (hash, out string) {
 	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
-	args := []string{"-epochs", "2", "-batch", "32", "-seed", "7", "-bucket-cap", "262144"}
+	args := []string{"-epochs", "2", "-batch", "32", "-seed", "7"}
+	if len(extra) == 0 {
+		args = append(args, "-bucket-cap", "262144")
+	}
+	args = append(args, extra...)
 	if ckptDir != "" {
 		args = append(args, "-ckpt-dir", ckptDir, "-ckpt-every", "25")
 	}
@@ -117,7 +121,25 @@ func TestChaos(t *testing.T) {
 	checkResumes(t, out, 25, 50, 100)
 }
 
-var resumedRE = regexp.MustCompile(`resumed from \S*ckpt-(\d+)\.gdc`)
+// TestChaosFull: the same under full sharding (-shard full), whose sharded
+// checkpoints every rank writes its part of: rank 1 dies after step 70
+// and the job resumes from step 50, every rank reading its pieces, and
+// ends with the parameters of the run never interrupted.
+func TestChaosFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes, 30 s or more")
+	}
+	data(t)
+	want, _ := job(t, "", "", "-shard", "full")
+	got, out := job(t, t.TempDir(), "1:70:0", "-shard", "full")
+	if testing.Verbose() {
+		t.Log(out)
+	}
+	assert.Equal(t, want, got, "killed once")
+	checkResumes(t, out, 0, 50)
+}
+
+var resumedRE = regexp.MustCompile(`resumed from \S*ckpt-(\d+)(?:\.gdc)? `)
 
 // checkResumes checks that the job resumed once per kill, each time from
 // the checkpoint expected or, if the kill cut that checkpoint's write short

@@ -30,6 +30,16 @@
 // -ckpt-every steps. (The MLP's training draws no random numbers after
 // initialisation, so there is no RNG state to save.)
 //
+// With -shard the ranks split the training state instead of each holding
+// all of it: zero1 shards Adam's state and zero2 also the gradients (package
+// ddp's WithZeRO), full also the parameters, one unit per layer (package
+// fsdp). Training is bitwise DDP's on two ranks. Under -shard, -ckpt-dir
+// saves sharded checkpoints (every rank its part, dist/ckpt's SaveSharded),
+// and a job resumes from them on any number of ranks and in any of the
+// modes. A DDP checkpoint, too, resumes on another number of ranks: the
+// rest of the epoch is dealt among the new ranks (train/data's
+// DistributedSampler.Resume) and the program says so.
+//
 // Rank 0 shows progress on stderr (a progress bar on a terminal, a few plain
 // lines otherwise, as under gdistrun), and after every epoch evaluates the
 // model on the 10,000 test images (a separate graph with a batch of 1000,
@@ -67,6 +77,9 @@
 //	-ckpt-dir DIR    save checkpoints here and resume from the newest good one
 //	-ckpt-every N    with -ckpt-dir, save every N steps (default 100; 0: only
 //	                 at the end)
+//	-ckpt-fresh      with -ckpt-dir, start afresh when no checkpoint there
+//	                 verifies (by default that is an error listing the files)
+//	-shard M         none (DDP, the default), zero1, zero2 or full
 //
 // With the defaults two ranks reach about 97.5% test accuracy in three
 // epochs.

@@ -41,6 +41,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fs.StringVar(&cfg.Compress, "compress", "", "all-reduce gradients as f16 or bf16 (default: float32)")
 	fs.StringVar(&cfg.CkptDir, "ckpt-dir", "", "save checkpoints here (rank 0) and resume from the latest good one (every rank)")
 	fs.Int64Var(&cfg.CkptEvery, "ckpt-every", 100, "with -ckpt-dir: save every this many steps (0: only at the end)")
+	fs.BoolVar(&cfg.CkptFresh, "ckpt-fresh", false, "with -ckpt-dir: when checkpoints exist but none verifies, start afresh (setting them aside as *.corrupt) instead of failing")
+	fs.StringVar(&cfg.Shard, "shard", "none", "shard the training state over the ranks: none (DDP), zero1 (optimizer state), zero2 (and gradients) or full (and parameters, one unit per layer)")
 	fs.IntVar(&cfg.BucketCap, "bucket-cap", 0, "DDP bucket size cap in bytes (default: 25 MiB; the first bucket is capped at min(this, 1 MiB))")
 	fs.IntVar(&cfg.MaxSteps, "max-steps", 0, "train at most this many steps per epoch, for a quick run (0: the whole epoch)")
 	fs.Usage = func() {
@@ -63,6 +65,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		return errUsage
 	}
 	if _, err := ddpOptions(cfg); err != nil {
+		fmt.Fprintln(stderr, err)
+		return errUsage
+	}
+	if err := checkShard(cfg); err != nil {
 		fmt.Fprintln(stderr, err)
 		return errUsage
 	}
@@ -109,23 +115,43 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			}
 			fmt.Fprintf(out, "mnist: %d rank(s)%s, GOMAXPROCS %d each; %d train and %d test images from %s\n",
 				pg.WorldSize(), routes(pg), runtime.GOMAXPROCS(0), trainSet.N, testSet.N, dir)
-			fmt.Fprintf(out, "mnist: MLP %v float32, %d parameters in %d DDP bucket(s), compression %s; batch %d per rank (%d global); Adam lr %g; %d epoch(s)\n",
-				sizes, params, buckets, comp, cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, cfg.Epochs)
+			if s := sharding(cfg); s == "full" {
+				fmt.Fprintf(out, "mnist: MLP %v float32, %d parameters in %d FSDP unit(s), fully sharded; batch %d per rank (%d global); Adam lr %g; %d epoch(s)\n",
+					sizes, params, buckets, cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, cfg.Epochs)
+			} else {
+				fmt.Fprintf(out, "mnist: MLP %v float32, %d parameters in %d DDP bucket(s), sharding %s, compression %s; batch %d per rank (%d global); Adam lr %g; %d epoch(s)\n",
+					sizes, params, buckets, s, comp, cfg.Batch, cfg.Batch*pg.WorldSize(), cfg.LR, cfg.Epochs)
+			}
 		},
 		start: func(epoch, from, steps int) {
 			bar = newProgress(stderr, tty, epoch, cfg.Epochs, from, steps, cfg.Batch*pg.WorldSize())
 		},
 		step: func(step int, loss float64) { bar.step(step, loss) },
 		resumed: func(r *ckpt.Resumed) {
-			fmt.Fprintf(out, "mnist: resumed from %s (step %d, epoch %d)\n", r.Path, r.Step, r.State.Epoch+1)
+			if r.Fresh() {
+				fmt.Fprintf(out, "mnist: -ckpt-fresh: starting afresh over %d checkpoint(s) that do not verify, set aside as *.corrupt\n", len(r.Skipped))
+			} else {
+				fmt.Fprintf(out, "mnist: resumed from %s (step %d, epoch %d)\n", r.Path, r.Step, r.State.Epoch+1)
+			}
 			for _, s := range r.Skipped {
 				fmt.Fprintf(out, "mnist: passed over %s: %v\n", s.Path, s.Err)
 			}
 		},
+		resumedSharded: func(r *ckpt.ShardedResumed) {
+			fmt.Fprintf(out, "mnist: resumed from %s (step %d, epoch %d; saved by %d rank(s), %s)\n", r.Path, r.Step, r.State.Epoch+1, r.World, r.Layout)
+		},
+		rescaled: func(saved, now int) {
+			fmt.Fprintf(out, "mnist: the checkpoint was saved by %d rank(s), training goes on on %d: the rest of the epoch is dealt among %d ranks, the global batch is now %d\n",
+				saved, now, now, cfg.Batch*now)
+		},
 		end: func(e epochStats) {
 			bar.finish()
-			fmt.Fprintf(out, "epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.0f samples/s  (%d steps in %.1fs)  comm %s/step, exposed %s/step\n",
-				e.Epoch, cfg.Epochs, e.Loss, 100*e.Acc, e.Throughput, e.Steps, e.Train.Seconds(), ms(e.Comm), ms(e.Exposed))
+			comm := "comm " + ms(e.Comm) + "/step, exposed"
+			if e.Comm < 0 {
+				comm = "waited for collectives"
+			}
+			fmt.Fprintf(out, "epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.0f samples/s  (%d steps in %.1fs)  %s %s/step\n",
+				e.Epoch, cfg.Epochs, e.Loss, 100*e.Acc, e.Throughput, e.Steps, e.Train.Seconds(), comm, ms(e.Exposed))
 		},
 	}
 	res, err := train(ctx, pg, trainSet, testSet, cfg, h)
@@ -134,7 +160,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	fmt.Fprintf(out, "parameters identical on all %d ranks (sum %.9g, sum of squares %.9g, fnv64a %016x)\n",
 		pg.WorldSize(), res.Check.Sum, res.Check.SumSq, res.Check.Hash)
-	if leader && cfg.CkptDir != "" {
+	if leader && cfg.CkptDir != "" && res.Sharded > 0 {
+		fmt.Fprintf(out, "mnist: %d sharded checkpoint(s) saved to %s, every rank writing its part; training waited %s per save\n",
+			res.Sharded, cfg.CkptDir, ms(res.ShardedTime/time.Duration(res.Sharded)))
+	} else if leader && cfg.CkptDir != "" {
 		st := res.Ckpt
 		fmt.Fprintf(out, "mnist: %d checkpoint(s) saved to %s; training waited %s per save (the copy), writes took %s each\n",
 			st.Saves, cfg.CkptDir, ms(st.Copy/time.Duration(max(st.Saves, 1))), ms(st.Write/time.Duration(max(st.Writes, 1))))

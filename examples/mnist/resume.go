@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -95,12 +96,9 @@ func (t *trainer) maybeSave(ctx context.Context, m *ckpt.Manager, step int64, ep
 // and returns the epoch's loss sum so far.
 func (t *trainer) restore(r *ckpt.Resumed, sampler *mdata.DistributedSampler) (float64, error) {
 	f := r.File
-	var got ckptConfig
-	if err := f.Config(&got); err != nil {
-		return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
-	}
-	if want := t.ckptConfig(); fmt.Sprint(got) != fmt.Sprint(want) {
-		return 0, fmt.Errorf("mnist: checkpoint %s is of another run (%+v), not this one (%+v): use another -ckpt-dir", r.Path, got, want)
+	lossSum, err := t.restoreMeta(r.Path, r.State, sampler)
+	if err != nil {
+		return 0, err
 	}
 	for _, p := range t.params {
 		src, err := f.Tensor(p.Name())
@@ -121,12 +119,36 @@ func (t *trainer) restore(r *ckpt.Resumed, sampler *mdata.DistributedSampler) (f
 	if err := t.adam.SetState(st); err != nil {
 		return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
 	}
-	if err := sampler.UnmarshalBinary(r.State.Sampler); err != nil {
-		return 0, fmt.Errorf("mnist: checkpoint %s: %w", r.Path, err)
+	return lossSum, nil
+}
+
+// restoreMeta checks that the checkpoint at path (whose state record is st)
+// is of this run, restores the sampler — from a job of another world size
+// too: the rest of the epoch is dealt among this job's ranks — and returns
+// this rank's share of the epoch's loss sum so far.
+func (t *trainer) restoreMeta(path string, st *checkpoint.State, sampler *mdata.DistributedSampler) (float64, error) {
+	var got ckptConfig
+	raw, _ := st.Config.(json.RawMessage)
+	if err := json.Unmarshal(raw, &got); err != nil {
+		return 0, fmt.Errorf("mnist: checkpoint %s: configuration: %w", path, err)
 	}
-	lossSum, err := strconv.ParseFloat(r.State.Meta[metaLossSum], 64)
+	want := t.ckptConfig()
+	t.savedWorld = got.World
+	got.World, want.World = 0, 0 // a job may resume on another number of ranks
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		return 0, fmt.Errorf("mnist: checkpoint %s is of another run (%+v), not this one (%+v): use another -ckpt-dir", path, got, want)
+	}
+	if _, err := sampler.Resume(st.Sampler); err != nil {
+		return 0, fmt.Errorf("mnist: checkpoint %s: %w", path, err)
+	}
+	lossSum, err := strconv.ParseFloat(st.Meta[metaLossSum], 64)
 	if err != nil || math.IsNaN(lossSum) {
-		return 0, fmt.Errorf("mnist: checkpoint %s: bad %s %q", r.Path, metaLossSum, r.State.Meta[metaLossSum])
+		return 0, fmt.Errorf("mnist: checkpoint %s: bad %s %q", path, metaLossSum, st.Meta[metaLossSum])
+	}
+	if t.savedWorld != 0 && t.savedWorld != t.pg.WorldSize() {
+		// The rest of the epoch has another number of steps: its mean
+		// loss is over the steps taken from here.
+		return 0, nil
 	}
 	return lossSum / float64(t.pg.WorldSize()), nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -113,4 +114,49 @@ func TestResumeOtherRun(t *testing.T) {
 		require.Error(t, err, "rank %d", r)
 		assert.Contains(t, err.Error(), "another run")
 	}
+}
+
+// TestRunDamagedCheckpoints is issue 21's first two scenarios end to end
+// (a world of one): a -ckpt-dir whose every checkpoint is damaged, at
+// steps above any this run reaches, makes the program fail naming each
+// file rather than train again from step 0; -ckpt-fresh starts afresh,
+// says so, sets the damaged files aside, and the run's own checkpoints
+// are kept.
+func TestRunDamagedCheckpoints(t *testing.T) {
+	data(t)
+	worldOne(t)
+	testMaxSteps, testTestLimit = 20, 200
+	t.Cleanup(func() { testMaxSteps, testTestLimit = 0, 0 })
+	dir := t.TempDir()
+	damaged := []string{"ckpt-100050.gdc", "ckpt-100100.gdc", "ckpt-100150.gdc"}
+	for _, n := range damaged {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte("\x89GDC\r\n"), 0o644)) // torn
+	}
+	args := []string{"-epochs", "2", "-ckpt-dir", dir, "-ckpt-every", "5"}
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), args, &stdout, &stderr)
+	require.ErrorIs(t, err, ckpt.ErrDamaged, "stdout: %s", stdout.String())
+	for _, n := range damaged {
+		assert.Contains(t, err.Error(), n)
+	}
+	assert.NotContains(t, stdout.String(), "epoch 1/2", "nothing trained")
+
+	stdout.Reset()
+	err = run(context.Background(), append(args, "-ckpt-fresh"), &stdout, &stderr)
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	assert.Contains(t, stdout.String(), "starting afresh over 3 checkpoint(s) that do not verify")
+	for _, n := range damaged {
+		assert.Contains(t, stdout.String(), "passed over "+filepath.Join(dir, n))
+		_, err := os.Stat(filepath.Join(dir, n+".corrupt"))
+		assert.NoError(t, err, "%s set aside", n)
+	}
+	var kept []string
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if filepath.Ext(e.Name()) == ".gdc" {
+			kept = append(kept, e.Name())
+		}
+	}
+	assert.ElementsMatch(t, []string{"ckpt-30.gdc", "ckpt-35.gdc", "ckpt-40.gdc"}, kept)
 }

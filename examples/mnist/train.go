@@ -16,6 +16,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/ddp"
+	"github.com/gdist/gdist/dist/fsdp"
 	"github.com/gdist/gdist/internal/mnist"
 	"github.com/gdist/gdist/models/mlp"
 	mdata "github.com/gdist/gdist/train/data" // the package's tests have a func data
@@ -43,11 +44,19 @@ type config struct {
 	Seed      int64
 	Compress  string // "", "f16" or "bf16"
 	BucketCap int    // bytes; 0 means ddp's default
+	// Shard is how the ranks hold the training state: "" or "none" (DDP),
+	// "zero1", "zero2" (ZeRO through package ddp) or "full" (package
+	// fsdp, one unit per layer).
+	Shard string
 
 	// CkptDir, if set, is where rank 0 saves a checkpoint every CkptEvery
 	// steps (0: only at the end) and from which every rank resumes.
 	CkptDir   string
 	CkptEvery int64
+	// CkptFresh starts afresh when CkptDir holds checkpoints but none
+	// verifies (they are set aside as *.corrupt); without it that is an
+	// error.
+	CkptFresh bool
 
 	// Cap the steps per epoch (-max-steps; 0: a full epoch) and, for
 	// tests, the number of test images evaluated (0: all).
@@ -69,8 +78,8 @@ type epochStats struct {
 	Acc        float64       // test accuracy, rank 0 only (NaN elsewhere)
 	Throughput float64       // training samples/s, all ranks together
 	Train      time.Duration // wall time of the epoch's training steps
-	Comm       time.Duration // mean all-reduce time per step
-	Exposed    time.Duration // mean time per step spent waiting for all-reduces
+	Comm       time.Duration // mean all-reduce (reduce-scatter) time per step; -1 when not measured (-shard full)
+	Exposed    time.Duration // mean time per step spent waiting for collectives
 }
 
 // result is what train returns.
@@ -80,6 +89,10 @@ type result struct {
 	Check     ddp.Checksum // of the float32 parameters, each hashed as its 4 bytes
 	Identical bool         // every rank has the same checksum (verified by collectives)
 	Ckpt      ckpt.Stats   // rank 0's checkpoint writes (with CkptDir)
+	// Sharded counts the sharded checkpoints saved (-shard zero1, zero2,
+	// full) and the time they took, every rank writing its part.
+	Sharded     int
+	ShardedTime time.Duration
 }
 
 // hooks are optional callbacks train calls on rank 0 (nil ones are skipped).
@@ -95,23 +108,36 @@ type hooks struct {
 	step func(step int, loss float64)
 	// end is called after each epoch, after the evaluation.
 	end func(e epochStats)
-	// resumed is called when training resumes from a checkpoint.
+	// resumed is called when training resumes from a checkpoint, and when
+	// it starts afresh over checkpoints that do not verify (CkptFresh).
 	resumed func(r *ckpt.Resumed)
+	// resumedSharded is resumed for a sharded checkpoint (-shard zero1,
+	// zero2 or full).
+	resumedSharded func(r *ckpt.ShardedResumed)
+	// rescaled is called when the checkpoint resumed from was saved by a
+	// job of another world size.
+	rescaled func(saved, now int)
 }
 
-// trainer holds one rank's model, DDP and machines.
+// trainer holds one rank's model, data-parallel wrapper and machines.
 type trainer struct {
 	pg     *dist.ProcessGroup
 	cfg    config
 	m      *mlp.Model
 	params gorgonia.Nodes
-	d      *ddp.DDP
+	w      wrapper  // d or f
+	d      *ddp.DDP // DDP or ZeRO, or nil
+	f      *fsdp.FSDP
 	vm     gorgonia.VM
 	adam   *optim.Adam     // the solver, whose state checkpoints save
-	solver gorgonia.Solver // adam wrapped by the DDP
-	x, y   *gorgonia.Node
-	xs, ys []float32 // back x and y
-	loss   gorgonia.Value
+	solver gorgonia.Solver // adam wrapped by the DDP or FSDP
+	// savedWorld is the world size of the job that saved the checkpoint
+	// resumed from (0 before a resume).
+	savedWorld int
+	saves      shardedSaves
+	x, y       *gorgonia.Node
+	xs, ys     []float32 // back x and y
+	loss       gorgonia.Value
 
 	// Evaluation (rank 0).
 	em       *mlp.Model
@@ -166,7 +192,7 @@ func newTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg config, test *mn
 	t.params = t.m.Learnables()
 	// Wrap is a collective (it broadcasts rank 0's parameters): not under
 	// graphMu, which another in-process rank may need to reach it.
-	if t.d, err = ddp.Wrap(ctx, pg, t.params, opts...); err != nil {
+	if err := t.wrap(ctx, opts); err != nil {
 		return nil, err
 	}
 
@@ -183,7 +209,7 @@ func newTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg config, test *mn
 	}
 	// Hooks at the point of use, so that bucket all-reduces start during
 	// backprop.
-	logits, err := t.m.ForwardHooked(t.x, t.d.Hook)
+	logits, err := t.m.ForwardHooked(t.x, t.w.Hook)
 	if err != nil {
 		return nil, err
 	}
@@ -195,14 +221,24 @@ func newTrainer(ctx context.Context, pg *dist.ProcessGroup, cfg config, test *mn
 	if _, err := gorgonia.Grad(loss, t.params...); err != nil {
 		return nil, fmt.Errorf("mnist: gradients: %w", err)
 	}
-	t.vm = gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(t.params...))
+	// Under ZeRO and full sharding the wrapper hands the solver its own
+	// gradient pieces: no dual values, which would hold whole gradients.
+	var vmOpts []gorgonia.VMOpt
+	if sharding(cfg) == "none" {
+		vmOpts = append(vmOpts, gorgonia.BindDualValues(t.params...))
+	}
+	t.vm = gorgonia.NewTapeMachine(g, vmOpts...)
 	// train/optim's Adam steps bit for bit as gorgonia.NewAdamSolver with
 	// the same settings, and its state can be saved.
 	if t.adam, err = optim.NewAdam(optim.WithLearnRate(cfg.LR)); err != nil {
 		t.vm.Close()
 		return nil, err
 	}
-	t.solver = t.d.Solver(t.adam)
+	if t.d != nil {
+		t.solver = t.d.Solver(t.adam)
+	} else {
+		t.solver = t.f.Solver(t.adam)
+	}
 
 	if pg.Rank() == 0 {
 		if err := t.buildEval(cfg, test); err != nil {
@@ -258,11 +294,12 @@ func (t *trainer) close() {
 	}
 }
 
-// evaluate copies the training parameters into the evaluation model and
-// returns the accuracy on the test set (rank 0 only).
-func (t *trainer) evaluate(test *mnist.Set) (float64, error) {
+// evaluate copies weights (the training parameters, see trainer.weights)
+// into the evaluation model and returns the accuracy on the test set (rank
+// 0 only).
+func (t *trainer) evaluate(test *mnist.Set, weights []tensor.Tensor) (float64, error) {
 	for k, p := range t.em.Learnables() {
-		dst, src := p.Value().Data().([]float32), t.params[k].Value().Data().([]float32)
+		dst, src := p.Value().Data().([]float32), weights[k].Data().([]float32)
 		copy(dst, src)
 	}
 	b := t.ex.Shape()[0]
@@ -298,7 +335,7 @@ func (t *trainer) step(set *mnist.Set, idx []int) (float64, error) {
 	}
 	defer t.vm.Reset()
 	if err := t.vm.RunAll(); err != nil {
-		if derr := t.d.Err(); derr != nil {
+		if derr := t.w.Err(); derr != nil {
 			return 0, derr // matchable; Gorgonia's wrapping is not
 		}
 		return 0, fmt.Errorf("mnist: forward/backward: %w", err)
@@ -335,7 +372,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		for _, p := range t.params {
 			n += p.Shape().TotalSize()
 		}
-		h.ready(n, len(t.d.Buckets()))
+		h.ready(n, t.buckets())
 	}
 	res := &result{}
 	var (
@@ -344,10 +381,16 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		lossSum float64 // this rank's loss summed over the epoch's steps so far
 		m       *ckpt.Manager
 	)
-	if cfg.CkptDir != "" {
-		var opts []ckpt.Option
+	sharded := cfg.CkptDir != "" && sharding(cfg) != "none"
+	if cfg.CkptDir != "" && !sharded {
+		// Every rank holds the whole state, and restore carries the
+		// sampler's position over to another number of ranks.
+		opts := []ckpt.Option{ckpt.WithWorldChange()}
 		if cfg.CkptEvery > 0 {
 			opts = append(opts, ckpt.WithEvery(cfg.CkptEvery))
+		}
+		if cfg.CkptFresh {
+			opts = append(opts, ckpt.WithStartFreshOverDamaged())
 		}
 		if m, err = ckpt.New(pg, cfg.CkptDir, opts...); err != nil {
 			return nil, err
@@ -362,15 +405,30 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 				return nil, err
 			}
 			step = r.Step
-			if leader && h.resumed != nil {
-				h.resumed(r)
-			}
+		}
+		if leader && h.resumed != nil && (!r.Fresh() || len(r.Skipped) > 0) {
+			h.resumed(r)
 		}
 		// Every rank must now hold what rank 0 holds: parameters, solver
 		// state, step, epoch and sampler position.
 		if err := t.verifyState(ctx, m, step, sampler, lossSum); err != nil {
 			return nil, err
 		}
+	}
+	if sharded {
+		r, sum, err := t.resumeSharded(ctx, sampler)
+		if err != nil {
+			return nil, err
+		}
+		if !r.Fresh() {
+			step, lossSum = r.Step, sum
+			if leader && h.resumedSharded != nil {
+				h.resumedSharded(r)
+			}
+		}
+	}
+	if leader && h.rescaled != nil && t.savedWorld != 0 && t.savedWorld != pg.WorldSize() {
+		h.rescaled(t.savedWorld, pg.WorldSize())
 	}
 	kill := chaos.Step(pg.Rank())
 	first := sampler.Epoch() + 1
@@ -402,22 +460,26 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 				return nil, fmt.Errorf("epoch %d step %d: %w", epoch, s+1, err)
 			}
 			step++
-			st := t.d.Stats()
-			comm += st.Comm
-			exposed += st.Exposed
+			c, e := t.commStats()
+			comm += c
+			exposed += e
 			lossSum += loss
 			res.Losses = append(res.Losses, loss)
 			if leader && h.step != nil {
 				h.step(s+1, loss)
 			}
-			if m != nil {
-				ok, err := t.maybeSave(ctx, m, step, epoch, sampler, lossSum)
-				if err != nil {
-					return nil, err
-				}
-				if ok {
-					saved = step
-				}
+			var ok bool
+			switch {
+			case m != nil:
+				ok, err = t.maybeSave(ctx, m, step, epoch, sampler, lossSum)
+			case sharded:
+				ok, err = t.maybeSaveSharded(ctx, step, epoch, sampler, lossSum)
+			}
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				saved = step
 			}
 			if step == kill {
 				chaos.KillSelf()
@@ -444,8 +506,15 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 			Comm:       comm / time.Duration(max(steps-done, 1)),
 			Exposed:    exposed / time.Duration(max(steps-done, 1)),
 		}
+		weights, err := t.weights(ctx) // a collective under full sharding
+		if err != nil {
+			return nil, err
+		}
+		if comm < 0 {
+			es.Comm = -1
+		}
 		if leader {
-			if es.Acc, err = t.evaluate(testSet); err != nil {
+			if es.Acc, err = t.evaluate(testSet, weights); err != nil {
 				return nil, err
 			}
 			if h.end != nil {
@@ -476,9 +545,27 @@ func train(ctx context.Context, pg *dist.ProcessGroup, trainSet, testSet *mnist.
 		}
 		res.Ckpt = m.Stats()
 	}
-	if res.Check, err = ddp.ChecksumOf(t.params); err != nil {
+	if sharded {
+		if sampler.Epoch() < cfg.Epochs {
+			sampler.SetEpoch(cfg.Epochs)
+			saved = -1
+		}
+		if saved != step {
+			if err := t.saveSharded(ctx, step, cfg.Epochs, sampler, 0); err != nil {
+				return nil, err
+			}
+		}
+		res.Sharded, res.ShardedTime = t.saves.n, t.saves.took
+	}
+	weights, err := t.weights(ctx)
+	if err != nil {
 		return nil, err
 	}
+	var acc ddp.Accumulator
+	for _, w := range weights {
+		acc.Float32s(w.Data().([]float32))
+	}
+	res.Check = acc.Checksum()
 	res.Identical, err = ddp.SameReplicas(ctx, pg, res.Check)
 	if err != nil {
 		return nil, err

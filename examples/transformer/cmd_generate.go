@@ -16,7 +16,8 @@ func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) (
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg genConfig
-	fs.StringVar(&cfg.Ckpt, "ckpt", defaultCkpt, "checkpoint written by train")
+	fs.StringVar(&cfg.Ckpt, "ckpt", defaultCkpt, "checkpoint written by train (or a .safetensors model)")
+	fs.IntVar(&cfg.Heads, "heads", 0, "attention heads of a .safetensors model that does not record its configuration")
 	fs.StringVar(&cfg.Prompt, "prompt", "Light is", "text to continue (characters of the training text only)")
 	fs.IntVar(&cfg.N, "n", 200, "tokens (characters) to generate")
 	fs.Float64Var(&cfg.Temperature, "temperature", 0.8, "sampling temperature (0: greedy)")

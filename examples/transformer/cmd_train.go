@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -31,7 +30,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	def := transformer.DefaultConfig(0)
 	var cfg trainConfig
 	textPath := fs.String("text", "", "training text, UTF-8 (default: $(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt)")
-	out := fs.String("out", defaultCkpt, "write the checkpoint here (rank 0)")
+	out := fs.String("out", defaultCkpt, "write the model here (rank 0): a gdist checkpoint, or safetensors if the name ends in .safetensors")
 	plotPath := fs.String("plot", "", "write a PNG of the loss curves here (rank 0)")
 	fs.IntVar(&cfg.Steps, "steps", 0, "stop after this many steps (0: no limit)")
 	fs.DurationVar(&cfg.Duration, "duration", 3*time.Minute, "stop after this much time (0: no limit; default 0 when only -steps is given)")
@@ -48,6 +47,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	fs.IntVar(&layout.DP, "dp", 0, "3-D parallelism: data-parallel replicas (with -pp and -tp; dp*pp*tp = ranks)")
 	fs.IntVar(&layout.PP, "pp", 0, "3-D parallelism: pipeline stages per replica")
 	fs.IntVar(&layout.TP, "tp", 0, "3-D parallelism: tensor-parallel ranks per stage")
+	fs.StringVar(&cfg.Shard, "shard", "none", "under gdistrun: shard the training state over the ranks: none (DDP), zero1 (optimizer state), zero2 (and gradients) or full (and parameters, one unit per layer)")
 	bucketKB := fs.Int("bucket-kb", 256, "DDP: gradient bucket size cap in KiB; buckets all-reduce during backprop (0: package ddp's defaults, one bucket for the default model)")
 	valFrac := fs.Float64("val-frac", 0.1, "fraction of the text, at its end, held out for validation")
 	fs.IntVar(&def.Ctx, "ctx", def.Ctx, "model: context length (characters)")
@@ -88,6 +88,9 @@ Flags:
 	}
 	cfg.BucketCap = *bucketKB << 10
 	threeD := layout != (parallel.Layout{})
+	if threeD && cfg.sharding() != "none" {
+		return usageError(fs, stderr, "-shard %s shards data-parallel training, not -dp/-pp/-tp", cfg.Shard)
+	}
 	if threeD {
 		layout.DP, layout.PP, layout.TP = max(layout.DP, 1), max(layout.PP, 1), max(layout.TP, 1)
 		if !set["micro-batches"] {
@@ -140,10 +143,7 @@ Flags:
 			return nil
 		}
 		fmt.Fprintf(w, "train: %d steps in %.1fs, %.0f tokens/s\n", steps, elapsed.Seconds(), float64(steps*cfg.Batch*model.Ctx)/elapsed.Seconds())
-		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-			return fmt.Errorf("transformer: %w", err)
-		}
-		if err := transformer.Save(*out, &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(steps), Tensors: weights}); err != nil {
+		if err := saveModel(*out, &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(steps), Tensors: weights}); err != nil {
 			return err
 		}
 		fmt.Fprintf(w, "train: saved %s (the single-process model, gathered from every rank)\n", *out)
@@ -159,6 +159,10 @@ Flags:
 			switch {
 			case cfg.Pipeline:
 				ddpNote, global = fmt.Sprintf(", a pipeline of %d stages with %d micro-batches", pg.WorldSize(), cfg.MicroBatches), cfg.Batch
+			case cfg.sharding() == "full":
+				ddpNote = fmt.Sprintf(", fully sharded in %d unit(s)", buckets)
+			case cfg.sharding() != "none":
+				ddpNote = fmt.Sprintf(", %s in %d bucket(s)", map[string]string{"zero1": "ZeRO-1", "zero2": "ZeRO-2"}[cfg.sharding()], buckets)
 			case buckets > 0:
 				ddpNote = fmt.Sprintf(", DDP in %d bucket(s)", buckets)
 			}
@@ -168,6 +172,13 @@ Flags:
 		},
 		step: bar.step,
 		eval: bar.eval,
+		resumedSharded: func(r *ckpt.ShardedResumed) {
+			note := ""
+			if r.World != pg.WorldSize() {
+				note = fmt.Sprintf("; each rank's batch stream starts afresh on %d ranks", pg.WorldSize())
+			}
+			fmt.Fprintf(w, "train: resumed from %s (step %d; saved by %d rank(s), %s%s)\n", r.Path, r.Step, r.World, r.Layout, note)
+		},
 		resumed: func(r *ckpt.Resumed) {
 			fmt.Fprintf(w, "train: resumed from %s (step %d)\n", r.Path, r.Step)
 			for _, s := range r.Skipped {
@@ -193,7 +204,10 @@ Flags:
 	fmt.Fprintf(w, "train: %d steps%s in %.1fs, %.0f tokens/s (%.2f steps/s)\n", res.Steps-res.Start, resumed,
 		res.TrainTime.Seconds(), res.TokensPerSec, float64(res.Steps-res.Start)/res.TrainTime.Seconds())
 	fmt.Fprint(w, curveTable(res.Curve, 12))
-	if cfg.CkptDir != "" {
+	if cfg.CkptDir != "" && res.Sharded > 0 {
+		fmt.Fprintf(w, "train: %d sharded checkpoint(s) saved to %s, every rank writing its part; training waited %.1f ms per save\n",
+			res.Sharded, cfg.CkptDir, res.ShardedTime.Seconds()*1e3/float64(res.Sharded))
+	} else if cfg.CkptDir != "" {
 		st := res.Ckpt
 		fmt.Fprintf(w, "train: %d checkpoint(s) saved to %s; training waited %.2f ms per save (the copy), writes took %.1f ms each\n",
 			st.Saves, cfg.CkptDir, st.Copy.Seconds()*1e3/float64(max(st.Saves, 1)), st.Write.Seconds()*1e3/float64(max(st.Writes, 1)))
@@ -208,16 +222,15 @@ Flags:
 		return nil
 	}
 	if pg.WorldSize() > 1 {
-		fmt.Fprintln(w, ddpSummary(res))
+		if cfg.sharding() == "full" {
+			fmt.Fprintln(w, fsdpSummary(res))
+		} else {
+			fmt.Fprintln(w, ddpSummary(res))
+		}
 		fmt.Fprintf(w, "train: parameters identical on all %d ranks (fnv64a %016x)\n", pg.WorldSize(), res.Check.Hash)
 	}
-	if dir := filepath.Dir(*out); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("transformer: %w", err)
-		}
-	}
 	ck := &transformer.Checkpoint{Config: model, Vocab: c.Vocab, Step: int64(res.Steps), Tensors: res.Weights}
-	if err := transformer.Save(*out, ck); err != nil {
+	if err := saveModel(*out, ck); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "train: saved %s\n", *out)

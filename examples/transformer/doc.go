@@ -49,6 +49,14 @@
 // windows, and there is no validation (no rank holds the whole model) and
 // no -out file. At the end rank 0 prints every stage's parameter hash.
 //
+// With -shard zero1, zero2 or full the data-parallel ranks split the
+// training state (package ddp's ZeRO, package fsdp with one unit per
+// layer; the validation and the saved model gathered from the pieces),
+// training bitwise as DDP on two ranks; -ckpt-dir then saves sharded
+// checkpoints, each rank its part and its batch generator's state, which
+// resume on any number of ranks and in any mode (each rank's batch stream
+// restarting from its seed when the number of ranks changed).
+//
 // With -ckpt-dir DIR training saves a checkpoint (package dist/ckpt) every
 // -ckpt-every (100) steps and at the end — parameters, Adam's moments and
 // iteration count, the step and the batch generator's state — stalling only
@@ -82,4 +90,19 @@
 // seed (the tests check it for 2 and 3 stages in one process and for 2 OS
 // processes over TCP). A model with a tied head (embedding and head sharing
 // a matrix) cannot be split that way and generates on one process only.
+//
+// # safetensors
+//
+// A model leaves the Go world and comes back as safetensors, the format
+// torch and Hugging Face share, its parameters named as Hugging Face's
+// GPT-2 names them (models/transformer documents the table): train -out
+// and generate -ckpt take a .safetensors file as well as a gdist
+// checkpoint, and convert turns one into the other:
+//
+//	go run ./examples/transformer convert -in out/opticks.gdc -out out/opticks.safetensors
+//	go run ./examples/transformer generate -ckpt out/opticks.safetensors -prompt "Light is"
+//	go run ./examples/transformer convert -in gpt2-like.safetensors -heads 12 -out out/model.gdc
+//
+// -heads is needed only for a file that does not record gdist's
+// configuration in its metadata (one written elsewhere).
 package main

@@ -41,6 +41,9 @@ type genConfig struct {
 	// TP is the number of tensor-parallel ranks per pipeline stage with
 	// the cache (0 or 1: none); the stages are world/TP.
 	TP int
+	// Heads is the number of attention heads of a safetensors Ckpt that
+	// does not record its configuration (0: it must).
+	Heads int
 }
 
 // genResult is what generate returns.
@@ -93,7 +96,7 @@ func encodePrompt(ck *transformer.Checkpoint, prompt string) ([]int, error) {
 
 // generateLocal runs the full model in this process.
 func generateLocal(ctx context.Context, cfg genConfig) (*genResult, error) {
-	ck, err := transformer.Load(cfg.Ckpt)
+	ck, err := loadModel(cfg.Ckpt, cfg.Heads)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +203,7 @@ func generatePipeline(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig)
 	// Every rank reads the config and vocabulary, then its own layers
 	// only, and checks the split and the prompt before any message moves,
 	// so that a bad argument fails every rank the same way.
-	mc, vocab, step, err := transformer.LoadConfig(cfg.Ckpt)
+	mc, vocab, step, err := loadConfig(cfg.Ckpt, cfg.Heads)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +221,7 @@ func generatePipeline(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig)
 		return nil, err
 	}
 	from, to := stages[rank][0], stages[rank][1]
-	ck, err := transformer.LoadLayers(cfg.Ckpt, from, to)
+	ck, err := loadLayers(cfg.Ckpt, from, to, cfg.Heads)
 	if err != nil {
 		return nil, err
 	}
@@ -316,7 +319,7 @@ func generatePipeline(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig)
 // tensor-parallel ranks (parallel.Generator), every rank loading the
 // checkpoint and keeping its part.
 func generateCached(ctx context.Context, pg *dist.ProcessGroup, cfg genConfig) (*genResult, error) {
-	ck, err := transformer.Load(cfg.Ckpt)
+	ck, err := loadModel(cfg.Ckpt, cfg.Heads)
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,7 @@ A character-level transformer trained on Newton's Opticks.
 Commands:
   train      train a model (data-parallel under gdistrun) and save a checkpoint
   generate   generate text from a checkpoint (pipeline-parallel under gdistrun)
+  convert    convert a model between gdist's checkpoint format and safetensors
 
 Run "transformer <command> -h" for the flags of a command.
 `
@@ -44,6 +45,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runTrain(ctx, args[1:], stdout, stderr)
 	case "generate":
 		return runGenerate(ctx, args[1:], stdout, stderr)
+	case "convert":
+		return runConvert(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

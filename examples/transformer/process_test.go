@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/gdist/gdist/internal/cli"
 	"github.com/gdist/gdist/internal/procjob"
+	"github.com/gdist/gdist/models/transformer"
 )
 
 // childEnv names the environment variable that makes the test binary run
@@ -105,4 +108,65 @@ func TestHelp(t *testing.T) {
 		assert.Equal(t, 0, cli.ExitCode("transformer", errUsage, err, &stderr), "%q", args)
 		assert.Contains(t, stdout.String()+stderr.String(), "Usage", "%q", args)
 	}
+}
+
+// TestTrain3DGdistrun: train -dp 2 -pp 2 -tp 2 launched by gdistrun on 8
+// processes saves the single-process model's checkpoint: the same names and
+// shapes, and parameters within float32 rounding of one process trained
+// with -dp 1 -pp 1 -tp 1 on the same global batches.
+func TestTrain3DGdistrun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	for _, v := range []string{"RANK", "WORLD_SIZE", "MASTER_ADDR"} {
+		if _, ok := os.LookupEnv(v); ok {
+			t.Skipf("%s is set: the one-process run needs a world of one", v)
+		}
+	}
+	dir := t.TempDir()
+	text := filepath.Join(dir, "text.txt")
+	require.NoError(t, os.WriteFile(text, []byte(testText), 0o644))
+	common := []string{"train", "-text", text, "-steps", "8", "-eval-every", "4", "-ctx", "16", "-dim", "16",
+		"-heads", "2", "-layers", "2", "-mlp", "32", "-batch", "4", "-lr", "0.01"}
+	one := filepath.Join(dir, "one.gdc")
+	var stdout, stderr bytes.Buffer
+	require.NoError(t, run(context.Background(), append(common, "-dp", "1", "-pp", "1", "-tp", "1", "-out", one), &stdout, &stderr), stderr.String())
+
+	self, err := os.Executable()
+	require.NoError(t, err)
+	eight := filepath.Join(dir, "eight.gdc")
+	args := append(common, "-dp", "2", "-pp", "2", "-tp", "2", "-out", eight)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, gdistrun(t), "-n", "8", "--", self)
+	cmd.Env = append(os.Environ(), childEnv+"=run", childArgsEnv+"="+strings.Join(args, "\n"))
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	require.NoError(t, cmd.Run(), "gdistrun:\n%s", buf.String())
+	out := buf.String()
+	t.Logf("gdistrun -n 8 in %.1fs:\n%s", time.Since(start).Seconds(), out)
+	assert.Contains(t, out, "8 rank(s) as dp=2 pp=2 tp=2")
+	assert.Contains(t, out, "the single-process model, gathered from every rank")
+
+	a, err := transformer.Load(one)
+	require.NoError(t, err)
+	b, err := transformer.Load(eight)
+	require.NoError(t, err)
+	assert.Equal(t, a.Config, b.Config)
+	require.Equal(t, len(a.Tensors), len(b.Tensors))
+	worst := 0.0
+	for i := range a.Tensors {
+		require.Equal(t, a.Tensors[i].Name, b.Tensors[i].Name)
+		require.Equal(t, a.Tensors[i].Tensor.Shape(), b.Tensors[i].Tensor.Shape())
+		x, y := a.Tensors[i].Tensor.Data().([]float32), b.Tensors[i].Tensor.Data().([]float32)
+		var diff, scale float64
+		for j := range x {
+			diff = max(diff, math.Abs(float64(x[j])-float64(y[j])))
+			scale = max(scale, math.Abs(float64(x[j])))
+		}
+		worst = max(worst, diff/scale)
+	}
+	t.Logf("largest relative parameter difference from one process after 8 float32 steps: %.3g", worst)
+	assert.Less(t, worst, 1e-4)
 }

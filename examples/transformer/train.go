@@ -15,6 +15,7 @@ import (
 	"github.com/gdist/gdist/dist"
 	"github.com/gdist/gdist/dist/ckpt"
 	"github.com/gdist/gdist/dist/ddp"
+	"github.com/gdist/gdist/dist/fsdp"
 	"github.com/gdist/gdist/models/transformer"
 	"github.com/gdist/gdist/train/checkpoint"
 	"github.com/gdist/gdist/train/optim"
@@ -59,6 +60,11 @@ type trainConfig struct {
 	// Batch) is the number of micro-batches per step.
 	Pipeline     bool
 	MicroBatches int
+
+	// Shard is how the data-parallel ranks hold the training state: "" or
+	// "none" (DDP), "zero1", "zero2" (ZeRO through package ddp) or "full"
+	// (package fsdp, one unit per layer).
+	Shard string
 }
 
 func (c trainConfig) validate() error {
@@ -83,6 +89,9 @@ func (c trainConfig) validate() error {
 		return fmt.Errorf("transformer: checkpoint interval %d < 0", c.CkptEvery)
 	case c.Pipeline && (c.MicroBatches < 1 || c.Batch%c.MicroBatches != 0):
 		return fmt.Errorf("transformer: batch %d not divisible into %d micro-batches", c.Batch, c.MicroBatches)
+	}
+	if err := c.checkShard(); err != nil {
+		return err
 	}
 	return c.Model.Validate()
 }
@@ -113,6 +122,12 @@ type trainResult struct {
 	// DDP sums package ddp's statistics over the steps (zero on one rank):
 	// Comm - Exposed is the all-reduce time hidden behind backprop.
 	DDP ddp.Stats
+	// FSDP sums package fsdp's statistics over the steps (-shard full).
+	FSDP fsdp.Stats
+	// Sharded counts the sharded checkpoints saved (-shard zero1, zero2,
+	// full) and the time the ranks spent saving them.
+	Sharded     int
+	ShardedTime time.Duration
 }
 
 // trainHooks are optional callbacks train calls on rank 0.
@@ -128,6 +143,8 @@ type trainHooks struct {
 	eval func(p point)
 	// resumed is called when training resumes from a checkpoint.
 	resumed func(r *ckpt.Resumed)
+	// resumedSharded is resumed for a sharded checkpoint (-shard).
+	resumedSharded func(r *ckpt.ShardedResumed)
 }
 
 // train trains cfg.Model on c, data-parallel over pg's ranks (DDP) when
@@ -169,25 +186,24 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	}
 	var solver gorgonia.Solver = adam
 	var topts []transformer.TrainerOption
-	var d *ddp.DDP
 	buckets := 0
-	if world > 1 {
-		// DDP wraps the parameters before the forward pass exists, so that
-		// the trainer can put d.Hook at every use of a parameter: each
-		// bucket's all-reduce then starts as soon as backprop has produced
-		// its gradients. Wrap is a collective (it broadcasts rank 0's
+	dp := &dataParallel{cfg: cfg}
+	if world > 1 || cfg.sharding() != "none" {
+		// The wrapper takes the parameters before the forward pass exists,
+		// so that the trainer can put its hook at every use of a
+		// parameter: DDP's (and ZeRO's) buckets then start their
+		// all-reduce (reduce-scatter) as soon as backprop has produced
+		// their gradients, and FSDP gathers each layer just before it
+		// computes. Wrapping is a collective (it broadcasts rank 0's
 		// parameters): not under graphMu, which another in-process rank
 		// may need to reach it.
-		var dopts []ddp.Option
-		if cfg.BucketCap > 0 {
-			dopts = append(dopts, ddp.WithFirstBucketCap(cfg.BucketCap), ddp.WithBucketCap(cfg.BucketCap))
-		}
-		if d, err = ddp.Wrap(cctx, pg, st.Learnables(), dopts...); err != nil {
+		if err := dp.wrap(cctx, pg, st); err != nil {
 			return nil, err
 		}
-		topts = append(topts, transformer.WithHook(d.Hook))
-		solver = d.Solver(adam)
-		buckets = len(d.Buckets())
+		defer dp.close()
+		topts = append(topts, transformer.WithHook(dp.w.Hook), transformer.WithDualValues(dp.d != nil && cfg.sharding() == "none"))
+		solver = dp.solver(adam)
+		buckets = dp.buckets()
 	}
 	topts = append(topts, transformer.WithSolver(solver))
 	graphMu.Lock()
@@ -205,6 +221,7 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	if rank == 0 && h.ready != nil {
 		h.ready(cfg.Model.NumParams(), buckets)
 	}
+	weights := func() ([]checkpoint.Named, error) { return dp.weights(cctx, tr) }
 
 	sampler := newSampler(cfg, rank)
 	rs := &resumable{params: st.Learnables(), adam: adam, sampler: sampler,
@@ -212,7 +229,15 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 			World: world, SameData: cfg.SameData, Shards: cfg.Shards, Layers: [2]int{0, cfg.Model.HeadLayer()}}}
 	res := &trainResult{}
 	var m *ckpt.Manager
-	if cfg.CkptDir != "" {
+	sharded := cfg.CkptDir != "" && cfg.sharding() != "none"
+	if sharded {
+		start, err := dp.resumeSharded(cctx, rs, h)
+		if err != nil {
+			return nil, err
+		}
+		res.Start = int(start)
+	}
+	if cfg.CkptDir != "" && !sharded {
 		// Every rank draws its own batches: WithRankRNG saves every
 		// rank's generator state.
 		opts := []ckpt.Option{ckpt.WithRankRNG()}
@@ -234,7 +259,11 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 	}
 	begin := time.Now()
 	validate := func(step int, trainLoss float64) error {
-		val, err := ev.loss(cctx, pg, tr.Stage)
+		ws, err := weights()
+		if err != nil {
+			return err
+		}
+		val, err := ev.loss(cctx, pg, ws)
 		if err != nil {
 			return err
 		}
@@ -263,12 +292,13 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		t0 := time.Now()
 		loss, err := tr.Step(cctx, in, tgt)
 		if err != nil {
-			if d != nil && d.Err() != nil {
-				err = d.Err() // matchable; Gorgonia's wrapping of errors raised in the machine is not
+			if dp.w != nil && dp.w.Err() != nil {
+				err = dp.w.Err() // matchable; Gorgonia's wrapping of errors raised in the machine is not
 			}
 			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
-		if d != nil {
+		dp.addStats(res)
+		if d := dp.d; d != nil {
 			ds := d.Stats()
 			res.DDP.Passes += ds.Passes
 			res.DDP.Buckets += ds.Buckets
@@ -307,6 +337,12 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 				saved = step
 			}
 		}
+		if sharded && cfg.CkptEvery > 0 && int64(step)%cfg.CkptEvery == 0 {
+			if err := dp.saveSharded(cctx, rs, int64(step), res); err != nil {
+				return nil, fmt.Errorf("step %d: %w", step, err)
+			}
+			saved = step
+		}
 		if int64(step) == kill {
 			chaos.KillSelf()
 		}
@@ -339,7 +375,14 @@ func train(ctx context.Context, pg *dist.ProcessGroup, c *corpus, cfg trainConfi
 		}
 		res.Ckpt = m.Stats()
 	}
-	res.Weights = tr.Weights()
+	if sharded && res.Steps != saved && res.Steps > 0 {
+		if err := dp.saveSharded(cctx, rs, int64(res.Steps), res); err != nil {
+			return nil, err
+		}
+	}
+	if res.Weights, err = weights(); err != nil {
+		return nil, err
+	}
 	res.Check, err = checksumOf(res.Weights)
 	if err != nil {
 		return nil, err
@@ -408,12 +451,12 @@ func newEvaluator(cfg transformer.Config, val []int, windows, rank, world int) (
 	return e, nil
 }
 
-// loss returns the validation loss of the model in from, a collective:
-// every rank calls it at the same point.
-func (e *evaluator) loss(ctx context.Context, pg *dist.ProcessGroup, from *transformer.Stage) (float64, error) {
+// loss returns the validation loss of the model of the given weights, a
+// collective: every rank calls it at the same point.
+func (e *evaluator) loss(ctx context.Context, pg *dist.ProcessGroup, weights []checkpoint.Named) (float64, error) {
 	sums := []float64{0, 0} // cross-entropy summed over positions; positions
 	if e.st != nil {
-		if err := e.st.SetWeights(from.Weights()); err != nil {
+		if err := e.st.SetWeights(weights); err != nil {
 			return 0, err
 		}
 		T, V, B := e.cfg.Ctx, e.cfg.Vocab, e.st.Batch()

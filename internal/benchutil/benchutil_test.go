@@ -1,6 +1,8 @@
 package benchutil
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,4 +16,12 @@ func TestCPUTime(t *testing.T) {
 	}
 	_ = x
 	assert.GreaterOrEqual(t, CPUTime(), a)
+}
+
+func TestLoadAvg(t *testing.T) {
+	if _, err := os.Stat("/proc/loadavg"); err != nil {
+		assert.Equal(t, "n/a", LoadAvg())
+		return
+	}
+	assert.Len(t, strings.Fields(LoadAvg()), 3)
 }

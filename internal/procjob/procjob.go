@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +74,8 @@ type Config struct {
 type Proc struct {
 	Rank int
 
-	p *launch.Proc
+	p   *launch.Proc
+	job *job
 
 	mu      sync.Mutex
 	lines   []string        // stdout (and with MergeStderr, stderr) lines
@@ -87,6 +89,52 @@ type Proc struct {
 // process. Start fails t if a process cannot start.
 func Start(t testing.TB, n int, cfg Config) []*Proc {
 	t.Helper()
+	j := &job{cfg: cfg}
+	procs := make([]*Proc, n)
+	for r := range procs {
+		procs[r] = &Proc{Rank: r, job: j, changed: make(chan struct{})}
+	}
+	run := j.start(t, launch.Spec{NProc: n}, procs, nil)
+	j.spec = run.Spec()
+	return procs
+}
+
+// job is what Restart needs to start a rank again: the job's spec (its
+// port and token) and configuration.
+type job struct {
+	cfg  Config
+	spec launch.Spec
+
+	mu       sync.Mutex
+	restarts int
+}
+
+// Restart starts a new process as rank p.Rank of p's job — the same master
+// address, port and token and the same configuration, with
+// GDIST_RESTART_COUNT counting the restarts of the job's ranks — and
+// returns it. p should have exited (Kill and Wait first): two processes of
+// one rank are the test's to arrange. Like Start's, the process is killed
+// when t ends if it still runs.
+func (p *Proc) Restart(t testing.TB) *Proc {
+	t.Helper()
+	j := p.job
+	j.mu.Lock()
+	j.restarts++
+	n := j.restarts
+	j.mu.Unlock()
+	spec := j.spec
+	spec.NNodes, spec.NodeRank = spec.WorldSize(), p.Rank
+	spec.NProc = 1
+	q := &Proc{Rank: p.Rank, job: j, changed: make(chan struct{})}
+	j.start(t, spec, []*Proc{q}, []string{fmt.Sprintf("GDIST_RESTART_COUNT=%d", n)})
+	return q
+}
+
+// start launches the ranks of spec as procs (procs[i] is local rank i),
+// collecting their output, and arranges for them to be killed when t ends.
+func (j *job) start(t testing.TB, spec launch.Spec, procs []*Proc, extra []string) *launch.Run {
+	t.Helper()
+	cfg := j.cfg
 	args := cfg.Args
 	if args == nil {
 		args = []string{"-test.run=^$"}
@@ -95,19 +143,20 @@ func Start(t testing.TB, n int, cfg Config) []*Proc {
 	if cfg.RoleEnv != "" {
 		env = append(env, cfg.RoleEnv+"="+cfg.Role)
 	}
-	procs := make([]*Proc, n)
-	for r := range procs {
-		procs[r] = &Proc{Rank: r, changed: make(chan struct{})}
+	env = append(append(env, cfg.Env...), extra...)
+	local := map[int]*Proc{}
+	for i, p := range procs {
+		local[spec.GlobalRank(i)] = p
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	run, err := launch.Start(ctx, launch.Job{
-		Spec:      launch.Spec{NProc: n},
+		Spec:      spec,
 		Program:   cfg.Exe,
 		Args:      args,
-		Env:       append(env, cfg.Env...),
+		Env:       env,
 		KeepGoing: true,
 		Output: func(r int) (io.Writer, io.Writer) {
-			p := procs[r]
+			p := local[r]
 			return launch.LineFunc(p.addLine), launch.LineFunc(func(l string) {
 				if cfg.LogStderr {
 					t.Logf("rank %d: %s", r, l)
@@ -133,7 +182,7 @@ func Start(t testing.TB, n int, cfg Config) []*Proc {
 	for i, lp := range run.Procs() {
 		procs[i].p = lp
 	}
-	return procs
+	return run
 }
 
 func (p *Proc) addLine(l string) {
@@ -175,6 +224,10 @@ func (p *Proc) Kill() error {
 	p.p.Kill()
 	return nil
 }
+
+// Signal sends the process (its process group) sig, for example SIGSTOP
+// and SIGCONT to freeze and thaw it.
+func (p *Proc) Signal(sig os.Signal) { p.p.Signal(sig) }
 
 // Lines returns a copy of the output lines so far (the caller owns it).
 func (p *Proc) Lines() []string {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +36,15 @@ func child(role string) int {
 	case "sleep":
 		fmt.Println("sleeping")
 		time.Sleep(time.Minute)
+	case "job":
+		for _, k := range []string{gdist.EnvRank, gdist.EnvWorldSize, gdist.EnvMasterPort, gdist.EnvToken, gdist.EnvRestartCount} {
+			fmt.Printf("%s=%s\n", k, os.Getenv(k))
+		}
+	case "tick":
+		for i := 0; ; i++ {
+			fmt.Println("tick", i)
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 	return 0
 }
@@ -64,4 +74,38 @@ func TestAwaitAndKill(t *testing.T) {
 	require.NoError(t, p.Kill())
 	<-p.Done()
 	assert.Equal(t, -1, p.ExitCode())
+}
+
+// TestRestart: a restarted rank joins the same job (port and token) as the
+// same rank, with GDIST_RESTART_COUNT set.
+func TestRestart(t *testing.T) {
+	procs := procjob.Start(t, 3, procjob.Config{RoleEnv: childEnv, Role: "job"})
+	for _, p := range procs {
+		require.NoError(t, p.Wait(time.Minute))
+	}
+	first := strings.Split(procs[1].Output(), "\n")
+	again := procs[1].Restart(t)
+	require.NoError(t, again.Wait(time.Minute))
+	lines := strings.Split(again.Output(), "\n")
+	assert.Equal(t, "RANK=1", lines[0])
+	assert.Equal(t, "WORLD_SIZE=3", lines[1])
+	assert.Equal(t, first[2], lines[2], "the same master port")
+	assert.Equal(t, first[3], lines[3], "the same token")
+	assert.Equal(t, "GDIST_RESTART_COUNT=1", lines[4])
+}
+
+// TestSignal: SIGSTOP freezes a process and SIGCONT thaws it.
+func TestSignal(t *testing.T) {
+	p := procjob.Start(t, 1, procjob.Config{RoleEnv: childEnv, Role: "tick"})[0]
+	_, err := p.Await(0, time.Minute, func(l string) bool { return l == "tick 3" })
+	require.NoError(t, err)
+	p.Signal(syscall.SIGSTOP)
+	time.Sleep(50 * time.Millisecond)
+	n := len(p.Lines())
+	time.Sleep(300 * time.Millisecond)
+	assert.Equal(t, n, len(p.Lines()), "no output while stopped")
+	p.Signal(syscall.SIGCONT)
+	_, err = p.Await(n, time.Minute, func(string) bool { return true })
+	require.NoError(t, err, "output again")
+	p.Kill()
 }

@@ -28,9 +28,11 @@ import (
 //
 // With a model of absolute positions a window that slides (a sequence
 // longer than Ctx) changes every position, so past Ctx tokens each new token
-// recomputes the whole window, as without a cache. A Decoder builds a
-// graph for passes of Slots rows and one of Ctx rows; longer passes run in
-// pieces. It is not safe for concurrent use.
+// recomputes the whole window, as without a cache. A Decoder builds graphs
+// for passes of Slots rows (or WithStepRows), twice that, and so on up to
+// Ctx rows, all holding the same parameter tensors; a call runs in the
+// narrowest pass its rows fit, a longer one in pieces of Ctx rows. It is not
+// safe for concurrent use.
 type Decoder struct {
 	cfg      Config
 	from, to int
@@ -88,11 +90,7 @@ func NewDecoder(cfg Config, from, to, slots int, opts ...StageOption) (*Decoder,
 	if o.stepRows > 0 {
 		width = o.stepRows
 	}
-	sizes := []int{min(width, cfg.Ctx), cfg.Ctx}
-	if sizes[0] == sizes[1] {
-		sizes = sizes[1:]
-	}
-	for _, rows := range sizes {
+	for _, rows := range passSizes(width, cfg.Ctx) {
 		p, err := d.newPass(rows, opts)
 		if err != nil {
 			d.Close()
@@ -101,21 +99,27 @@ func NewDecoder(cfg Config, from, to, slots int, opts ...StageOption) (*Decoder,
 		d.passes = append(d.passes, p)
 	}
 	d.outWidth = d.passes[0].st.OutputShape()[1]
-	// Every pass uses the first pass's parameter tensors.
-	first := d.passes[0].st.params
-	for _, p := range d.passes[1:] {
-		for i, n := range p.st.params {
-			if err := gorgonia.Let(n, first[i].Value()); err != nil {
-				d.Close()
-				return nil, fmt.Errorf("transformer: decoder: %w", err)
-			}
-		}
-	}
 	return d, nil
+}
+
+// passSizes returns the widths of a Decoder's passes: width, then doubling
+// up to ctx, so that a pass of n rows computes fewer than 2n (a prompt is
+// not padded to Ctx rows).
+func passSizes(width, ctx int) []int {
+	sizes := []int{min(width, ctx)}
+	for last := sizes[0]; last < ctx; {
+		last = min(2*last, ctx)
+		sizes = append(sizes, last)
+	}
+	return sizes
 }
 
 func (d *Decoder) newPass(rows int, opts []StageOption) (*decodePass, error) {
 	g := gorgonia.NewGraph()
+	if len(d.passes) > 0 {
+		// Every pass holds the first pass's parameter tensors.
+		opts = append(opts[:len(opts):len(opts)], shareParams(d.passes[0].st))
+	}
 	st, err := NewStage(g, d.cfg, d.from, d.to, rows, opts...)
 	if err != nil {
 		return nil, err

@@ -106,6 +106,46 @@
 // A pipeline computes next-token logits its own way and reuses Sample (and
 // NewRNG) to pick tokens, or implements Runner and calls Generate.
 //
+// # Safetensors
+//
+// Safetensors is the format torch and Hugging Face users share
+// (https://github.com/huggingface/safetensors): an 8-byte little-endian
+// header length, a JSON header giving each tensor's dtype, shape and byte
+// range (and an optional "__metadata__" object of strings), then the raw
+// little-endian data. WriteSafetensors and ReadSafetensors name a model's
+// parameters as Hugging Face's GPT-2 does (GPT2Model's state dict; the model
+// is GPT-2's architecture: pre-LN blocks, learned positions, the tanh GELU,
+// layer norms with eps 1e-5), i = l-1 for block l:
+//
+//	layer00.tok_emb [V, D]             wte.weight [V, D]
+//	layer00.pos_emb [T, D]             wpe.weight [T, D]
+//	layerNN.ln1.g, ln1.b [D]           h.i.ln_1.weight, h.i.ln_1.bias
+//	layerNN.attn.wq|wk|wv [D, D]       h.i.attn.c_attn.weight [D, 3D]: columns q | k | v
+//	(no bias)                          h.i.attn.c_attn.bias [3D]: zeros
+//	layerNN.attn.wo [D, D], attn.bo    h.i.attn.c_proj.weight, h.i.attn.c_proj.bias
+//	layerNN.ln2.g, ln2.b               h.i.ln_2.weight, h.i.ln_2.bias
+//	layerNN.mlp.w1 [D, H], mlp.b1      h.i.mlp.c_fc.weight [D, H], h.i.mlp.c_fc.bias
+//	layerNN.mlp.w2 [H, D], mlp.b2      h.i.mlp.c_proj.weight [H, D], h.i.mlp.c_proj.bias
+//	layerL+1.ln.g, ln.b                ln_f.weight, ln_f.bias
+//	layerL+1.head.w [D, V]             lm_head.weight [V, D], transposed (absent if TiedHead)
+//	layerL+1.head.b [V]                lm_head.bias [V]
+//
+// Weights are stored as GPT-2's Conv1D stores them, [in, out], y = x·W +
+// b, except lm_head.weight, a torch Linear's [out, in]. GPT-2 has no head
+// bias: a Hugging Face GPT2LMHeadModel ignores lm_head.bias (with a
+// warning), so a model whose head.b is not zero predicts differently
+// there. The header's __metadata__ holds "format": "pt" and gdist's own
+// keys: "gdist.format" (FormatName), "gdist.config" (the Config as JSON),
+// "gdist.vocab" (the Vocab as JSON, if any) and "gdist.step". Reading
+// (ReadSafetensors, LoadSafetensors) takes such a file back exactly, or a
+// GPT-2-like file from elsewhere given its number of heads; this model's
+// q, k and v have no bias, so a file whose c_attn.bias is not zero (GPT-2's
+// own weights) is refused, naming the tensor:
+//
+//	ck, _ := transformer.Load("model.gdc")
+//	err := transformer.SaveSafetensors("model.safetensors", ck)
+//	back, err := transformer.LoadSafetensors("model.safetensors", 0) // heads: from the metadata
+//
 // # Concurrency
 //
 // Stage, Trainer and Predictor are not safe for concurrent use. Gorgonia's

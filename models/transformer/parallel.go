@@ -90,6 +90,17 @@ type stageOptions struct {
 	tp       TensorParallel
 	lock     sync.Locker // NewDecoder: held while building
 	stepRows int         // NewDecoder: the width of a decoding pass
+	share    *Stage      // NewStage: hold this stage's parameter tensors instead of new ones
+}
+
+// shareParams makes NewStage use the parameter tensors of st (a stage of the
+// same layers and placement) instead of initialising its own: a Decoder's
+// passes share one set of weights.
+func shareParams(st *Stage) StageOption {
+	return func(o *stageOptions) error {
+		o.share = st
+		return nil
+	}
 }
 
 // WithTensorParallel builds the stage as member tp.Rank of a

@@ -77,6 +77,14 @@ func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int, opts ...St
 		byName: make(map[string]*gorgonia.Node), tp: o.tp}
 	for l := from; l <= to; l++ {
 		for _, p := range paramSpecs(cfg, l) {
+			if o.share != nil {
+				shared := o.share.Param(p.name)
+				if shared == nil || o.share.tp.Rank != o.tp.Rank || o.share.tp.size() != o.tp.size() {
+					return nil, fmt.Errorf("transformer: %w: sharing the parameters of stage [%d, %d]", ErrLayerRange, o.share.from, o.share.to)
+				}
+				s.addParam(p.name, shared.Value().(*tensor.Dense))
+				continue
+			}
 			t := initTensor(cfg, p)
 			if s.tp.enabled() {
 				axis, err := ShardAxis(p.name)
@@ -86,19 +94,24 @@ func NewStage(g *gorgonia.ExprGraph, cfg Config, from, to, batch int, opts ...St
 				if t, err = sliceAxis(t, axis, s.tp.Rank, s.tp.Size); err != nil {
 					return nil, fmt.Errorf("transformer: sharding %q: %w", p.name, err)
 				}
-				p.shape = t.Shape().Clone()
 			}
-			var n *gorgonia.Node
-			if len(p.shape) == 1 {
-				n = gorgonia.NewVector(g, s.dt, gorgonia.WithShape(p.shape...), gorgonia.WithName(p.name), gorgonia.WithValue(t))
-			} else {
-				n = gorgonia.NewMatrix(g, s.dt, gorgonia.WithShape(p.shape...), gorgonia.WithName(p.name), gorgonia.WithValue(t))
-			}
-			s.params = append(s.params, n)
-			s.byName[p.name] = n
+			s.addParam(p.name, t)
 		}
 	}
 	return s, nil
+}
+
+// addParam adds a parameter node holding t.
+func (s *Stage) addParam(name string, t *tensor.Dense) {
+	shape := t.Shape().Clone()
+	var n *gorgonia.Node
+	if len(shape) == 1 {
+		n = gorgonia.NewVector(s.g, s.dt, gorgonia.WithShape(shape...), gorgonia.WithName(name), gorgonia.WithValue(t))
+	} else {
+		n = gorgonia.NewMatrix(s.g, s.dt, gorgonia.WithShape(shape...), gorgonia.WithName(name), gorgonia.WithValue(t))
+	}
+	s.params = append(s.params, n)
+	s.byName[name] = n
 }
 
 // Config returns the model configuration.
@@ -455,15 +468,20 @@ func (s *Stage) causalMask() *gorgonia.Node {
 
 // embed: one-hot [Rows, Vocab] -> [Rows, Dim].
 func (s *Stage) embed(x *gorgonia.Node) *gorgonia.Node {
-	tok := s.reduceOut(must(gorgonia.Mul(x, s.use(0, "tok_emb"))))
+	tok := s.reduceOut(must(mul(x, s.use(0, "tok_emb"))))
 	pos := s.positions()
-	pos = must(gorgonia.Mul(pos, s.use(0, "pos_emb")))
+	pos = must(mul(pos, s.use(0, "pos_emb")))
 	return must(gorgonia.Add(tok, pos))
 }
 
 // layerNorm normalises each row of x [Rows, Dim] and applies the gain and
-// bias ([Dim]) of layer l named prefix+".g" and prefix+".b".
+// bias ([Dim]) of layer l named prefix+".g" and prefix+".b". In a Decoder
+// it is one fused operation with bitwise the same result (fused.go), as are
+// gelu and the biases of addBias.
 func (s *Stage) layerNorm(x *gorgonia.Node, l int, prefix string) *gorgonia.Node {
+	if s.kv != nil {
+		return must(fused(fusedLayerNorm, x, s.use(l, prefix+".g"), s.use(l, prefix+".b")))
+	}
 	mean := must(gorgonia.Mean(x, 1))
 	xc := must(gorgonia.BroadcastSub(x, mean, nil, []byte{1}))
 	variance := must(gorgonia.Mean(must(gorgonia.Square(xc)), 1))
@@ -476,7 +494,7 @@ func (s *Stage) layerNorm(x *gorgonia.Node, l int, prefix string) *gorgonia.Node
 // linear returns x·w, w being parameter w of layer l, plus bias b broadcast
 // over rows unless b is "".
 func (s *Stage) linear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
-	return s.addBias(must(gorgonia.Mul(x, s.use(l, w))), l, b)
+	return s.addBias(must(mul(x, s.use(l, w))), l, b)
 }
 
 // addBias returns y plus parameter b of layer l broadcast over rows, or y if
@@ -484,6 +502,9 @@ func (s *Stage) linear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
 func (s *Stage) addBias(y *gorgonia.Node, l int, b string) *gorgonia.Node {
 	if b == "" {
 		return y
+	}
+	if s.kv != nil {
+		return must(fused(fusedAddRow, y, s.use(l, b)))
 	}
 	return must(gorgonia.BroadcastAdd(y, s.use(l, b), nil, []byte{0}))
 }
@@ -509,11 +530,14 @@ func (s *Stage) reduceOut(x *gorgonia.Node) *gorgonia.Node {
 // rowLinear returns x·w summed over the tensor-parallel group (x and w
 // being this member's parts), plus the replicated bias b.
 func (s *Stage) rowLinear(x *gorgonia.Node, l int, w, b string) *gorgonia.Node {
-	return s.addBias(s.reduceOut(must(gorgonia.Mul(x, s.use(l, w)))), l, b)
+	return s.addBias(s.reduceOut(must(mul(x, s.use(l, w)))), l, b)
 }
 
 // gelu is the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 func (s *Stage) gelu(x *gorgonia.Node) *gorgonia.Node {
+	if s.kv != nil {
+		return must(fused(fusedGELU, x))
+	}
 	x3 := must(gorgonia.Cube(x))
 	inner := must(gorgonia.Add(x, must(gorgonia.HadamardProd(x3, s.scalar(0.044715)))))
 	t := must(gorgonia.Tanh(must(gorgonia.HadamardProd(inner, s.scalar(math.Sqrt(2/math.Pi))))))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gdist/gdist/internal/options"
 	"github.com/gdist/gdist/train/checkpoint"
+	"github.com/gdist/gdist/train/optim"
 )
 
 // buildMu serialises graph construction inside this package's constructors:
@@ -29,6 +30,7 @@ type trainerOptions struct {
 	solver  gorgonia.Solver
 	weights []checkpoint.Named
 	hook    Hook
+	noDual  bool
 }
 
 // invalidOption is the error of an option that refuses its value.
@@ -95,6 +97,19 @@ func WithHook(h Hook) TrainerOption {
 			return invalidOption("WithHook(nil)")
 		}
 		o.hook = h
+		return nil
+	}
+}
+
+// WithDualValues chooses whether the trainer's machine binds the
+// parameters' dual values (gorgonia.BindDualValues), where Gorgonia's
+// solvers read the gradients: on by default. A sharded data-parallel
+// wrapper that hands its solver gradient pieces of its own (dist/ddp under
+// ZeRO, dist/fsdp) needs none, and a dual value would hold a whole gradient
+// per parameter.
+func WithDualValues(on bool) TrainerOption {
+	return func(o *trainerOptions) error {
+		o.noDual = !on
 		return nil
 	}
 }
@@ -198,14 +213,16 @@ func newTrainer(st *Stage, o trainerOptions) (*Trainer, error) {
 	if _, err = gorgonia.Grad(t.Loss, st.Learnables()...); err != nil {
 		return nil, fmt.Errorf("transformer: gradients: %w", err)
 	}
-	t.vm = gorgonia.NewTapeMachine(st.Graph(), gorgonia.BindDualValues(st.Learnables()...))
+	var vmOpts []gorgonia.VMOpt
+	if !o.noDual {
+		vmOpts = append(vmOpts, gorgonia.BindDualValues(st.Learnables()...))
+	}
+	t.vm = gorgonia.NewTapeMachine(st.Graph(), vmOpts...)
 	t.solver = o.solver
 	if t.solver == nil {
-		sopts := []gorgonia.SolverOpt{gorgonia.WithLearnRate(o.lr)}
-		if o.clip > 0 {
-			sopts = append(sopts, gorgonia.WithClip(o.clip))
+		if t.solver, err = NewAdam(o.lr, o.clip); err != nil {
+			return nil, err
 		}
-		t.solver = gorgonia.NewAdamSolver(sopts...)
 	}
 	return t, nil
 }
@@ -249,6 +266,22 @@ func (t *Trainer) Close() error {
 	return t.vm.Close()
 }
 
+// NewAdam returns the default solver of a Trainer: Adam with learning rate
+// lr and element-wise gradient clipping at ±clip (0: none), train/optim's,
+// which steps bit for bit as gorgonia.NewAdamSolver with the same settings
+// but in one pass over each parameter, allocating nothing.
+func NewAdam(lr, clip float64) (gorgonia.Solver, error) {
+	opts := []optim.Option{optim.WithLearnRate(lr)}
+	if clip > 0 {
+		opts = append(opts, optim.WithClip(clip))
+	}
+	a, err := optim.NewAdam(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("transformer: %w", err)
+	}
+	return a, nil
+}
+
 // ScalarValue returns the value of a scalar node after a run as float64.
 func ScalarValue(n *gorgonia.Node) (float64, error) {
 	v := n.Value()
@@ -279,18 +312,14 @@ func Float64s(n *gorgonia.Node) ([]float64, error) {
 	if v == nil {
 		return nil, fmt.Errorf("%w: node %s has no value", ErrShape, n.Name())
 	}
-	if d, ok := v.(*tensor.Dense); ok && d.IsView() {
-		v = d.Materialize().(*tensor.Dense)
-	}
-	switch x := v.Data().(type) {
-	case []float32:
-		out := make([]float64, len(x))
-		for i, f := range x {
-			out[i] = float64(f)
+	if d, ok := v.(*tensor.Dense); ok {
+		out, err := denseFloat64s(d)
+		if err != nil {
+			return nil, fmt.Errorf("%w: node %s holds %T", ErrShape, n.Name(), v.Data())
 		}
 		return out, nil
-	case []float64:
-		return append([]float64(nil), x...), nil
+	}
+	switch x := v.Data().(type) {
 	case float32:
 		return []float64{float64(x)}, nil
 	case float64:

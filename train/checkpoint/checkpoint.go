@@ -433,7 +433,20 @@ func SaveState(path string, s *State) error { return saveAtomic(path, s, nil) }
 
 // saveAtomic is SaveState; check, if not nil, runs on the complete, synced
 // temporary file before the rename, and an error from it aborts the save.
-func saveAtomic(path string, s *State, check func(tmp string) error) (err error) {
+func saveAtomic(path string, s *State, check func(tmp string) error) error {
+	return writeAtomic(path, func(w io.Writer) error { return WriteState(w, s) }, check)
+}
+
+// WriteFileAtomic writes the file at path with write, atomically as
+// SaveState does: a temporary file in the same directory, synced, renamed
+// over path, the directory synced. On error the temporary file is removed
+// and path is untouched. For files of other formats (a model exported to
+// safetensors).
+func WriteFileAtomic(path string, write func(w io.Writer) error) error {
+	return writeAtomic(path, write, nil)
+}
+
+func writeAtomic(path string, write func(w io.Writer) error, check func(tmp string) error) (err error) {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
@@ -450,7 +463,7 @@ func saveAtomic(path string, s *State, check func(tmp string) error) (err error)
 		}
 	}()
 	bw := bufio.NewWriterSize(f, 1<<16)
-	if err = WriteState(bw, s); err != nil {
+	if err = write(bw); err != nil {
 		return err
 	}
 	if err = bw.Flush(); err != nil {

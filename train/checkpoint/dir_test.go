@@ -281,3 +281,77 @@ func TestDirReadersDuringSaves(t *testing.T) {
 	require.NoError(t, <-errc)
 	require.NoError(t, <-errc)
 }
+
+// TestDirDamagedNewerFiles is issue 21's scenario: damaged ckpt-100050,
+// ckpt-100100 and ckpt-100150 lie in the directory of a run that saves ten
+// checkpoints from step 50. Pruning must keep that run's newest three good
+// files (the damaged ones neither count nor push them out) and set the
+// damaged ones aside, logging it.
+func TestDirDamagedNewerFiles(t *testing.T) {
+	var logs bytes.Buffer
+	d, err := checkpoint.OpenDir(t.TempDir(), checkpoint.WithKeep(3),
+		checkpoint.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	r := rand.New(rand.NewPCG(21, 2))
+	for i, step := range []int64{100050, 100100, 100150} {
+		saveSteps(t, d, step)
+		damages[i%2].do(t, d.StepPath(step), r) // truncated, flipped
+	}
+	// Not a checkpoint at all, and a good one of a later step: neither is
+	// this run's, neither counts.
+	require.NoError(t, os.WriteFile(d.StepPath(100200), []byte("PK\x03\x04 zip"), 0o644))
+
+	for step := int64(50); step <= 500; step += 50 {
+		saveSteps(t, d, step)
+		_, err := os.Stat(d.StepPath(step))
+		require.NoError(t, err, "the checkpoint just saved (step %d) is never pruned", step)
+	}
+	steps, err := d.Steps()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{500, 450, 400}, steps, "the run's newest three good checkpoints")
+	for _, step := range []int64{100050, 100100, 100150, 100200} {
+		_, err := os.Stat(d.StepPath(step) + ".corrupt")
+		assert.NoError(t, err, "step %d set aside", step)
+	}
+	assert.Contains(t, logs.String(), "set aside a checkpoint that does not verify")
+	f, found, err := d.LoadLatest()
+	require.NoError(t, err)
+	assert.Equal(t, int64(500), loadedStep(t, f))
+	assert.Empty(t, found.Skipped)
+}
+
+// TestDirSetAside: a damaged file set aside under a name already taken
+// gets another.
+func TestDirSetAside(t *testing.T) {
+	d, err := checkpoint.OpenDir(t.TempDir())
+	require.NoError(t, err)
+	saveSteps(t, d, 550)
+	require.NoError(t, os.Truncate(d.StepPath(550), 10))
+	_, err = d.SetAside(550, checkpoint.ErrCorrupt)
+	require.NoError(t, err)
+	saveSteps(t, d, 550)
+	require.NoError(t, os.Truncate(d.StepPath(550), 10))
+	aside, err := d.SetAside(550, checkpoint.ErrCorrupt)
+	require.NoError(t, err)
+	assert.Equal(t, d.StepPath(550)+".corrupt-2", aside)
+}
+
+// TestDirOlderDamagedFilesDoNotCount: damaged files below the step saved
+// are set aside, not counted among the kept, so the good ones stay.
+func TestDirOlderDamagedFilesDoNotCount(t *testing.T) {
+	d, err := checkpoint.OpenDir(t.TempDir(), checkpoint.WithKeep(3))
+	require.NoError(t, err)
+	saveSteps(t, d, 10, 20, 30)
+	require.NoError(t, os.Truncate(d.StepPath(20), 64))
+	require.NoError(t, os.Truncate(d.StepPath(30), 0))
+	// A fresh Dir has not verified these files itself.
+	d, err = checkpoint.OpenDir(d.Path(), checkpoint.WithKeep(3))
+	require.NoError(t, err)
+	saveSteps(t, d, 40)
+	steps, err := d.Steps()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{40, 10}, steps, "step 10 is still one of the newest three good files")
+	saveSteps(t, d, 50, 60)
+	steps, _ = d.Steps()
+	assert.Equal(t, []int64{60, 50, 40}, steps)
+}

@@ -13,10 +13,19 @@
 //
 // A [Dir] keeps a run's checkpoints, ckpt-<step>.gdc: [Dir.SaveStep] verifies
 // a new file completely before renaming it into place and only then removes
-// the oldest beyond the last K, and [Dir.LoadLatest] returns the newest file
+// the oldest beyond the newest K that verify (files that fail verification
+// are renamed *.corrupt and never count; the file just saved is never
+// removed), and [Dir.LoadLatest] returns the newest file
 // that verifies, passing over truncated or corrupt ones and saying why. An
 // [Async] writer takes a copy of the state and writes it on its own
 // goroutine, so a training loop stalls only for the copy.
+//
+// A sharded checkpoint is a directory, ckpt-<step>/, with one such file per
+// rank holding that rank's chunks of the tensors and an index (index.json,
+// written last) saying which file holds which chunk: [Index], [ReadIndex],
+// [WriteIndex], [Index.Read] (only the chunks that overlap what a loader
+// wants), [ShardedSteps] and [PruneSharded]. dist/ckpt's SaveSharded and
+// ResumeSharded write and read them across ranks.
 //
 // The package has no dependency on gdist's dist packages and none on any
 // particular model or solver: the caller chooses the tensor names, the

@@ -311,6 +311,10 @@ func FuzzUnmarshal(f *testing.F) {
 	s.Next(5)
 	b, _ := s.MarshalBinary()
 	f.Add(b)
+	r, _ := data.New(50, 0, 3, data.WithSeed(3))
+	_, _ = r.Resume(b)
+	b2, _ := r.MarshalBinary()
+	f.Add(b2)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var z data.DistributedSampler
 		if err := z.UnmarshalBinary(b); err != nil {
@@ -327,4 +331,117 @@ func FuzzUnmarshal(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestResumeOtherWorld: a job of 2 ranks that stops mid-epoch and resumes on
+// 3 (and then on 4) visits every index of the epoch: the entries the first
+// job visited and those the next ones visit are the epoch's ordering, each
+// once, padding aside.
+func TestResumeOtherWorld(t *testing.T) {
+	for _, n := range []int{60, 61, 67} {
+		for _, dropLast := range []bool{false, true} {
+			for _, shuffle := range []bool{true, false} {
+				opts := []data.Option{data.WithSeed(9), data.WithDropLast(dropLast), data.WithShuffle(shuffle)}
+				name := fmt.Sprintf("n=%d drop-last=%t shuffle=%t", n, dropLast, shuffle)
+				seen := make(map[int]int)
+				// Job 1: 2 ranks, 4 steps of 3 in epoch 1.
+				var state []byte
+				for r := range 2 {
+					s, _ := data.New(n, r, 2, opts...)
+					s.SetEpoch(1)
+					for range 4 {
+						for _, i := range s.Next(3) {
+							seen[i]++
+						}
+					}
+					state, _ = s.MarshalBinary()
+				}
+				// Job 2: 3 ranks resume, 2 steps of 3.
+				for r := range 3 {
+					s, _ := data.New(n, r, 3, opts...)
+					w, err := s.Resume(state)
+					require.NoError(t, err, name)
+					require.Equal(t, 2, w, name)
+					s.SetEpoch(1) // a training loop's call keeps the position
+					for range 2 {
+						for _, i := range s.Next(3) {
+							seen[i]++
+						}
+					}
+					if r == 2 {
+						state, _ = s.MarshalBinary()
+					}
+				}
+				// Job 3: 4 ranks finish the epoch.
+				total := 0
+				for r := range 4 {
+					s, _ := data.New(n, r, 4, opts...)
+					w, err := s.Resume(state)
+					require.NoError(t, err, name)
+					require.Equal(t, 3, w, name)
+					e, next := s.Pos()
+					require.Equal(t, [2]int{1, 0}, [2]int{e, next}, name)
+					rest := s.Next(n)
+					total += len(rest)
+					for _, i := range rest {
+						seen[i]++
+					}
+					assert.Zero(t, s.Remaining(), name)
+					// The next epoch is a whole one of 4 ranks.
+					s.SetEpoch(2)
+					whole, _ := data.New(n, r, 4, opts...)
+					assert.Equal(t, whole.Indices(2), s.Next(n), name)
+				}
+				visited := 12 + 18 + total
+				missing := 0
+				for i := range n {
+					if seen[i] == 0 {
+						missing++
+					}
+				}
+				if dropLast {
+					assert.Less(t, missing, 4, "%s: at most what the last world drops", name)
+					for i, c := range seen {
+						assert.Equal(t, 1, c, "%s: index %d visited %d times", name, i, c)
+					}
+				} else {
+					assert.Zero(t, missing, name)
+					assert.Less(t, visited-n, 4, "%s: padding of at most world-1", name)
+				}
+			}
+		}
+	}
+}
+
+// TestResumeSameWorld: Resume from the same world size is UnmarshalBinary,
+// and a resharded position survives a save and restore.
+func TestResumeSameWorld(t *testing.T) {
+	s, _ := data.New(50, 1, 2, data.WithSeed(3))
+	s.SetEpoch(2)
+	s.Next(7)
+	b, _ := s.MarshalBinary()
+	o, _ := data.New(50, 0, 2, data.WithSeed(3))
+	w, err := o.Resume(b)
+	require.NoError(t, err)
+	assert.Equal(t, 2, w)
+	u, _ := data.New(50, 0, 2, data.WithSeed(3))
+	require.NoError(t, u.UnmarshalBinary(b))
+	assert.Equal(t, u.Next(100), o.Next(100))
+
+	r, _ := data.New(50, 2, 3, data.WithSeed(3))
+	_, err = r.Resume(b)
+	require.NoError(t, err)
+	r.Next(2)
+	b2, _ := r.MarshalBinary()
+	require.Len(t, b2, 53)
+	q, _ := data.New(50, 2, 3, data.WithSeed(3))
+	require.NoError(t, q.UnmarshalBinary(b2))
+	assert.Equal(t, r.Next(100), q.Next(100))
+
+	bad, _ := data.New(51, 0, 3, data.WithSeed(3))
+	_, err = bad.Resume(b)
+	assert.ErrorIs(t, err, data.ErrMismatch)
+	var z data.DistributedSampler
+	_, err = z.Resume(b)
+	assert.ErrorIs(t, err, data.ErrInvalidArgument)
 }

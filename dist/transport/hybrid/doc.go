@@ -41,6 +41,10 @@
 // followed for a failure by up to 512 bytes of its error text, which is
 // only logged or reported, never parsed.
 //
+// Over runs the same setup over a TCP transport the caller already made, such
+// as a link of tcp.Listen and tcp.Dial (package dist/fed moves a client's
+// link to the leader to shared memory this way when both run on one host).
+//
 // # Routes
 //
 // Each peer is reached through exactly one transport, fixed at setup

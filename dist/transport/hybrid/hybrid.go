@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ const (
 // shmLink is what the hybrid needs of the shared-memory transport.
 type shmLink interface {
 	transport.Transport
+	transport.Backlog
 	HasLink(r int) bool
 	Kill()
 }
@@ -48,6 +50,7 @@ var (
 	_ transport.Transport      = (*Transport)(nil)
 	_ transport.Topology       = (*Transport)(nil)
 	_ transport.ReduceReceiver = (*Transport)(nil)
+	_ transport.Backlog        = (*Transport)(nil)
 )
 
 // Rank implements transport.Transport.
@@ -167,6 +170,19 @@ func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []
 // buffer pool (dist/transport/internal/bufpool), so a payload goes back
 // there whichever route delivered it.
 func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
+
+// Queued implements transport.Backlog: the messages that arrived at this
+// rank over either route and that nobody has received yet.
+func (t *Transport) Queued() []transport.Queued {
+	out := t.tcp.Queued()
+	if t.shm != nil {
+		out = append(out, t.shm.Queued()...)
+		slices.SortFunc(out, func(a, b transport.Queued) int {
+			return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.Tag, b.Tag))
+		})
+	}
+	return out
+}
 
 // Close implements transport.Transport: it closes both underlying
 // transports (peers see this rank as closed on every route) and waits for

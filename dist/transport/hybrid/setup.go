@@ -118,6 +118,34 @@ func Rendezvous(ctx context.Context, rank, world int, master string, opts ...Opt
 	return t, nil
 }
 
+// Over builds a hybrid transport over tt, a TCP transport the caller has
+// already made (for example a link of tcp.Listen and tcp.Dial): every rank
+// of tt tells the others its host identity over it and the ranks of each
+// host set up shared memory among themselves, exactly as Rendezvous does
+// after its TCP rendezvous. Every rank of tt must call Over (a rank that
+// does not is named after WithSetupTimeout). Over takes ownership of tt:
+// the Transport it returns closes tt, and so does a failed Over.
+// WithTCP is refused: tt is already made.
+func Over(ctx context.Context, tt *tcp.Transport, opts ...Option) (*Transport, error) {
+	cfg, err := apply(opts)
+	if err == nil && len(cfg.tcpOpts) > 0 {
+		err = fmt.Errorf("hybrid: %w: WithTCP is for Rendezvous; Over's TCP transport is already made", ErrInvalidArgument)
+	}
+	if err != nil {
+		tt.Close()
+		return nil, err
+	}
+	if cfg.hostID == "" {
+		cfg.hostID = DefaultHostID()
+	}
+	t, err := setup(ctx, tt, &cfg)
+	if err != nil {
+		tt.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
 // setup runs the hybrid's own part of the rendezvous over tt.
 func setup(ctx context.Context, tt *tcp.Transport, cfg *config) (*Transport, error) {
 	rank, world := tt.Rank(), tt.WorldSize()

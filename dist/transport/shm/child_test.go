@@ -25,6 +25,7 @@ const (
 	childMidMessage = "mid-message" // write half a large message into the ring, then wait to be killed
 	childReady      = "ready"       // send "ready", then wait (to be stopped or killed)
 	childExit       = "exit"        // send "bye", close and exit normally
+	childPause      = "pause"       // childReady with the default heartbeat (to be stopped, resumed and stopped again)
 )
 
 const midMessageLen = 8 << 20
@@ -35,8 +36,12 @@ var childModes = map[string]func(context.Context, *Transport) error{}
 func runChild(mode string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	hb := WithHeartbeat(50*time.Millisecond, 30*time.Second)
+	if mode == childPause {
+		hb = WithHeartbeat(DefaultHeartbeatInterval, DefaultHeartbeatTimeout)
+	}
 	t, err := Rendezvous(ctx, 1, 2, os.Getenv(envName), WithToken(testToken), WithLogger(quiet()),
-		WithHeartbeat(50*time.Millisecond, 30*time.Second), WithSingleCopy(256<<10))
+		hb, WithSingleCopy(256<<10))
 	if err != nil {
 		return err
 	}
@@ -59,7 +64,7 @@ func runChild(mode string) error {
 		fmt.Println("ready") // the parent kills us now
 		<-ctx.Done()
 		return errors.New("not killed")
-	case childReady:
+	case childReady, childPause:
 		if err := t.Send(ctx, 0, 1, transport.Header{}, []byte("ready")); err != nil {
 			return err
 		}

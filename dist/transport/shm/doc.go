@@ -99,7 +99,8 @@
 // A peer whose process ends without Close is noticed at once: the kernel
 // closes its socket. A peer that stops (a frozen or stopped process) is
 // noticed when its heartbeat counter in the shared memory has not moved
-// for the heartbeat timeout (WithHeartbeat, default 5 s). Either way it is
+// for the heartbeat timeout (WithHeartbeat, default
+// transport.DefaultHeartbeatTimeout, 10 s, as over TCP). Either way it is
 // lost: pending and later calls involving it fail with a
 // *transport.PeerError naming it and wrapping transport.ErrPeerLost
 // (transport.ErrPeerUnresponsive for a frozen one), including a receive

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/shm/internal/ring"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // devShm lists /dev/shm.
@@ -150,6 +151,33 @@ func TestFrozenPeer(t *testing.T) {
 	cmd.Wait()
 	require.NoError(t, tr.Close())
 	requireShmClean(t, before)
+}
+
+// TestPauseSurvivedFreezeNamed: with the default heartbeat on both sides, a
+// peer stopped (SIGSTOP) for the heartbeat timeout less
+// transport.PauseMargin and then resumed (SIGCONT) is not taken for dead,
+// by rank 0 or, once resumed, by itself; stopped for good, it is named
+// unresponsive after the timeout.
+func TestPauseSurvivedFreezeNamed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 8 s of pause and a 10 s freeze (the default heartbeat timeout)")
+	}
+	require.Equal(t, transport.DefaultHeartbeatTimeout, DefaultHeartbeatTimeout, "one default across transports")
+	tr, cmd, _ := child(t, childPause)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := tr.Recv(ctx, 1, 1)
+	require.NoError(t, err)
+	require.Equal(t, "ready", string(m.Payload))
+	pending := make(chan error, 1)
+	go func() { _, err := tr.Recv(ctx, 1, 5); pending <- err }()
+
+	signal := func(sig os.Signal) func() error { return func() error { return cmd.Process.Signal(sig) } }
+	err = transporttest.PauseThenFreeze(t, 1, signal(syscall.SIGSTOP), signal(syscall.SIGCONT), pending,
+		DefaultHeartbeatTimeout, DefaultHeartbeatInterval)
+	assert.ErrorIs(t, err, ErrHeartbeatTimeout)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	cmd.Wait()
 }
 
 // TestPeerExits: a peer that closes and exits normally is seen as closed

@@ -21,10 +21,12 @@ const (
 	DefaultMaxFrame          = 64 << 20 // bytes
 	DefaultQueueLimit        = 64 << 20 // bytes per source
 	DefaultHeartbeatInterval = 500 * time.Millisecond
-	DefaultHeartbeatTimeout  = 5 * time.Second
-	DefaultHandshakeTimeout  = 10 * time.Second
-	DefaultSpin              = 50 * time.Microsecond
-	DefaultSingleCopy        = 0 // off: see WithSingleCopy
+	// DefaultHeartbeatTimeout is transport.DefaultHeartbeatTimeout, the
+	// same on every transport (its doc says why).
+	DefaultHeartbeatTimeout = transport.DefaultHeartbeatTimeout
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultSpin             = 50 * time.Microsecond
+	DefaultSingleCopy       = 0 // off: see WithSingleCopy
 )
 
 // Errors of package shm. Failures caused by a peer are reported as
@@ -66,6 +68,7 @@ type config struct {
 	spin       time.Duration
 	remoteMin  int
 	logger     *slog.Logger
+	quietLoss  bool
 }
 
 func defaultConfig() config {
@@ -154,7 +157,8 @@ func WithQueueLimit(n int) Option {
 
 // WithHeartbeat sets how often this rank advances its heartbeat counters
 // in shared memory (default 500 ms) and after how long without a peer's
-// counter moving that peer is considered unresponsive (default 5 s; a
+// counter moving that peer is considered unresponsive (default 10 s,
+// transport.DefaultHeartbeatTimeout; a
 // peer that dies is noticed at once, through its socket). timeout must
 // exceed interval; interval <= 0 disables both.
 func WithHeartbeat(interval, timeout time.Duration) Option {
@@ -221,6 +225,13 @@ func WithSingleCopy(min int) Option {
 // format GDIST_LOG_FORMAT selects, text or json).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.logger = l; return nil }
+}
+
+// WithQuietLoss logs a lost peer at debug level instead of as an error, for
+// links whose loss the layer above reports itself (package dist/fed drops a
+// client and logs it once).
+func WithQuietLoss() Option {
+	return func(c *config) error { c.quietLoss = true; return nil }
 }
 
 func (c *config) validate(rank, world int) error {

@@ -278,6 +278,16 @@ func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []
 // Release implements transport.Transport.
 func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
 
+// Queued implements transport.Backlog: the messages that arrived at this
+// rank and that nobody has received yet.
+func (t *Transport) Queued() []transport.Queued {
+	var out []transport.Queued
+	for _, q := range t.box.Backlog() {
+		out = append(out, transport.Queued{From: q.Src, To: t.rank, Tag: q.Tag, Messages: q.Msgs, Bytes: q.Bytes})
+	}
+	return out
+}
+
 // Close implements transport.Transport: it tells every peer goodbye (they
 // see this rank as closed, not lost, once they have read what it sent —
 // which stays readable in their mapping after this process unmaps or
@@ -349,7 +359,11 @@ func (t *Transport) fail(rank int, cause error) {
 		p.lostErr = cause
 		p.lost.Store(true)
 		close(p.lostCh)
-		t.log.Error("shm: peer lost", "peer", rank, "err", cause)
+		level := slog.LevelError
+		if t.cfg.quietLoss {
+			level = slog.LevelDebug
+		}
+		t.log.Log(context.Background(), level, "shm: peer lost", "peer", rank, "err", cause)
 		t.box.FailSource(rank, &transport.PeerError{Rank: rank, Op: "recv", Err: cause})
 		p.conn.Close()
 		// Wake the reader. fail may run on an application goroutine (a
@@ -375,24 +389,35 @@ func (t *Transport) stateErr(op string, err error) error {
 
 func errClosed(op string) error { return fmt.Errorf("shm: %s: %w", op, transport.ErrClosed) }
 
-// monitor advances this rank's heartbeat counters and fails a peer whose
-// counter has not moved for the heartbeat timeout (a stopped or frozen
-// process: one that dies closes its socket, which ctlLoop sees at once).
+// monitor advances this rank's heartbeat counters every interval and
+// fails a peer whose counter has not moved for the heartbeat timeout (a
+// stopped or frozen process: one that dies closes its socket, which
+// ctlLoop sees at once). It checks four times per interval, as TCP's
+// monitor does, so a peer that stops is named between timeout - interval
+// and timeout + interval/2 after it stopped.
 func (t *Transport) monitor() {
 	defer t.wg.Done()
-	tick := time.NewTicker(t.cfg.hbInterval)
+	period := max(t.cfg.hbInterval/4, time.Millisecond)
+	tick := time.NewTicker(period)
 	defer tick.Stop()
+	var beatAt time.Time // when this rank last advanced its counters
 	for {
 		select {
 		case <-t.stop:
 			return
 		case now := <-tick.C:
+			beat := now.Sub(beatAt) >= t.cfg.hbInterval-period/2
+			if beat {
+				beatAt = now
+			}
 			for r := range t.peers {
 				p := t.peers[r].Load()
 				if p == nil || p.gone.Load() || p.lost.Load() {
 					continue
 				}
-				p.outR.AddBeat()
+				if beat {
+					p.outR.AddBeat()
+				}
 				if b := p.inR.Beat(); b != p.lastBeat {
 					p.lastBeat, p.lastBeatAt = b, now
 				} else if silent := now.Sub(p.lastBeatAt); silent > t.cfg.hbTimeout {

@@ -30,6 +30,29 @@
 // rank fails with an *InitTimeoutError naming the ranks that never joined
 // and the connections it refused. Listeners default to loopback.
 //
+// # TLS
+//
+// With WithTLS, every connection runs a TLS 1.3 handshake (crypto/tls) with
+// mutual authentication before the token's: each side presents a
+// certificate the other's CA pool accepts, then proves the token inside
+// TLS, and everything after travels encrypted and integrity-protected.
+// A dialing rank checks its peer's certificate against the host it dials
+// (or the configuration's ServerName). The accepting rank refuses and logs
+// a connection whose TLS handshake fails ("TLS handshake failed: tls:
+// failed to verify certificate: ..."), like any other refusal; the dialing
+// rank fails at once with an error matching ErrTLS. LoadTLS reads the PEM
+// files (gdist.InitFromEnv's GDIST_TLS_CERT, GDIST_TLS_KEY, GDIST_TLS_CA).
+//
+// # Links
+//
+// Listen and Dial make links of a star instead of a mesh: the listener is
+// rank 0, each dialer proves, with the token, its rank in a star of world
+// ranks, and each link becomes a Transport of two ranks of its own (the
+// listener 0, the dialer 1). A link that breaks fails only its own
+// Transport, and the same rank may dial again: package dist/fed builds its
+// federation on them. A lost link is logged at debug level only: the layer
+// above reports it.
+//
 // # Data path
 //
 // Each link has one reader goroutine that parses frames (the header is
@@ -69,9 +92,11 @@
 // yet is dropped. A silent peer (a stopped process, a machine gone, a cut
 // link) is reported as transport.ErrPeerUnresponsive and ErrHeartbeatTimeout:
 // every link sends a heartbeat each interval (default 1 s) and the peer
-// echoes it (WithHeartbeatObserver sees the round trips); after 8 s
-// (WithHeartbeat) without a byte from a peer, it is named, within 8.25 s of
-// the last bytes it sent. The heartbeat goroutines do no work but post a
+// echoes it (WithHeartbeatObserver sees the round trips); after 10 s
+// (WithHeartbeat; transport.DefaultHeartbeatTimeout, the same on every
+// transport) without a byte from a peer, it is named, within about 10.25 s
+// of the last bytes it sent. A pause shorter than the timeout by
+// transport.PauseMargin is never taken for a death. The heartbeat goroutines do no work but post a
 // frame, and every read that returns bytes counts as liveness, also in the
 // middle of a long frame: a rank computing with GOMAXPROCS=1 keeps
 // answering (TestBusyComputeNotDeclaredDead: 10 s of Gorgonia matrix

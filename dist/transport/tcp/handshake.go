@@ -16,7 +16,8 @@ import (
 // link is an authenticated connection on its way to becoming a peer.
 type link struct {
 	rank int
-	conn *net.TCPConn
+	conn stream       // the connection, or TLS over it
+	raw  *net.TCPConn // the connection itself: what closing closes
 	br   *frameReader
 	info wire.HelloInfo // what the other side said about itself
 }
@@ -89,8 +90,9 @@ func bindDeadline(ctx context.Context, conn net.Conn, d time.Time) func() {
 }
 
 func (t *Transport) helloInfo(peer int, mode uint8) (wire.HelloInfo, error) {
+	_, world := t.ident()
 	i := wire.HelloInfo{
-		World:      uint32(t.world),
+		World:      world,
 		Peer:       uint32(peer),
 		QueueLimit: uint64(max(t.cfg.queueLimit, 0)),
 		MaxFrame:   uint64(t.cfg.maxFrame),
@@ -107,15 +109,22 @@ func (t *Transport) helloInfo(peer int, mode uint8) (wire.HelloInfo, error) {
 // server proves it in Welcome only after checking that proof: a connector
 // that does not know the token gets nothing from the server that depends on
 // the token.
-func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *frameReader, server int, mode uint8) (wire.HelloInfo, error) {
+func (t *Transport) clientHandshake(ctx context.Context, conn stream, br *frameReader, server int, mode uint8) (info wire.HelloInfo, err error) {
 	defer bindDeadline(ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
+	me, world := t.ident()
 	mine, err := t.helloInfo(server, mode)
 	if err != nil {
 		return wire.HelloInfo{}, err
 	}
+	t.dialing(mine.Nonce, true)
+	defer func() {
+		if t.dialing(mine.Nonce, false) && err != nil {
+			err = errSelfDial
+		}
+	}()
 	hello := make([]byte, wire.HelloSize)
 	mine.Put(hello)
-	if err := writeFrame(conn, wire.Header{Kind: wire.Hello, Src: uint32(t.rank)}, hello); err != nil {
+	if err := writeFrame(conn, wire.Header{Kind: wire.Hello, Src: me}, hello); err != nil {
 		return wire.HelloInfo{}, err
 	}
 	h, ch, err := readExpected(br, wire.ChallengeSize, wire.Challenge, wire.ChallengeSize)
@@ -130,8 +139,8 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 	// rank `server` refuses the client's proof with a reason.
 	var nonce [wire.NonceSize]byte
 	copy(nonce[:], ch)
-	cmac := wire.ClientMAC(t.cfg.token, hello, nonce, uint32(t.rank), uint32(server))
-	if err := writeFrame(conn, wire.Header{Kind: wire.Auth, Src: uint32(t.rank)}, cmac[:]); err != nil {
+	cmac := wire.ClientMAC(t.cfg.token, hello, nonce, me, uint32(server))
+	if err := writeFrame(conn, wire.Header{Kind: wire.Auth, Src: me}, cmac[:]); err != nil {
 		return wire.HelloInfo{}, err
 	}
 	h, wel, err := readExpected(br, wire.WelcomeSize, wire.Welcome, wire.WelcomeSize)
@@ -144,7 +153,7 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 	if h.Src != uint32(server) {
 		return wire.HelloInfo{}, fmt.Errorf("%w: expected welcome from rank %d, got one from %d", ErrProtocol, server, h.Src)
 	}
-	smac := wire.ServerMAC(t.cfg.token, hello, wel, uint32(t.rank), uint32(server))
+	smac := wire.ServerMAC(t.cfg.token, hello, wel, me, uint32(server))
 	if !hmac.Equal(smac[:], wel[wire.HelloSize:]) {
 		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d at %v did not prove the job token", ErrAuth, server, conn.RemoteAddr())
 	}
@@ -155,7 +164,7 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 	if theirs.Nonce != nonce {
 		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d welcomed with another nonce than its challenge", ErrProtocol, server)
 	}
-	if theirs.World != uint32(t.world) || theirs.Peer != uint32(t.rank) || theirs.Mode != mode {
+	if theirs.World != world || theirs.Peer != me || theirs.Mode != mode {
 		return wire.HelloInfo{}, fmt.Errorf("%w: rank %d answered for world %d, rank %d, mode %d",
 			ErrProtocol, server, theirs.World, theirs.Peer, theirs.Mode)
 	}
@@ -169,13 +178,17 @@ func (t *Transport) clientHandshake(ctx context.Context, conn *net.TCPConn, br *
 // rather than be retried.
 func errFatal(err error) bool {
 	var rj *RejectedError
-	return errors.As(err, &rj) || errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol)
+	// A TLS peer that refuses our certificate says so with an alert, which
+	// TLS 1.3 delivers after our side of its handshake has completed: at
+	// the first read of the job token's handshake.
+	return errors.As(err, &rj) || errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol) || errors.Is(err, errSelfDial) ||
+		errors.Is(err, ErrTLS) || tlsAlert(err)
 }
 
 // serverHandshake authenticates an incoming connection. On failure it has
 // sent Reject where it could; the caller closes conn. claimed is the rank
 // the client said it is (-1 if it never said).
-func (t *Transport) serverHandshake(conn *net.TCPConn, br *frameReader) (l link, claimed int, err error) {
+func (t *Transport) serverHandshake(conn stream, br *frameReader) (l link, claimed int, err error) {
 	defer bindDeadline(t.ctx, conn, time.Now().Add(t.cfg.hsTimeout))()
 	l, claimed, err = t.serverExchange(conn, br)
 	if err != nil {
@@ -192,7 +205,7 @@ func (t *Transport) serverHandshake(conn *net.TCPConn, br *frameReader) (l link,
 // before the client's proof has checked out depends on the token or on this
 // job (world size, limits): the Challenge is a fresh nonce, and every
 // refusal before that is a protocol error.
-func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, int, error) {
+func (t *Transport) serverExchange(conn stream, br *frameReader) (link, int, error) {
 	h, hello, err := readExpected(br, wire.HelloSize, wire.Hello, wire.HelloSize)
 	if err != nil {
 		if errors.Is(err, ErrProtocol) {
@@ -211,6 +224,9 @@ func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, in
 	claimed := -1
 	if c < int64(t.world) {
 		claimed = int(c)
+	}
+	if t.ownHello(theirs.Nonce) {
+		return link{}, claimed, reject(wire.RejectRank, "rank %d dialed its own listener", c)
 	}
 	mine, err := t.helloInfo(0, t.acceptMode)
 	if err != nil {
@@ -251,8 +267,12 @@ func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, in
 	case theirs.MaxFrame == 0:
 		return link{}, claimed, reject(wire.RejectProtocol, "rank %d accepts no payload", c)
 	}
-	if from, ok := t.claim(int(c), conn.RemoteAddr().String()); !ok {
-		return link{}, claimed, reject(wire.RejectDuplicate, "rank %d already joined from %s", c, from)
+	// A star's links come and go: whether a rank may have a second one is
+	// for the layer above to say.
+	if t.acceptMode != wire.ModeLink {
+		if from, ok := t.claim(int(c), conn.RemoteAddr().String()); !ok {
+			return link{}, claimed, reject(wire.RejectDuplicate, "rank %d already joined from %s", c, from)
+		}
 	}
 	mine.Peer = uint32(c)
 	wel := make([]byte, wire.WelcomeSize)
@@ -260,10 +280,47 @@ func (t *Transport) serverExchange(conn *net.TCPConn, br *frameReader) (link, in
 	smac := wire.ServerMAC(t.cfg.token, hello, wel, uint32(c), uint32(t.rank))
 	copy(wel[wire.HelloSize:], smac[:])
 	if err := writeFrame(conn, wire.Header{Kind: wire.Welcome, Src: uint32(t.rank)}, wel); err != nil {
-		t.unclaim(int(c))
+		if t.acceptMode != wire.ModeLink {
+			t.unclaim(int(c))
+		}
 		return link{}, claimed, err
 	}
 	return link{rank: int(c), conn: conn, br: br, info: theirs}, claimed, nil
+}
+
+// errSelfDial is the handshake error of a dial that reached this very
+// transport's listener (the dialer turns it into a *SelfDialError).
+var errSelfDial = errors.New("reached this process's own listener")
+
+// dialing registers (on) or unregisters (!on) the nonce of a handshake
+// this transport is making as the client. Unregistering reports whether
+// this transport's own listener received that very handshake: the dial
+// reached itself.
+func (t *Transport) dialing(nonce [wire.NonceSize]byte, on bool) (self bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if on {
+		if t.ownNonces == nil {
+			t.ownNonces = map[[wire.NonceSize]byte]bool{}
+		}
+		t.ownNonces[nonce] = false
+		return false
+	}
+	self = t.ownNonces[nonce]
+	delete(t.ownNonces, nonce)
+	return self
+}
+
+// ownHello reports whether a Hello with nonce is one this transport sent
+// (its dial reached its own listener), and records it for the dialer.
+func (t *Transport) ownHello(nonce [wire.NonceSize]byte) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.ownNonces[nonce]; !ok {
+		return false
+	}
+	t.ownNonces[nonce] = true
+	return true
 }
 
 // claim reserves rank r for an authenticated link from remote; if r is

@@ -140,8 +140,11 @@ func TestHeartbeatOptions(t *testing.T) {
 	cfg, err = apply(nil)
 	require.NoError(t, err)
 	assert.Equal(t, DefaultHeartbeatTimeout, cfg.hbTimeout)
-	assert.LessOrEqual(t, DefaultHeartbeatTimeout+DefaultHeartbeatInterval/4, 10*time.Second-time.Second,
-		"a frozen peer is named within 10 s by default, with a second to spare")
+	assert.Equal(t, transport.DefaultHeartbeatTimeout, DefaultHeartbeatTimeout, "one default across transports")
+	assert.LessOrEqual(t, DefaultHeartbeatTimeout+DefaultHeartbeatInterval/4, 11*time.Second-time.Second/2,
+		"a frozen peer is named within 11 s by default, with half a second to spare")
+	assert.LessOrEqual(t, DefaultHeartbeatInterval+time.Second, transport.PauseMargin,
+		"the margin covers one interval and a second of slack")
 	cfg, err = apply([]Option{WithHeartbeat(-1, 0)})
 	require.NoError(t, err)
 	assert.Negative(t, cfg.hbInterval, "disabled")

@@ -55,7 +55,8 @@ const (
 type peer struct {
 	t    *Transport
 	rank int
-	conn *net.TCPConn
+	conn stream       // the connection, or TLS over it
+	raw  *net.TCPConn // the connection itself: what closing closes
 	br   *frameReader
 
 	// what the peer said in the handshake
@@ -103,12 +104,14 @@ type peer struct {
 	lostOnce sync.Once
 }
 
-func newPeer(t *Transport, rank int, conn *net.TCPConn, br *frameReader, info wire.HelloInfo) *peer {
+func newPeer(t *Transport, rank int, l link) *peer {
+	info := l.info
 	p := &peer{
 		t:        t,
 		rank:     rank,
-		conn:     conn,
-		br:       br,
+		conn:     l.conn,
+		raw:      l.raw,
+		br:       l.br,
 		window:   int64(min(info.QueueLimit, 1<<62)),
 		maxFrame: info.MaxFrame,
 		small:    make([]byte, wire.HeaderSize+smallCopy),
@@ -119,7 +122,7 @@ func newPeer(t *Transport, rank int, conn *net.TCPConn, br *frameReader, info wi
 		lostCh:   make(chan struct{}),
 		lastRxAt: time.Now(),
 	}
-	br.rx = &p.rx
+	p.br.rx = &p.rx
 	return p
 }
 

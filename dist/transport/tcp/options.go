@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,10 +20,11 @@ const (
 	DefaultQueueLimit        = 64 << 20 // bytes per source
 	DefaultHeartbeatInterval = time.Second
 	// DefaultHeartbeatTimeout is how long a peer may stay silent before it
-	// is reported unresponsive. With the default interval a frozen peer is
-	// named 8 to 8.25 s after the last frame it sent; a healthy idle peer
-	// sends something at least every ~1.25 s.
-	DefaultHeartbeatTimeout = 8 * time.Second
+	// is reported unresponsive: transport.DefaultHeartbeatTimeout, the same
+	// on every transport (its doc says why). With the default interval a
+	// frozen peer is named 10 to 10.25 s after the last frame it sent; a
+	// healthy idle peer sends something at least every ~1.25 s.
+	DefaultHeartbeatTimeout = transport.DefaultHeartbeatTimeout
 	// DefaultHandshakeTimeout bounds how long an incoming connection may
 	// hold one of the handshake slots before it has authenticated.
 	DefaultHandshakeTimeout = 3 * time.Second
@@ -60,6 +62,34 @@ var (
 	// did not complete within the init timeout (WithInitTimeout).
 	ErrInitTimeout = errors.New("tcp: setup timed out")
 )
+
+// ErrSelfDial is matched by the *SelfDialError of a rank whose dial
+// reached its own listener.
+var ErrSelfDial = errors.New("tcp: dialed this process's own listener")
+
+// SelfDialError is returned by New and Rendezvous when the address this
+// rank dialed to reach rank To is its own listener's: typically
+// MASTER_PORT (the rendezvous address) happened to be the ephemeral port
+// the operating system gave this rank's listener. The rank gives up at
+// once; rank 0 then fails at its init timeout naming this rank as one that
+// never joined.
+type SelfDialError struct {
+	Rank, To int
+	Addr     string
+	Master   bool // Addr is the rendezvous address, rank 0's
+}
+
+func (e *SelfDialError) Error() string {
+	if e.Master {
+		return fmt.Sprintf("tcp: rank %d: MASTER_ADDR:MASTER_PORT (%s) is this process's own listener: pick a MASTER_PORT outside the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range)",
+			e.Rank, e.Addr)
+	}
+	return fmt.Sprintf("tcp: rank %d: rank %d's address %s is this process's own listener: give every rank a port outside the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range)",
+		e.Rank, e.To, e.Addr)
+}
+
+// Unwrap returns ErrSelfDial.
+func (e *SelfDialError) Unwrap() error { return ErrSelfDial }
 
 // RejectedError is returned by New and Rendezvous when the peer they dialed
 // refused the connection (wrong token, wrong world size, rank taken, ...).
@@ -106,6 +136,7 @@ type config struct {
 	sockBuf      int
 	maxPendingHS int
 	hbObserver   func(peer int, rtt time.Duration)
+	tls          *tls.Config // WithTLS; nil: plain TCP
 }
 
 func defaultConfig() config {
@@ -242,7 +273,8 @@ func WithQueueLimit(n int) Option {
 
 // WithHeartbeat sets how often a link sends a heartbeat (default 1 s) and
 // after how long without receiving anything from a peer it is reported
-// unresponsive (default 8 s): calls involving it fail with a
+// unresponsive (default 10 s, transport.DefaultHeartbeatTimeout): calls
+// involving it fail with a
 // *transport.PeerError matching transport.ErrPeerUnresponsive and
 // ErrHeartbeatTimeout. Liveness is checked four times per interval, so a
 // peer that stops is named between timeout and timeout + interval/4 after

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gdist/gdist/dist/transport"
+	"github.com/gdist/gdist/dist/transport/transporttest"
 )
 
 // childJob starts a world-rank job: ranks 0..world-2 in this process, the
@@ -62,10 +63,10 @@ func childJob(t *testing.T, world int, role string, opts []Option, env ...string
 
 // TestFrozenPeerNamedBySurvivors: a rank stopped with SIGSTOP (its
 // connections stay up, it just stops answering) is named by every survivor,
-// with the default heartbeat, within 10 s, as unresponsive.
+// with the default heartbeat, within 11 s, as unresponsive.
 func TestFrozenPeerNamedBySurvivors(t *testing.T) {
 	if testing.Short() {
-		t.Skip("takes the default heartbeat timeout (8 s)")
+		t.Skip("takes the default heartbeat timeout (10 s)")
 	}
 	const world, victim = 3, 2
 	ts, cmd := childJob(t, world, "freeze", nil)
@@ -86,7 +87,7 @@ func TestFrozenPeerNamedBySurvivors(t *testing.T) {
 			assert.ErrorIs(t, err, ErrHeartbeatTimeout)
 			assert.ErrorIs(t, err, transport.ErrPeerLost)
 			t.Logf("named %v after SIGSTOP: %v", el.Round(time.Millisecond), err)
-			assert.Less(t, el, 10*time.Second)
+			assert.Less(t, el, DefaultHeartbeatTimeout+time.Second)
 			assert.GreaterOrEqual(t, el, DefaultHeartbeatTimeout-DefaultHeartbeatInterval, "not before the timeout")
 		case <-time.After(15 * time.Second):
 			t.Fatal("a survivor did not name the stopped rank within 15 s")
@@ -239,4 +240,25 @@ func TestCloseSkipsSilentPeer(t *testing.T) {
 	assert.Less(t, time.Since(stopped), timeout, "the victim was not named by its heartbeat timeout first")
 	_, err := ts[1].Recv(ctx, 0, 9)
 	requirePeer(t, err, 0, transport.ErrPeerClosed)
+}
+
+// TestPauseSurvivedFreezeNamed: with the default heartbeat on both sides, a
+// rank stopped (SIGSTOP) for the heartbeat timeout less
+// transport.PauseMargin and then resumed (SIGCONT) is not taken for dead,
+// by its peer or, once resumed, by itself; stopped for good, it is named
+// unresponsive after the timeout.
+func TestPauseSurvivedFreezeNamed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 8 s of pause and a 10 s freeze (the default heartbeat timeout)")
+	}
+	ts, cmd := childJob(t, 2, "freeze", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pending := make(chan error, 1)
+	go func() { _, err := ts[0].Recv(ctx, 1, 5); pending <- err }()
+
+	signal := func(sig os.Signal) func() error { return func() error { return cmd.Process.Signal(sig) } }
+	err := transporttest.PauseThenFreeze(t, 1, signal(syscall.SIGSTOP), signal(syscall.SIGCONT), pending,
+		DefaultHeartbeatTimeout, DefaultHeartbeatInterval)
+	assert.ErrorIs(t, err, ErrHeartbeatTimeout)
 }

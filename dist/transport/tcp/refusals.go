@@ -142,9 +142,12 @@ func refusalReason(err error) (wire.RejectReason, string) {
 		}
 		return he.reason, fmt.Sprintf("%v: %v", he.reason, he.err)
 	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
+	if timedOut(err) {
 		return 0, "did not complete the handshake in time"
+	}
+	var te *tlsError
+	if errors.As(err, &te) {
+		return 0, fmt.Sprintf("TLS handshake failed: %v", te.err)
 	}
 	return 0, fmt.Sprintf("connection broke during the handshake (%v)", err)
 }

@@ -205,7 +205,7 @@ func (t *Transport) joinRendezvous(ctx context.Context, master string) error {
 	t.mu.Unlock()
 	addrs, err := t.register(ctx, l)
 	if err != nil {
-		l.conn.Close()
+		l.raw.Close()
 		return err
 	}
 	addrs[0] = master
@@ -293,19 +293,18 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 			c, err = nil, errSelfConnect
 		}
 		if err == nil {
-			conn := c.(*net.TCPConn)
-			t.tune(conn)
-			br := newFrameReader(conn, readBuf)
-			var info wire.HelloInfo
-			info, err = t.clientHandshake(ctx, conn, br, to, mode)
+			var l link
+			l, err = t.connect(ctx, c.(*net.TCPConn), to, addr, mode)
 			if err == nil {
 				t.mu.Lock()
 				t.claimed[to] = true
 				t.joinedFrom[to] = addr
 				t.mu.Unlock()
-				return link{rank: to, conn: conn, br: br, info: info}, nil
+				return l, nil
 			}
-			conn.Close()
+			if errors.Is(err, errSelfDial) { // connect closed conn
+				return link{}, &SelfDialError{Rank: t.rank, To: to, Addr: addr, Master: mode == wire.ModeRendezvous}
+			}
 			if errFatal(err) {
 				return link{}, fmt.Errorf("tcp: rank %d: connect to rank %d at %s: %w", t.rank, to, addr, err)
 			}
@@ -321,6 +320,27 @@ func (t *Transport) dial(ctx context.Context, to int, addr string, mode uint8) (
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// connect runs TLS (WithTLS) and the client side of the handshake over
+// conn, just dialed to rank `to` at addr. On failure conn is closed.
+func (t *Transport) connect(ctx context.Context, conn *net.TCPConn, to int, addr string, mode uint8) (link, error) {
+	t.tune(conn)
+	s, err := t.secure(ctx, conn, addr, false)
+	if err != nil {
+		conn.Close()
+		return link{}, err
+	}
+	br := newFrameReader(s, readBuf)
+	info, err := t.clientHandshake(ctx, s, br, to, mode)
+	if err != nil {
+		conn.Close()
+		if tlsAlert(err) {
+			err = &tlsError{err}
+		}
+		return link{}, err
+	}
+	return link{rank: to, conn: s, raw: conn, br: br, info: info}, nil
 }
 
 // errSelfConnect is the retryable error of a dial that connected to itself.
@@ -343,11 +363,11 @@ func (t *Transport) tune(c *net.TCPConn) {
 
 // addPeer turns an authenticated link into a live peer with its reader.
 func (t *Transport) addPeer(l link) error {
-	p := newPeer(t, l.rank, l.conn, l.br, l.info)
+	p := newPeer(t, l.rank, l)
 	t.mu.Lock()
 	if t.closing.Load() {
 		t.mu.Unlock()
-		l.conn.Close()
+		l.raw.Close()
 		return errClosed("connect")
 	}
 	t.claimed[l.rank] = true
@@ -477,8 +497,13 @@ func (t *Transport) freeSlot(s *hsSlot) bool {
 func (t *Transport) serve(conn *net.TCPConn, slot *hsSlot) {
 	defer t.wg.Done()
 	t.tune(conn)
-	br := newFrameReader(conn, readBuf)
-	l, claimed, err := t.serverHandshake(conn, br)
+	l, claimed, err := link{}, -1, error(nil)
+	s, err := t.secure(t.ctx, conn, "", true)
+	if err == nil {
+		br := newFrameReader(s, readBuf)
+		l, claimed, err = t.serverHandshake(s, br)
+		l.raw = conn
+	}
 	if t.freeSlot(slot) && err != nil { // authenticated (or refused): the slot is free
 		err = fmt.Errorf("%w (%v)", errEvicted, err)
 	}
@@ -486,7 +511,11 @@ func (t *Transport) serve(conn *net.TCPConn, slot *hsSlot) {
 		err = t.acceptRegistration(l)
 	}
 	if err != nil {
-		conn.Close()
+		if errors.Is(err, ErrTLS) {
+			lingerClose(conn)
+		} else {
+			conn.Close()
+		}
 		select {
 		case <-t.stop:
 			return // closing: not worth a warning
@@ -497,6 +526,10 @@ func (t *Transport) serve(conn *net.TCPConn, slot *hsSlot) {
 	}
 	if t.acceptMode == wire.ModeRendezvous {
 		return // acceptRegistration hands the link on
+	}
+	if t.handOff != nil {
+		t.handOff(l)
+		return
 	}
 	if err := t.addPeer(l); err != nil {
 		return
@@ -560,7 +593,7 @@ func (t *Transport) acceptRegistration(l link) error {
 	}
 	for _, r := range all {
 		if err != nil {
-			r.l.conn.Close()
+			r.l.raw.Close()
 			continue
 		}
 		t.addPeer(r.l)

@@ -238,3 +238,61 @@ func TestHandshakeFlood(t *testing.T) {
 	assert.Greater(t, refused, 64)
 	assert.LessOrEqual(t, lines, refusalBurst+2)
 }
+
+// TestSelfDial is issue 21's fifth defect, forced: rank 1's rendezvous
+// address (MASTER_ADDR:MASTER_PORT) is its own listener's, as when
+// MASTER_PORT happens to be the ephemeral port the system gave that
+// listener. Rank 1 says so at once, in words; rank 0 fails at its init
+// timeout naming rank 1 as the rank that never joined.
+func TestSelfDial(t *testing.T) {
+	own := freeAddr(t) // rank 1 listens here, and takes it for rank 0's
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const initTimeout = 2 * time.Second
+	errs := make([]error, 2)
+	took := make([]time.Duration, 2)
+	var wg sync.WaitGroup
+	for r, master := range []string{freeAddr(t), own} {
+		opts := []Option{WithToken(testToken), WithLogger(quiet()), WithInitTimeout(initTimeout)}
+		if r == 1 {
+			opts = append(opts, WithListenAddr(own))
+		}
+		wg.Go(func() {
+			start := time.Now()
+			tr, err := Rendezvous(ctx, r, 2, master, opts...)
+			took[r], errs[r] = time.Since(start), err
+			if err == nil {
+				tr.Close()
+			}
+		})
+	}
+	wg.Wait()
+
+	var se *SelfDialError
+	require.ErrorAs(t, errs[1], &se)
+	assert.ErrorIs(t, errs[1], ErrSelfDial)
+	assert.Contains(t, errs[1].Error(), "MASTER_ADDR:MASTER_PORT ("+own+") is this process's own listener: pick a MASTER_PORT outside the ephemeral range")
+	assert.Less(t, took[1], initTimeout, "rank 1 gives up at once")
+
+	var ie *InitTimeoutError
+	require.ErrorAs(t, errs[0], &ie)
+	assert.Equal(t, []int{1}, ie.Missing)
+	assert.Contains(t, errs[0].Error(), "rank 1 never joined")
+	assert.GreaterOrEqual(t, took[0], initTimeout)
+	t.Logf("rank 0: %v\nrank 1: %v", errs[0], errs[1])
+}
+
+// TestSelfDialMesh: in a job whose addresses are all given (New), a rank
+// given its own address for a peer's says so too.
+func TestSelfDialMesh(t *testing.T) {
+	lns, addrs := listeners(t, 2)
+	addrs[0] = addrs[1]
+	lns[0].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := New(ctx, 1, 2, lns[1], addrs, WithToken(testToken), WithLogger(quiet()))
+	var se *SelfDialError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, SelfDialError{Rank: 1, To: 0, Addr: addrs[1]}, *se)
+	assert.Contains(t, err.Error(), "rank 0's address "+addrs[1]+" is this process's own listener")
+}

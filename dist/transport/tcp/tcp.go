@@ -12,6 +12,7 @@ import (
 	"github.com/gdist/gdist/dist/transport"
 	"github.com/gdist/gdist/dist/transport/internal/bufpool"
 	"github.com/gdist/gdist/dist/transport/internal/mailbox"
+	"github.com/gdist/gdist/dist/transport/tcp/internal/wire"
 )
 
 // closeLinger bounds how long Close waits for peers to acknowledge its
@@ -70,6 +71,15 @@ type Transport struct {
 	joining    bool         // rank > 0 in a rendezvous that has not received the table (guarded by mu)
 	waiting    string       // the rendezvous step in progress, for InitTimeoutError (guarded by mu)
 	dialErr    error        // the last error of a dial being retried (guarded by mu)
+	// ownNonces holds the Hello nonces of this transport's handshakes in
+	// progress as a client, true once its own listener received one
+	// (guarded by mu).
+	ownNonces map[[wire.NonceSize]byte]bool
+
+	// links (Listen, Dial)
+	idRank, idWorld int        // a link's rank and size of its star, which the handshake states (see ident)
+	handOff         func(link) // accepting side of links: takes each authenticated link
+	quietLoss       bool       // a lost peer is the layer above's to report: log it at debug level
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -101,6 +111,15 @@ func newTransport(rank, world int, ln net.Listener, cfg config) *Transport {
 		go t.monitor()
 	}
 	return t
+}
+
+// ident is the rank and world size this side states in the handshake: its
+// own, or a dialed link's rank in its star.
+func (t *Transport) ident() (rank, world uint32) {
+	if t.idWorld == 0 {
+		return uint32(t.rank), uint32(t.world)
+	}
+	return uint32(t.idRank), uint32(t.idWorld)
 }
 
 // Rank implements transport.Transport.
@@ -242,6 +261,16 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 // Release implements transport.Transport.
 func (t *Transport) Release(p []byte) { bufpool.Default.Put(p) }
 
+// Queued implements transport.Backlog: the messages that arrived at this
+// rank and that nobody has received yet.
+func (t *Transport) Queued() []transport.Queued {
+	var out []transport.Queued
+	for _, q := range t.box.Backlog() {
+		out = append(out, transport.Queued{From: q.Src, To: t.rank, Tag: q.Tag, Messages: q.Msgs, Bytes: q.Bytes})
+	}
+	return out
+}
+
 // Close implements transport.Transport: it tells every peer goodbye (they
 // see this rank as closed, not lost, once they have drained its messages),
 // waits for each peer's goodbye in turn, at most min(5 s, heartbeat
@@ -271,7 +300,7 @@ func (t *Transport) shutdown(graceful bool) {
 	t.regs = nil
 	t.mu.Unlock()
 	for _, r := range regs {
-		r.l.conn.Close() // registered with rank 0, still waiting for the table
+		r.l.raw.Close() // registered with rank 0, still waiting for the table
 	}
 	t.box.Fail(errClosed("recv"))
 	deadline := time.Now().Add(min(closeLinger, max(t.cfg.hbTimeout, time.Second)))
@@ -289,7 +318,7 @@ func (t *Transport) shutdown(graceful bool) {
 			p.goodbye(deadline)
 			p.conn.SetReadDeadline(deadline)
 		} else {
-			p.conn.Close()
+			p.raw.Close()
 		}
 	}
 	// No peer is added once closing is set (addPeer checks it under mu), so
@@ -304,7 +333,7 @@ func (t *Transport) shutdown(graceful bool) {
 	t.wg.Wait()
 	for r := range t.peers {
 		if p := t.peers[r].Load(); p != nil {
-			p.conn.Close()
+			p.raw.Close()
 		}
 	}
 }
@@ -330,11 +359,15 @@ func (t *Transport) fail(rank int, cause error) {
 		p.lostErr = cause
 		p.lost.Store(true)
 		close(p.lostCh)
-		t.log.Error("tcp: peer lost", "peer", rank, "err", cause)
+		level := slog.LevelError
+		if t.quietLoss {
+			level = slog.LevelDebug
+		}
+		t.log.Log(context.Background(), level, "tcp: peer lost", "peer", rank, "err", cause)
 		pe := &transport.PeerError{Rank: rank, Op: "recv", Err: cause}
 		t.box.FailSource(rank, pe)
 		t.setupFailed(&transport.PeerError{Rank: rank, Op: "connect", Err: cause}) // only matters during setup
-		p.conn.Close()
+		p.raw.Close()
 	})
 }
 
@@ -428,7 +461,7 @@ func (t *Transport) linger(tick *time.Ticker) {
 			if rx := p.rx.Load(); rx != p.lastRx {
 				p.lastRx, p.lastRxAt = rx, now
 			} else if now.Sub(p.lastRxAt) >= silence {
-				p.conn.Close()
+				p.raw.Close()
 			}
 		}
 		if now.After(t.lingerUntil) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,6 +115,34 @@ func Run(t *testing.T, mk Maker, opts ...Option) {
 	t.Run("RecvIntoCancel", s.recvIntoCancel)
 	t.Run("RecvIntoPeerClose", s.recvIntoPeerClose)
 	t.Run("ManyTags", s.manyTags)
+	t.Run("Backlog", s.backlog)
+}
+
+// backlog checks transport.Backlog, where implemented: messages that
+// arrived and nobody received are listed at their receiver (from, tag,
+// count, bytes) until they are received.
+func (s *suite) backlog(t *testing.T) {
+	ts := s.start(t, 2)
+	b, ok := ts[0].(transport.Backlog)
+	if !ok {
+		t.Skip("transporttest: no transport.Backlog")
+	}
+	ctx := opCtx(t)
+	for i, n := range []int{10, 70000} {
+		require.NoError(t, ts[1].Send(ctx, 0, 5, transport.Header{}, payload(1, 0, 5, i, n)))
+	}
+	want := transport.Queued{From: 1, To: 0, Tag: 5, Messages: 2, Bytes: 70010}
+	require.Eventually(t, func() bool {
+		return slices.Contains(b.Queued(), want)
+	}, prompt, time.Millisecond, "rank 0 lists the unreceived messages: %v", b.Queued())
+	for i, n := range []int{10, 70000} {
+		m, err := ts[0].Recv(ctx, 1, 5)
+		require.NoError(t, err)
+		require.NoError(t, checkPayload(m.Payload, 1, 0, 5, i, n))
+	}
+	for _, q := range b.Queued() {
+		assert.False(t, q.To == 0 && q.Tag == 5, "received, yet listed: %v", q)
+	}
 }
 
 // start makes n transports, closes them at the end of the test and then

@@ -22,9 +22,11 @@
 package mailbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 )
@@ -278,6 +280,36 @@ func (m *Mailbox[M]) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.queues)
+}
+
+// Backlog is what is queued from one source under one tag.
+type Backlog struct {
+	Src   int
+	Tag   uint32
+	Msgs  int // messages queued
+	Bytes int // their payload bytes
+}
+
+// Backlog returns what is queued and not received yet, one entry per
+// (source, tag) that holds messages, ordered by source and tag.
+func (m *Mailbox[M]) Backlog() []Backlog {
+	m.mu.Lock()
+	var out []Backlog
+	for k, q := range m.queues {
+		if q.empty() {
+			continue
+		}
+		b := Backlog{Src: k.src, Tag: k.tag, Msgs: len(q.msgs) - q.head}
+		for _, it := range q.msgs[q.head:] {
+			b.Bytes += it.size
+		}
+		out = append(out, b)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Backlog) int {
+		return cmp.Or(cmp.Compare(a.Src, b.Src), cmp.Compare(a.Tag, b.Tag))
+	})
+	return out
 }
 
 func signal(c chan struct{}) {

@@ -29,6 +29,7 @@ const (
 const (
 	ModeMesh       uint8 = 0 // a mesh link between two ranks that know each other's address
 	ModeRendezvous uint8 = 1 // a link to rank 0 that registers an address and receives the table
+	ModeLink       uint8 = 2 // a link of a star: a transport of two ranks of its own (Listen, Dial)
 )
 
 // ErrMalformed is returned for a handshake payload of the wrong size or with
@@ -49,7 +50,7 @@ type HelloInfo struct {
 	Peer       uint32 // Hello: the rank the client wants; Welcome: the client's rank, echoed
 	QueueLimit uint64 // bytes the sender of this payload queues per source (0 = unbounded)
 	MaxFrame   uint64 // largest payload the sender of this payload accepts
-	Mode       uint8  // ModeMesh or ModeRendezvous
+	Mode       uint8  // ModeMesh, ModeRendezvous or ModeLink
 	Nonce      [NonceSize]byte
 }
 
@@ -82,7 +83,7 @@ func ParseHello(b []byte) (HelloInfo, error) {
 			return HelloInfo{}, fmt.Errorf("%w: reserved bytes set", ErrMalformed)
 		}
 	}
-	if i.Mode != ModeMesh && i.Mode != ModeRendezvous {
+	if i.Mode > ModeLink {
 		return HelloInfo{}, fmt.Errorf("%w: mode %d", ErrMalformed, i.Mode)
 	}
 	copy(i.Nonce[:], b[32:64])
