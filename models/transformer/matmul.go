@@ -96,7 +96,39 @@ func (op matMul) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 	if a.Dtype() != b.Dtype() {
 		return nil, fmt.Errorf("%w: %v product of %v and %v", ErrShape, op.mode, a.Dtype(), b.Dtype())
 	}
-	out := tensor.New(tensor.Of(a.Dtype()), tensor.WithShape(m, n))
+	return op.into(tensor.New(tensor.Of(a.Dtype()), tensor.WithShape(m, n)), a, b, m, k, n)
+}
+
+// UsePreallocDo writes the product into prealloc when it is a dense tensor
+// of the product's shape and dtype (an executor that keeps each op's output
+// from run to run), and into a new tensor otherwise; the result is bitwise
+// Do's.
+func (op matMul) UsePreallocDo(prealloc gorgonia.Value, in ...gorgonia.Value) (gorgonia.Value, error) {
+	a, err := denseArg(in, 0)
+	if err != nil {
+		return nil, err
+	}
+	b, err := denseArg(in, 1)
+	if err != nil {
+		return nil, err
+	}
+	m, k, n, err := op.dims(a.Shape(), b.Shape())
+	if err != nil {
+		return nil, err
+	}
+	if a.Dtype() != b.Dtype() {
+		return nil, fmt.Errorf("%w: %v product of %v and %v", ErrShape, op.mode, a.Dtype(), b.Dtype())
+	}
+	out, ok := prealloc.(*tensor.Dense)
+	if !ok || out.Dtype() != a.Dtype() || !out.Shape().Eq(tensor.Shape{m, n}) || out.IsView() {
+		return op.into(tensor.New(tensor.Of(a.Dtype()), tensor.WithShape(m, n)), a, b, m, k, n)
+	}
+	out.Zero()
+	return op.into(out, a, b, m, k, n)
+}
+
+// into sets out, zeroed, to the product of a and b.
+func (op matMul) into(out *tensor.Dense, a, b *tensor.Dense, m, k, n int) (gorgonia.Value, error) {
 	switch c := out.Data().(type) {
 	case []float32:
 		product(op.mode, c, a.Data().([]float32), b.Data().([]float32), m, k, n)

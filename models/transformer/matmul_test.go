@@ -74,3 +74,42 @@ func productAndGrads(t *testing.T, dt tensor.Dtype, s [3]int, f func(a, b *gorgo
 	}
 	return out
 }
+
+// TestMatMulUsePrealloc: written into a used tensor of the right shape, each
+// mode's product is bitwise Do's; a tensor of another shape or dtype is left
+// alone and a new one returned.
+func TestMatMulUsePrealloc(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	val := func(r, c int) *tensor.Dense {
+		v := make([]float64, r*c)
+		for i := range v {
+			v[i] = rng.NormFloat64()
+		}
+		return newDense(Float64, []int{r, c}, v)
+	}
+	for _, c := range []struct {
+		mode mulMode
+		a, b *tensor.Dense
+	}{
+		{mulNN, val(3, 5), val(5, 4)},
+		{mulNT, val(3, 5), val(4, 5)},
+		{mulTN, val(5, 3), val(5, 4)},
+	} {
+		op := matMul{c.mode}
+		want, err := op.Do(c.a, c.b)
+		require.NoError(t, err)
+		used := val(3, 4) // the last run's values, to be overwritten
+		got, err := op.UsePreallocDo(used, c.a, c.b)
+		require.NoError(t, err)
+		require.Same(t, used, got, "%v: written into the tensor given", c.mode)
+		require.Equal(t, want.(*tensor.Dense).Data(), got.(*tensor.Dense).Data(), "%v", c.mode)
+
+		other := val(4, 3)
+		before := append([]float64(nil), other.Data().([]float64)...)
+		got, err = op.UsePreallocDo(other, c.a, c.b)
+		require.NoError(t, err)
+		require.NotSame(t, other, got, "%v: a tensor of another shape is not used", c.mode)
+		require.Equal(t, before, other.Data(), "%v: and is left alone", c.mode)
+		require.Equal(t, want.(*tensor.Dense).Data(), got.(*tensor.Dense).Data(), "%v", c.mode)
+	}
+}
