@@ -81,22 +81,7 @@ func (op matMul) InferShape(in ...gorgonia.DimSizer) (tensor.Shape, error) {
 }
 
 func (op matMul) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
-	a, err := denseArg(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	b, err := denseArg(in, 1)
-	if err != nil {
-		return nil, err
-	}
-	m, k, n, err := op.dims(a.Shape(), b.Shape())
-	if err != nil {
-		return nil, err
-	}
-	if a.Dtype() != b.Dtype() {
-		return nil, fmt.Errorf("%w: %v product of %v and %v", ErrShape, op.mode, a.Dtype(), b.Dtype())
-	}
-	return op.into(tensor.New(tensor.Of(a.Dtype()), tensor.WithShape(m, n)), a, b, m, k, n)
+	return op.UsePreallocDo(nil, in...)
 }
 
 // UsePreallocDo writes the product into prealloc when it is a dense tensor
@@ -121,9 +106,10 @@ func (op matMul) UsePreallocDo(prealloc gorgonia.Value, in ...gorgonia.Value) (g
 	}
 	out, ok := prealloc.(*tensor.Dense)
 	if !ok || out.Dtype() != a.Dtype() || !out.Shape().Eq(tensor.Shape{m, n}) || out.IsView() {
-		return op.into(tensor.New(tensor.Of(a.Dtype()), tensor.WithShape(m, n)), a, b, m, k, n)
+		out = tensor.New(tensor.Of(a.Dtype()), tensor.WithShape(m, n))
+	} else {
+		out.Zero()
 	}
-	out.Zero()
 	return op.into(out, a, b, m, k, n)
 }
 
