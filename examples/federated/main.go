@@ -20,6 +20,7 @@ type config struct {
 	Batch       int     // local mini-batch
 	LR          float64 // local learning rate
 	LRDecay     float64 // ... times this per round
+	ServerLR    float64 // the leader's step: this times the clients' average update
 	Hidden      int     // hidden units of the MLP
 	Seed        int64
 	Data        string // directory of the MNIST IDX files ("" finds the GoMNIST module)
@@ -43,6 +44,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Batch, "batch", 256, "local mini-batch size")
 	fs.Float64Var(&c.LR, "lr", 0.2, "local SGD learning rate in round 1")
 	fs.Float64Var(&c.LRDecay, "lr-decay", 1, "factor of the learning rate from one round to the next")
+	fs.Float64Var(&c.ServerLR, "server-lr", 1.5, "server learning rate: the model moves this times the clients' average update (FedAvg{LR})")
 	fs.IntVar(&c.Hidden, "hidden", 200, "hidden units of the 784-H-10 MLP")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the initial model and the local shuffles")
 	fs.StringVar(&c.Data, "data", "", "directory of the MNIST IDX files (default: the GoMNIST module's)")
@@ -61,8 +63,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	switch {
 	case c.Clients < 2 || c.Clients > 10:
 		return bad("-clients %d: between 2 and 10 (each holds at least one digit)", c.Clients)
-	case c.Rounds < 1, c.LocalEpochs < 1, c.Batch < 1, c.LR <= 0, c.Hidden < 1, c.Limit < 0, c.LRDecay <= 0 || c.LRDecay > 1:
-		return bad("-rounds, -local-epochs, -batch, -lr and -hidden must be positive, -limit not negative, -lr-decay in (0, 1]")
+	case c.Rounds < 1, c.LocalEpochs < 1, c.Batch < 1, c.LR <= 0, c.ServerLR <= 0, c.Hidden < 1, c.Limit < 0, c.LRDecay <= 0 || c.LRDecay > 1:
+		return bad("-rounds, -local-epochs, -batch, -lr, -server-lr and -hidden must be positive, -limit not negative, -lr-decay in (0, 1]")
 	case c.KillClient < 0 || c.KillClient > c.Clients:
 		return bad("-kill %d: a client is 1 to %d", c.KillClient, c.Clients)
 	case c.KillClient > 0 && (c.KillAt < 2 || c.KillAt > c.Rounds):

@@ -79,7 +79,7 @@ func TestDigits(t *testing.T) {
 
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
-		{"-clients", "1"}, {"-kill", "9"}, {"-kill-at", "1"}, {"-restart-at", "3"}, {"-lr", "0"}, {"-lr-decay", "2"},
+		{"-clients", "1"}, {"-kill", "9"}, {"-kill-at", "1"}, {"-restart-at", "3"}, {"-lr", "0"}, {"-lr-decay", "2"}, {"-server-lr", "0"},
 	} {
 		var stderr bytes.Buffer
 		err := run(context.Background(), args, io.Discard, &stderr)

@@ -15,6 +15,20 @@ import (
 // globals: the test runs a leader and clients in one process.
 var graphMu sync.Mutex
 
+// MNIST's pixel mean and standard deviation over the training images (in
+// [0, 1]), the usual standardisation: inputs of mean 0 and deviation 1 let
+// the MLP's SGD take much larger effective steps on the first layer.
+const pixelMean, pixelStd = 0.1307, 0.3081
+
+// standardize maps every pixel v of set to (v - pixelMean) / pixelStd, in
+// place. Each process does it to its own copy: the constants are public
+// knowledge, not statistics of any client's data.
+func standardize(set *mnist.Set) {
+	for i, v := range set.Images {
+		set.Images[i] = (v - pixelMean) / pixelStd
+	}
+}
+
 // net is an MLP in a graph of its own with one batch of inputs bound: a
 // training graph (with gradients) or an evaluation graph (logits only).
 type net struct {

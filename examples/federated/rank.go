@@ -47,6 +47,7 @@ func lead(ctx context.Context, cfg config, job fed.Job, opts []fed.Option, out i
 	if err != nil {
 		return err
 	}
+	standardize(test)
 	eval, err := newNet(sizes(cfg), evalBatch, cfg.Seed, false)
 	if err != nil {
 		return err
@@ -58,12 +59,13 @@ func lead(ctx context.Context, cfg config, job fed.Job, opts []fed.Option, out i
 	if cfg.Scaffold {
 		opts = append(opts, fed.WithScaffold())
 	}
+	opts = append(opts, fed.WithServerOptimizer(&fed.FedAvg{LR: cfg.ServerLR}))
 	l, err := job.Lead(ctx, init, opts...)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	mode := "FedAvg"
+	mode := fmt.Sprintf("FedAvg (server lr %g)", cfg.ServerLR)
 	if cfg.Scaffold {
 		mode += " with SCAFFOLD"
 	}
@@ -144,6 +146,7 @@ func serve(ctx context.Context, cfg config, job fed.Job, opts []fed.Option, out 
 	if err != nil {
 		return err
 	}
+	standardize(train)
 	digits := digitsOf(job.Rank, job.World-1)
 	idx := shard(train, digits, cfg.Limit)
 	nt, err := newNet(sizes(cfg), cfg.Batch, cfg.Seed, true)
