@@ -163,8 +163,12 @@ func TestRunSignalWhileStoppingEndsRestarts(t *testing.T) {
 // the job for good.
 func TestLauncherSignalDuringRestarts(t *testing.T) {
 	dir := t.TempDir()
-	require.NoError(t, writeAtomic(filepath.Join(dir, "fail.0"), ""))
 	cmd, stdout, stderr := launcher(t, dir, "-n", "2", "--max_restarts=5", "--", os.Args[0], childArg, "ctl")
+	// Rank 1 fails once both ranks' first attempts have started (failing
+	// at once, it could end rank 0's attempt before it began).
+	waitFile(t, dir, "0.0")
+	waitFile(t, dir, "1.0")
+	require.NoError(t, writeAtomic(filepath.Join(dir, "fail.0"), ""))
 	waitFile(t, dir, "0.1")
 	waitFile(t, dir, "1.1")
 
