@@ -382,10 +382,15 @@ func (g *ProcessGroup) stopLocked() {
 }
 
 func (g *ProcessGroup) isClosed() bool {
-	// done channels are closed when closed is set: no lock.
+	// done channels are closed when closed is set. A receive with a
+	// default case on one channel looks at it without locking it (a select
+	// over two would lock both): point-to-point calls ask at every call.
 	select {
 	case <-g.done:
 		return true
+	default:
+	}
+	select {
 	case <-g.d.done:
 		return true
 	default:

@@ -105,13 +105,14 @@ type peer struct {
 	// above and below) belongs to whoever holds rmu: the reader goroutine,
 	// or an application goroutine that waits for a message and delivers
 	// what has arrived itself (progress, through the mailbox's Poller).
-	rmu     sync.Mutex
-	rdead   bool          // the region is about to be unmapped (guarded by rmu)
-	pollers atomic.Int32  // application goroutines polling the ring
-	pspin   pollSpin      // how they spin
-	needed  atomic.Bool   // a poller met a record it leaves to the reader
-	kick    chan struct{} // capacity 1: wakes the reader when polling stops or a record needs it
-	tailPos atomic.Uint64 // in's read position, for the reader to wait without rmu
+	rmu        sync.Mutex
+	rdead      bool          // the region is about to be unmapped (guarded by rmu)
+	deliveries uint64        // records delivered to the mailbox (guarded by rmu)
+	pollers    atomic.Int32  // application goroutines polling the ring
+	pspin      pollSpin      // how they spin
+	needed     atomic.Bool   // a poller met a record it leaves to the reader
+	kick       chan struct{} // capacity 1: wakes the reader when polling stops or a record needs it
+	tailPos    atomic.Uint64 // in's read position, for the reader to wait without rmu
 
 	// what the outbound ring looked like at the last poll (guarded by omu)
 	omu                 sync.Mutex
@@ -887,6 +888,119 @@ func (p *peer) progress() bool {
 	return p.deliver(h, true)
 }
 
+// takeNext is a receive's fast path: the waiting goroutine polls the
+// inbound ring itself, as progress does, but takes the next record for tag
+// without going through the mailbox (no posted receive to claim and
+// complete, no channel to wake). It does so only while the mailbox holds
+// nothing for (peer, tag) and no other receive waits there (Mailbox.Quiet,
+// checked again whenever a record is delivered to the mailbox meanwhile),
+// so messages keep their order. Records for other tags are delivered to
+// the mailbox as they come. When the next record is for tag, is read from
+// the ring (not remote, not the ring's first large one) and its length
+// suits the receive (at most limit bytes, or exactly limit when exact),
+// takeNext returns its header with rmu held and the ring positioned at the
+// payload; the caller reads it and calls finishTake. Otherwise, and when
+// ctx ends, the link ends or the spin budget passes without a record, it
+// returns false and the caller takes the mailbox's path, which handles
+// every other case (and reports every error).
+func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact bool) (ring.Header, bool) {
+	t := p.t
+	if p.pollers.Add(1) == 1 {
+		p.pspin.begin()
+	}
+	defer p.endPoll()
+	var hb [ring.HeaderSize]byte
+	checked, seen := false, uint64(0)
+	start := nanotime()
+	for i := 1; ; i++ {
+		if p.rmu.TryLock() {
+			if p.rdead {
+				p.rmu.Unlock()
+				return ring.Header{}, false
+			}
+			if !checked || p.deliveries != seen {
+				if !t.box.Quiet(p.rank, tag) {
+					p.rmu.Unlock()
+					return ring.Header{}, false
+				}
+				checked, seen = true, p.deliveries
+			}
+			if !p.remoteProbed && t.cfg.remoteMin > 0 && p.pid > 0 {
+				p.probeRemote()
+			}
+			p.pollOutbound()
+			a, err := p.in.Avail()
+			if err == nil && a >= ring.HeaderSize {
+				p.in.PeekInto(hb[:])
+				h, err := ring.ParseHeader(hb[:], uint64(t.cfg.maxFrame))
+				if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) {
+					p.needReader()
+					p.rmu.Unlock()
+					return ring.Header{}, false
+				}
+				p.in.Skip(ring.HeaderSize)
+				if h.Tag == tag && (h.Len == limit || (!exact && h.Len < limit)) {
+					p.pspin.served()
+					return h, true
+				}
+				// Another receive's record, or one this receive is to
+				// refuse (the mailbox's path reports it).
+				ok := p.deliver(h, true)
+				p.rmu.Unlock()
+				if !ok || h.Tag == tag {
+					return ring.Header{}, false
+				}
+				p.pspin.served()
+				continue
+			}
+			if err != nil {
+				p.needReader()
+				p.rmu.Unlock()
+				return ring.Header{}, false
+			}
+			p.rmu.Unlock()
+		}
+		if i%8 == 0 {
+			p.pspin.idle()
+		}
+		if i%64 == 0 {
+			if ctx.Err() != nil || t.closing.Load() || p.lost.Load() || p.gone.Load() ||
+				nanotime()-start > int64(t.cfg.spin) {
+				return ring.Header{}, false
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// finishTake ends a receive that takeNext let through, once the caller
+// has read n payload bytes (err: why it could not): it drops the padding,
+// returns the credit and releases rmu. It reports whether the link is
+// still whole; when it is not, readEnded has run, and the mailbox's path
+// reports the error.
+func (p *peer) finishTake(h ring.Header, err error) bool {
+	if err == nil {
+		err = p.skip(ring.Pad(h.Len))
+	}
+	if err != nil {
+		p.readEnded(err, nil, false)
+		p.rmu.Unlock()
+		return false
+	}
+	p.release()
+	p.rmu.Unlock()
+	p.consumed(int(h.Len))
+	return true
+}
+
+// endPoll ends a goroutine's polling of the ring: the last poller to stop
+// wakes the reader.
+func (p *peer) endPoll() {
+	if p.pollers.Add(-1) == 0 {
+		signal(p.kick)
+	}
+}
+
 // needReader wakes the reader for a record the pollers leave to it,
 // whether it waits for the pollers (kick) or is parked on its doorbell.
 func (p *peer) needReader() {
@@ -902,6 +1016,7 @@ func (p *peer) needReader() {
 // has run). Called with rmu held.
 func (p *peer) deliver(h ring.Header, inline bool) bool {
 	t := p.t
+	p.deliveries++
 	if h.Len == 0 {
 		p.release()
 	}

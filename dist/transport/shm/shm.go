@@ -180,6 +180,16 @@ func (t *Transport) Recv(ctx context.Context, from int, tag uint32) (transport.M
 			return transport.Message{}, err
 		}
 	}
+	if pr != nil {
+		if h, ok := pr.takeNext(ctx, tag, uint64(t.cfg.maxFrame), false); ok {
+			buf := bufpool.Default.Get(int(h.Len))
+			err := pr.readInto(buf)
+			if pr.finishTake(h, err) {
+				return transport.Message{Header: h.Meta, Payload: buf}, nil
+			}
+			bufpool.Default.Put(buf)
+		}
+	}
 	m, err := t.box.Get(ctx, from, tag)
 	if err != nil {
 		return transport.Message{}, t.stateErr("recv", err)
@@ -210,6 +220,15 @@ func (t *Transport) RecvInto(ctx context.Context, from int, tag uint32, dst []by
 		var err error
 		if pr, err = t.peerFor("recv from", from); err != nil {
 			return transport.Header{}, 0, err
+		}
+	}
+	if pr != nil {
+		if h, ok := pr.takeNext(ctx, tag, uint64(len(dst)), false); ok {
+			n := int(h.Len)
+			err := pr.readInto(dst[:n])
+			if pr.finishTake(h, err) {
+				return h.Meta, n, nil
+			}
 		}
 	}
 	m, n, direct, err := t.box.GetInto(ctx, from, tag, dst)
@@ -255,6 +274,15 @@ func (t *Transport) RecvReduce(ctx context.Context, from int, tag uint32, dst []
 		var err error
 		if pr, err = t.peerFor("recv from", from); err != nil {
 			return transport.Header{}, 0, err
+		}
+	}
+	if pr != nil {
+		if h, ok := pr.takeNext(ctx, tag, uint64(len(dst)), true); ok {
+			n := int(h.Len)
+			err := pr.combineFrom(dst[:n], unit, combine)
+			if pr.finishTake(h, err) {
+				return h.Meta, n, nil
+			}
 		}
 	}
 	m, n, direct, err := t.box.GetReduce(ctx, from, tag, dst, unit, combine)
@@ -451,8 +479,8 @@ func (x poller) Begin(src int) {
 
 // End implements mailbox.Poller: the last poller to stop wakes the reader.
 func (x poller) End(src int) {
-	if p := x.peer(src); p != nil && p.pollers.Add(-1) == 0 {
-		signal(p.kick)
+	if p := x.peer(src); p != nil {
+		p.endPoll()
 	}
 }
 

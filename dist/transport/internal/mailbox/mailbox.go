@@ -530,6 +530,22 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 	}
 }
 
+// Quiet reports whether a receive from src under tag may take the
+// source's next message for tag straight from the producer: nothing from
+// (src, tag) is queued or posted, no other receive waits there, and
+// neither the mailbox nor the source has ended. The answer holds while
+// nothing from src is delivered meanwhile (the producer counts its
+// deliveries to know).
+func (m *Mailbox[M]) Quiet(src int, tag uint32) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil || src < 0 || src >= len(m.sources) || m.sources[src].err != nil {
+		return false
+	}
+	q := m.lookup(key{src, tag})
+	return q == nil || (q.empty() && q.posted == nil && q.waiters == 0)
+}
+
 // newPost returns a posted-receive record for dst; called with mu held.
 func (m *Mailbox[M]) newPost(dst []byte) *Post[M] {
 	var p *Post[M]

@@ -456,3 +456,37 @@ func TestPoller(t *testing.T) {
 		assert.Equal(t, p.begun, p.ends)
 	})
 }
+
+// TestQuiet: a receive may bypass the mailbox only while nothing is queued
+// or posted for its (source, tag), no other receive waits there, and
+// neither the source nor the mailbox has ended.
+func TestQuiet(t *testing.T) {
+	m := New[msg](2, 0, nil)
+	ctx := context.Background()
+	assert.True(t, m.Quiet(1, 7), "empty")
+	require.NoError(t, m.Put(ctx, 1, 7, msg{id: 1}, 1))
+	assert.False(t, m.Quiet(1, 7), "a message is queued")
+	assert.True(t, m.Quiet(1, 8), "other tags are independent")
+	assert.True(t, m.Quiet(0, 7), "other sources are independent")
+	_, err := m.Get(ctx, 1, 7)
+	require.NoError(t, err)
+	assert.True(t, m.Quiet(1, 7), "drained")
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _, _, _ = m.GetInto(ctx, 1, 7, make([]byte, 8))
+	}()
+	require.Eventually(t, func() bool { return !m.Quiet(1, 7) }, 5*time.Second, time.Millisecond,
+		"a posted receive waits")
+	require.NoError(t, m.Put(ctx, 1, 7, msg{id: 2}, 1))
+	<-done
+	assert.True(t, m.Quiet(1, 7))
+
+	m.CloseSource(1, errGone)
+	assert.False(t, m.Quiet(1, 7), "the source ended")
+	assert.False(t, m.Quiet(-1, 7), "no such source")
+	assert.True(t, m.Quiet(0, 7))
+	m.Fail(errGone)
+	assert.False(t, m.Quiet(0, 7), "the mailbox failed")
+}
