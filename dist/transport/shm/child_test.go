@@ -53,11 +53,10 @@ func runChild(mode string) error {
 		p := t.peers[0].Load()
 		p.wmu.Lock() // no Send can interfere: this rank writes half a record by hand
 		rh := ring.Header{Tag: 5, Len: midMessageLen}
-		rh.Put(p.hdr[:])
 		if _, err := p.waitSpace(ring.HeaderSize + 4096); err != nil {
 			return err
 		}
-		p.out.Write(p.hdr[:])
+		p.out.WriteHeader(&rh)
 		p.out.Write(make([]byte, 4096))
 		p.out.Publish()
 		p.peerBell.Ring()

@@ -351,13 +351,33 @@ func TestCorruptRing(t *testing.T) {
 			p.peerBell.Ring()
 			p.wmu.Unlock()
 		}, false},
+		{"seal of another position", func(ts []*Transport) {
+			p := ts[2].peers[1].Load()
+			p.wmu.Lock()
+			var b [ring.HeaderSize]byte
+			(&ring.Header{Tag: 1, Len: 8}).Put(b[:])
+			binary.LittleEndian.PutUint32(b[:], ring.Seal(p.out.Pos()+ring.Align, false, false))
+			p.out.Write(b[:])
+			p.out.Write(make([]byte, 8))
+			p.out.Publish()
+			p.peerBell.Ring()
+			p.wmu.Unlock()
+		}, false},
+		{"whole record longer than the ring", func(ts []*Transport) {
+			p := ts[2].peers[1].Load()
+			p.wmu.Lock()
+			var b [ring.HeaderSize]byte
+			(&ring.Header{Tag: 1, Len: 1 << 40}).Put(b[:])
+			binary.LittleEndian.PutUint32(b[:], ring.Seal(p.out.Pos(), false, true))
+			p.out.Write(b[:])
+			p.peerBell.Ring() // sealed but never published: the seal alone announces it
+			p.wmu.Unlock()
+		}, false},
 		{"huge length", func(ts []*Transport) {
 			p := ts[2].peers[1].Load()
 			p.wmu.Lock()
 			h := ring.Header{Tag: 1, Len: 1 << 50}
-			var b [ring.HeaderSize]byte
-			h.Put(b[:])
-			p.out.Write(b[:])
+			p.out.WriteHeader(&h)
 			p.out.Publish()
 			p.peerBell.Ring()
 			p.wmu.Unlock()

@@ -65,8 +65,7 @@ type peer struct {
 
 	// write side
 	wmu          sync.Mutex
-	wdead        bool // the region is about to be unmapped (guarded by wmu)
-	hdr          [ring.HeaderSize]byte
+	wdead        bool          // the region is about to be unmapped (guarded by wmu)
 	outWarm      bool          // the outbound ring's pages are mapped (guarded by wmu)
 	spaceCh      chan struct{} // capacity 1: the outbound tail moved
 	spaceWaiting atomic.Bool
@@ -108,6 +107,10 @@ type peer struct {
 	rmu        sync.Mutex
 	rdead      bool          // the region is about to be unmapped (guarded by rmu)
 	deliveries uint64        // records delivered to the mailbox (guarded by rmu)
+	polls      uint64        // polls of the ring by receivers (guarded by rmu)
+	lastTake   atomic.Int64  // when the last receive that took its record from the ring began to poll (nanotime)
+	lazyArmed  atomic.Bool   // lazyKick is set to run
+	lazyKick   *time.Timer   // wakes the reader once receives stop taking records
 	pollers    atomic.Int32  // application goroutines polling the ring
 	pspin      pollSpin      // how they spin
 	needed     atomic.Bool   // a poller met a record it leaves to the reader
@@ -177,6 +180,8 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		wspin:      spinner{budget: maxPoll},
 	}
 	p.pspin.init()
+	p.lazyKick = time.AfterFunc(time.Hour, p.lazyWake)
+	p.lazyKick.Stop()
 	if t.cfg.remoteMin > 0 && p.pid > 0 {
 		p.outR.SetProbe(uint64(uintptr(unsafe.Pointer(t.probe))), *t.probe)
 	}
@@ -302,6 +307,15 @@ func (s *pollSpin) idle() {
 
 // served records a delivery and starts the next wait.
 func (s *pollSpin) served() {
+	s.adapt()
+	s.begin()
+}
+
+// took records a delivery that ends the wait: the next starts with begin.
+func (s *pollSpin) took() { s.adapt() }
+
+// adapt updates the budget by how the wait ended.
+func (s *pollSpin) adapt() {
 	b := s.budget.Load()
 	switch y := s.yields.Load(); {
 	case s.waits.Add(1)%probeEvery == 0:
@@ -314,7 +328,6 @@ func (s *pollSpin) served() {
 		b = min(2*b+int64(time.Microsecond), int64(maxPoll))
 	}
 	s.budget.Store(b)
-	s.begin()
 }
 
 // ---- send side ----
@@ -348,7 +361,6 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 		warm(p.outR, unix.MADV_POPULATE_WRITE)
 	}
 	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h}
-	rh.Put(p.hdr[:])
 	pad := ring.Pad(uint64(len(b)))
 	size := p.outR.Size()
 	want := min(uint64(ring.HeaderSize+len(b))+pad, size)
@@ -356,7 +368,15 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	if err != nil {
 		return err
 	}
-	p.out.Write(p.hdr[:])
+	if len(b) <= firstPiece && space >= uint64(ring.HeaderSize+len(b))+pad {
+		// Sealed whole: a receiver polling the record's first word reads
+		// all of it without waiting for head.
+		p.out.WriteRecord(&rh, b)
+		p.out.Publish()
+		p.peerBell.Ring()
+		return nil
+	}
+	p.out.WriteHeader(&rh)
 	space -= ring.HeaderSize
 	written := uint64(0)
 	for {
@@ -418,14 +438,13 @@ func warm(r *ring.Ring, advice int) {
 // read b from this process's memory. Called with wmu held.
 func (p *peer) sendRemote(tag uint32, h transport.Header, b []byte) error {
 	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h, Remote: true}
-	rh.Put(p.hdr[:])
 	p.pin.Pin(&b[0]) // b cannot move (nor, escaping, live on a stack) meanwhile
 	defer p.pin.Unpin()
 	binary.LittleEndian.PutUint64(p.desc[:], uint64(uintptr(unsafe.Pointer(&b[0]))))
 	if _, err := p.waitSpace(ring.HeaderSize + ring.RemoteSize); err != nil {
 		return err
 	}
-	p.out.Write(p.hdr[:])
+	p.out.WriteHeader(&rh)
 	p.out.Write(p.desc[:])
 	p.out.Publish()
 	p.peerBell.Ring()
@@ -655,6 +674,9 @@ func (p *peer) pollOutbound() {
 // wait waits until at least need bytes can be read from the inbound ring,
 // polling briefly and then parking on this rank's doorbell.
 func (p *peer) wait(need uint64) (uint64, error) {
+	if a := p.in.Known(); a >= need {
+		return a, nil // a whole record's seal, or the head seen before
+	}
 	start := time.Now()
 	parked := false
 	for i := 0; ; i++ {
@@ -795,7 +817,7 @@ func (p *peer) idle() error {
 			start, i = time.Now(), 0
 			continue
 		}
-		if p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize {
+		if p.arrived() || (i%headEvery == headEvery-1 && p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize) {
 			if i > 0 {
 				p.rspin.done(!parked)
 			}
@@ -808,7 +830,7 @@ func (p *peer) idle() error {
 		}
 		parked = true
 		seq := p.myBell.Prepare()
-		if p.inR.HeadHint()-p.tailPos.Load() < ring.HeaderSize && p.pollers.Load() == 0 &&
+		if !p.arrived() && p.inR.HeadHint()-p.tailPos.Load() < ring.HeaderSize && p.pollers.Load() == 0 &&
 			!p.t.closing.Load() && !p.lost.Load() && !p.gone.Load() {
 			p.pollOutbound()
 			p.myBell.Wait(seq, parkMax)
@@ -817,6 +839,17 @@ func (p *peer) idle() error {
 		start = time.Now()
 	}
 }
+
+// headEvery is how many polls of a record's seal go by between looks at
+// the producer's head, which catch a header published without its seal (a
+// corrupt ring) and otherwise only bring the head's cache line over.
+const headEvery = 64
+
+// arrived reports, without the consumer lock, whether the next record's
+// header is in place: its seal, on the cache line the record comes in,
+// rather than the producer's head, whose line the producer would then
+// have to take back at its next publish.
+func (p *peer) arrived() bool { return p.inR.SealedAt(p.tailPos.Load()) }
 
 // drain delivers every record whose header has arrived, waiting for the
 // rest of one that is still coming; while receivers poll, only the one
@@ -830,16 +863,17 @@ func (p *peer) drain() bool {
 		} else if p.pollers.Load() > 0 {
 			return true // the pollers take it from here
 		}
-		a, err := p.in.Avail()
+		ok, err := p.in.Next(true)
 		if err != nil {
 			p.readEnded(err, nil, true)
 			return false
 		}
-		if a < ring.HeaderSize {
+		if !ok {
 			return true
 		}
+		pos := p.in.Pos()
 		p.in.Read(hb[:])
-		h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame))
+		h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame), pos)
 		if err != nil {
 			p.readEnded(err, nil, false)
 			return false
@@ -871,15 +905,16 @@ func (p *peer) progress() bool {
 	}
 	p.pollOutbound()
 	var hb [ring.HeaderSize]byte
-	a, err := p.in.Avail()
-	if err != nil || a < ring.HeaderSize {
+	p.polls++
+	ok, err := p.in.Next(p.polls%headEvery == 0)
+	if err != nil || !ok {
 		if err != nil {
 			p.needReader()
 		}
 		return false
 	}
 	p.in.PeekInto(hb[:])
-	h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame))
+	h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame), p.in.Pos())
 	if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) {
 		p.needReader()
 		return false
@@ -908,10 +943,15 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 	if p.pollers.Add(1) == 1 {
 		p.pspin.begin()
 	}
-	defer p.endPoll()
+	took := false
+	defer func() {
+		if !took {
+			p.endPoll(false, false)
+		}
+	}()
 	var hb [ring.HeaderSize]byte
 	checked, seen := false, uint64(0)
-	start := nanotime()
+	start := p.pspin.since.Load()
 	for i := 1; ; i++ {
 		if p.rmu.TryLock() {
 			if p.rdead {
@@ -929,10 +969,11 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 				p.probeRemote()
 			}
 			p.pollOutbound()
-			a, err := p.in.Avail()
-			if err == nil && a >= ring.HeaderSize {
+			p.polls++
+			ok, err := p.in.Next(p.polls%headEvery == 0)
+			if err == nil && ok {
 				p.in.PeekInto(hb[:])
-				h, err := ring.ParseHeader(hb[:], uint64(t.cfg.maxFrame))
+				h, err := ring.ParseHeader(hb[:], uint64(t.cfg.maxFrame), p.in.Pos())
 				if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) {
 					p.needReader()
 					p.rmu.Unlock()
@@ -940,7 +981,8 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 				}
 				p.in.Skip(ring.HeaderSize)
 				if h.Tag == tag && (h.Len == limit || (!exact && h.Len < limit)) {
-					p.pspin.served()
+					p.pspin.took()
+					took = true
 					return h, true
 				}
 				// Another receive's record, or one this receive is to
@@ -974,10 +1016,10 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 }
 
 // finishTake ends a receive that takeNext let through, once the caller
-// has read n payload bytes (err: why it could not): it drops the padding,
-// returns the credit and releases rmu. It reports whether the link is
-// still whole; when it is not, readEnded has run, and the mailbox's path
-// reports the error.
+// has read the payload (err: why it could not): it drops the padding,
+// releases rmu, returns the credit and ends the receive's polling. It
+// reports whether the link is still whole; when it is not, readEnded has
+// run, and the mailbox's path reports the error.
 func (p *peer) finishTake(h ring.Header, err error) bool {
 	if err == nil {
 		err = p.skip(ring.Pad(h.Len))
@@ -985,20 +1027,58 @@ func (p *peer) finishTake(h ring.Header, err error) bool {
 	if err != nil {
 		p.readEnded(err, nil, false)
 		p.rmu.Unlock()
+		p.endPoll(false, false)
 		return false
 	}
 	p.release()
+	more, _ := p.in.Next(false)
 	p.rmu.Unlock()
 	p.consumed(int(h.Len))
+	p.endPoll(true, more)
 	return true
 }
 
 // endPoll ends a goroutine's polling of the ring: the last poller to stop
-// wakes the reader.
-func (p *peer) endPoll() {
-	if p.pollers.Add(-1) == 0 {
-		signal(p.kick)
+// wakes the reader — at once, unless it stops because it took the record
+// it waited for (took), nothing else has arrived (more) and no other
+// receive from the peer waits. Then the next receive most likely comes before the next
+// record, and polls for it itself: waking the reader now would only make
+// it run to find that out (a goroutine switch and a park per message). It
+// is woken lazyDelay after the last such receive instead, in case none
+// comes: records that arrive meanwhile wait in the ring, which the next
+// receive reads first, or until the reader drains them.
+func (p *peer) endPoll(took, more bool) {
+	if p.pollers.Add(-1) != 0 {
+		return
 	}
+	if !took || more || p.t.box.Waiting(p.rank) {
+		signal(p.kick)
+		return
+	}
+	p.lastTake.Store(p.pspin.since.Load())
+	if !p.lazyArmed.Swap(true) {
+		p.lazyKick.Reset(lazyDelay)
+	}
+}
+
+// lazyDelay is how long after a receive took its record from the ring the
+// reader is woken if no other receive polls meanwhile.
+const lazyDelay = 50 * time.Microsecond
+
+// lazyWake is lazyKick's function: it wakes the reader if no receive has
+// polled for lazyDelay, and looks again later otherwise.
+func (p *peer) lazyWake() {
+	p.lazyArmed.Store(false)
+	if p.pollers.Load() > 0 {
+		return // their endPoll wakes the reader or arms the timer again
+	}
+	if d := time.Duration(nanotime() - p.lastTake.Load()); d < lazyDelay {
+		if !p.lazyArmed.Swap(true) {
+			p.lazyKick.Reset(lazyDelay - d)
+		}
+		return
+	}
+	signal(p.kick)
 }
 
 // needReader wakes the reader for a record the pollers leave to it,
@@ -1358,5 +1438,6 @@ func (p *peer) unmap() {
 	p.fmu.Lock()
 	p.fdead = true
 	p.fmu.Unlock()
+	p.lazyKick.Stop()
 	unix.Munmap(p.region)
 }

@@ -480,7 +480,7 @@ func (x poller) Begin(src int) {
 // End implements mailbox.Poller: the last poller to stop wakes the reader.
 func (x poller) End(src int) {
 	if p := x.peer(src); p != nil {
-		p.endPoll()
+		p.endPoll(false, false)
 	}
 }
 

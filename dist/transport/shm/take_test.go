@@ -187,3 +187,59 @@ func TestTakeRefusesTooLong(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "next", string(dst[:n]))
 }
+
+// TestReaderDrainsAfterTake: after a receive took its message straight
+// from the ring, the reader still drains what arrives while nobody
+// receives — more than the ring holds — so the sender never waits for a
+// receive it does not need (the queue limit allows it), and a receive
+// blocked on another tag is served.
+func TestReaderDrainsAfterTake(t *testing.T) {
+	ts := mesh(t, 2, WithRingSize(64<<10))
+	defer ts[1].Close()
+	defer ts[0].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// A ping-pong leaves rank 1 with no receive polling the ring.
+	buf := make([]byte, 8)
+	for range 100 {
+		require.NoError(t, ts[0].Send(ctx, 1, 1, transport.Header{}, buf))
+		_, _, err := ts[1].RecvInto(ctx, 0, 1, buf)
+		require.NoError(t, err)
+	}
+	// 1 MiB in 4 KiB messages through a 64 KiB ring, nobody receiving.
+	msg := make([]byte, 4<<10)
+	start := time.Now()
+	for i := range 256 {
+		msg[0] = byte(i)
+		require.NoError(t, ts[0].Send(ctx, 1, 2, transport.Header{}, msg))
+	}
+	t.Logf("sent 1 MiB with no receive in %v", time.Since(start))
+	for i := range 256 {
+		_, n, err := ts[1].RecvInto(ctx, 0, 2, msg)
+		require.NoError(t, err)
+		require.Equal(t, 4<<10, n)
+		require.Equal(t, byte(i), msg[0])
+	}
+
+	// A receive that stops polling and blocks is served by the reader,
+	// even while another receive takes records from the ring.
+	got := make(chan error, 1)
+	go func() {
+		_, _, err := ts[1].RecvInto(ctx, 0, 3, make([]byte, 8))
+		got <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // well past the spin: it blocks
+	for range 10 {
+		require.NoError(t, ts[0].Send(ctx, 1, 1, transport.Header{}, buf))
+		_, _, err := ts[1].RecvInto(ctx, 0, 1, buf)
+		require.NoError(t, err)
+	}
+	require.NoError(t, ts[0].Send(ctx, 1, 3, transport.Header{}, buf))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the blocked receive was not served")
+	}
+}

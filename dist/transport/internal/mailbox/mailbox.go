@@ -28,6 +28,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -82,6 +83,7 @@ type source struct {
 	space   chan struct{} // capacity wakeCap: "bytes were dequeued", one token per waiting Put
 	waiters int           // Puts waiting for space
 	err     error         // set when the source left; Gets on empty queues return it
+	gets    atomic.Int32  // Gets and GetIntos waiting for a message from this source
 }
 
 // wakeCap bounds how many waiting Puts one dequeue wakes directly; further
@@ -415,6 +417,7 @@ func (m *Mailbox[M]) Get(ctx context.Context, src int, tag uint32) (M, error) {
 			return zero, err
 		}
 		q.waiters++
+		m.sources[src].gets.Add(1)
 		notify := q.notify
 		m.mu.Unlock()
 		var err error
@@ -428,6 +431,7 @@ func (m *Mailbox[M]) Get(ctx context.Context, src int, tag uint32) (M, error) {
 		}
 		m.mu.Lock()
 		q.waiters--
+		m.sources[src].gets.Add(-1)
 		if err != nil {
 			m.release(k, q)
 			m.mu.Unlock()
@@ -504,6 +508,7 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 			p.state = postPosted
 		}
 		q.waiters++
+		m.sources[src].gets.Add(1)
 		notify := q.notify
 		m.mu.Unlock()
 		var cerr error
@@ -518,6 +523,7 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 		}
 		m.mu.Lock()
 		q.waiters--
+		m.sources[src].gets.Add(-1)
 		if cerr != nil && p.state != postClaimed && p.state != postDone {
 			unpost()
 			m.release(k, q)
@@ -544,6 +550,12 @@ func (m *Mailbox[M]) Quiet(src int, tag uint32) bool {
 	}
 	q := m.lookup(key{src, tag})
 	return q == nil || (q.empty() && q.posted == nil && q.waiters == 0)
+}
+
+// Waiting reports whether a Get, GetInto or GetReduce waits for a message
+// from src (polling or blocked). It takes no lock.
+func (m *Mailbox[M]) Waiting(src int) bool {
+	return src >= 0 && src < len(m.sources) && m.sources[src].gets.Load() > 0
 }
 
 // newPost returns a posted-receive record for dst; called with mu held.

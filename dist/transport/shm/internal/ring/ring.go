@@ -18,19 +18,22 @@ const (
 	// lines, so the adjacent-line prefetcher does not couple them).
 	line = 128
 
-	offHead       = 0          // u64, producer: bytes written
-	offSpaceWait  = 8          // u32, producer: a sender waits for ring space
-	offCreditWait = 12         // u32, producer: a sender waits for credit
-	offBeat       = 16         // u64, producer: its heartbeat counter
-	offAckWait    = 24         // u32, producer: a sender waits for a remote record's ack
-	offProbe      = 32         // u64, producer: address of a word in its memory (remote reads probe)
-	offProbeVal   = 40         // u64, producer: that word's value
-	offTail       = line       // u64, consumer: bytes read
-	offFreed      = line + 8   // u64, consumer: payload bytes its application took (credit)
-	offAck        = line + 16  // u64, consumer: remote records it has finished reading
-	offRemoteOK   = line + 24  // u32, consumer: it can read the producer's memory
-	offBell       = 2 * line   // u32: the consumer's doorbell (a futex word)
-	offSleeping   = 2*line + 4 // u32, consumer: parked (or about to park) on the bell
+	offHead     = 0          // u64, producer: bytes written
+	offBeat     = 16         // u64, producer: its heartbeat counter
+	offProbe    = 32         // u64, producer: address of a word in its memory (remote reads probe)
+	offProbeVal = 40         // u64, producer: that word's value
+	offTail     = line       // u64, consumer: bytes read
+	offFreed    = line + 8   // u64, consumer: payload bytes its application took (credit)
+	offAck      = line + 16  // u64, consumer: remote records it has finished reading
+	offRemoteOK = line + 24  // u32, consumer: it can read the producer's memory
+	offBell     = 2 * line   // u32: the consumer's doorbell (a futex word)
+	offSleeping = 2*line + 4 // u32, consumer: parked (or about to park) on the bell
+	// The producer's wait flags, which the consumer reads as it consumes,
+	// on a line of their own: on head's, each read would take the line
+	// from the producer, which writes head at every publish.
+	offSpaceWait  = 3 * line   // u32, producer: a sender waits for ring space
+	offCreditWait = 3*line + 4 // u32, producer: a sender waits for credit
+	offAckWait    = 3*line + 8 // u32, producer: a sender waits for a remote record's ack
 
 	// MinSize and MaxSize bound a ring's data area; sizes are powers of two.
 	MinSize = 4 << 10
@@ -185,8 +188,8 @@ func (p *Producer) Ring() *Ring { return p.r }
 // consumer's tail.
 func (p *Producer) Space() (uint64, error) {
 	t := p.r.u64(offTail).Load()
-	if t < p.tail || t > p.pub {
-		return 0, fmt.Errorf("%w: tail %d outside [%d, %d]", ErrCorrupt, t, p.tail, p.pub)
+	if t < p.tail || t > p.head { // a sealed record may be read before head says so
+		return 0, fmt.Errorf("%w: tail %d outside [%d, %d]", ErrCorrupt, t, p.tail, p.head)
 	}
 	p.tail = t
 	return p.r.Size() - (p.head - t), nil
@@ -211,6 +214,50 @@ func (p *Producer) Write(b []byte) {
 	}
 }
 
+// Pos returns how many bytes the producer has written (published or not).
+func (p *Producer) Pos() uint64 { return p.head }
+
+// WriteHeader writes the header of a record whose payload follows in later
+// Writes, and seals it: its first word, stored last and atomically, names
+// its position (see Seal), so that a consumer that finds the seal may read
+// the header before head is published. HeaderSize must not exceed the
+// last Space (or Known) minus what was written since.
+func (p *Producer) WriteHeader(h *Header) {
+	pos := p.head
+	var b [HeaderSize]byte
+	h.Put(b[:])
+	p.head += 4
+	p.Write(b[4:])
+	p.word(pos).Store(Seal(pos, h.Remote, false))
+}
+
+// WriteRecord writes a whole record — the header h, payload and the
+// padding after it — and seals it as whole: a consumer that finds the
+// seal may read all of it before head is published. HeaderSize+len(payload)
+// plus the padding must not exceed the last Space (or Known) minus what
+// was written since; h.Len must be len(payload).
+func (p *Producer) WriteRecord(h *Header, payload []byte) {
+	pos := p.head
+	var b [HeaderSize]byte
+	h.Put(b[:])
+	p.head += 4
+	p.Write(b[4:])
+	p.Write(payload)
+	p.Write(zeroPad[:Pad(uint64(len(payload)))])
+	p.word(pos).Store(Seal(pos, h.Remote, true))
+}
+
+// zeroPad is the padding after a payload.
+var zeroPad [Align]byte
+
+// word is the 4-byte word at position pos of the data area, which must be
+// a multiple of Align (a record header's first word).
+func (r *Ring) word(pos uint64) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&r.data[pos&r.mask]))
+}
+
+func (p *Producer) word(pos uint64) *atomic.Uint32 { return p.r.word(pos) }
+
 // Publish makes what was written visible to the consumer. It reports
 // whether anything new was published.
 func (p *Producer) Publish() bool {
@@ -227,7 +274,8 @@ type Consumer struct {
 	r    *Ring
 	tail uint64 // private: bytes read
 	pub  uint64 // tail last published
-	head uint64 // the producer's head, as last checked
+	head uint64 // how far the ring is known to be readable: the head, or the end of a sealed record
+	seen uint64 // the producer's head, as last checked
 }
 
 // NewConsumer returns the consumer side of r, which must be fresh.
@@ -240,12 +288,56 @@ func (c *Consumer) Ring() *Ring { return c.r }
 // producer's head.
 func (c *Consumer) Avail() (uint64, error) {
 	h := c.r.u64(offHead).Load()
-	if h < c.head || h-c.pub > c.r.Size() {
-		return 0, fmt.Errorf("%w: head %d outside [%d, %d]", ErrCorrupt, h, c.head, c.pub+c.r.Size())
+	if h < c.seen || h > c.pub+c.r.Size() {
+		return 0, fmt.Errorf("%w: head %d outside [%d, %d]", ErrCorrupt, h, c.seen, c.pub+c.r.Size())
 	}
-	c.head = h
-	return h - c.tail, nil
+	c.seen = h
+	c.head = max(c.head, h)
+	return c.head - c.tail, nil
 }
+
+// Known returns how many bytes can be read by what the consumer already
+// knows (the head as last checked, a whole record's seal), without reading
+// the producer's head: a lower bound of Avail.
+func (c *Consumer) Known() uint64 { return c.head - c.tail }
+
+// Next reports whether the header of the next record can be read: the
+// ring is known to hold it, or its seal is in place (which a waiting
+// consumer polls instead of the producer's head: it is on the cache line
+// the record comes in), or, if head is set, the producer's head says so
+// (Avail) — a header published without its seal is corrupt, which
+// ParseHeader then reports. A whole record's seal also makes its payload
+// readable. It fails with ErrCorrupt when a whole record's length cannot
+// be right or the head is.
+func (c *Consumer) Next(head bool) (bool, error) {
+	if c.head-c.tail >= HeaderSize {
+		return true, nil
+	}
+	w := c.r.word(c.tail).Load()
+	if !sealedAt(w, c.tail) {
+		if !head {
+			return false, nil
+		}
+		a, err := c.Avail()
+		return a >= HeaderSize, err
+	}
+	end := c.tail + HeaderSize
+	if w&wholeBit != 0 {
+		var lb [8]byte
+		c.peekAt(c.tail+8, lb[:])
+		n := binary.LittleEndian.Uint64(lb[:])
+		if n > c.r.Size()-HeaderSize-Pad(n) {
+			return false, fmt.Errorf("%w: whole record of %d bytes in a ring of %d", ErrCorrupt, n, c.r.Size())
+		}
+		end += n + Pad(n)
+	}
+	c.head = max(c.head, end)
+	return true, nil
+}
+
+// SealedAt reports whether the header of a record at position pos is in
+// place, unchecked: a hint for a waiter that does not hold the consumer.
+func (r *Ring) SealedAt(pos uint64) bool { return sealedAt(r.word(pos).Load(), pos) }
 
 // Read copies len(dst) bytes out of the ring; len(dst) must not exceed the
 // last Avail minus what was read since. It does not release the space.
@@ -268,8 +360,10 @@ func (r *Ring) HeadHint() uint64 { return r.u64(offHead).Load() }
 // PeekInto copies the next len(dst) bytes Read would copy into dst without
 // consuming them; len(dst) must not exceed the last Avail minus what was
 // read since.
-func (c *Consumer) PeekInto(dst []byte) {
-	t := c.tail
+func (c *Consumer) PeekInto(dst []byte) { c.peekAt(c.tail, dst) }
+
+// peekAt copies len(dst) bytes from position t of the ring into dst.
+func (c *Consumer) peekAt(t uint64, dst []byte) {
 	for len(dst) > 0 {
 		i := t & c.r.mask
 		n := copy(dst, c.r.data[i:])
@@ -309,14 +403,10 @@ const (
 	Align = 8
 	// HeaderSize is the size of a record header.
 	HeaderSize = 32
-	// Magic starts every record header whose payload follows in the ring.
-	Magic uint32 = 0x4d534447 // "GDSM" little-endian
-	// MagicRemote starts a remote record: instead of the payload, the
-	// ring holds RemoteSize bytes, the address of the payload in the
+	// RemoteSize is the size of a remote record's body in the ring:
+	// instead of the payload, the address of the payload in the
 	// producer's memory, which the consumer reads with process_vm_readv
 	// and then acknowledges (Ack).
-	MagicRemote uint32 = 0x52534447 // "GDSR"
-	// RemoteSize is the size of a remote record's body in the ring.
 	RemoteSize = 8
 )
 
@@ -333,14 +423,40 @@ type Header struct {
 	Remote bool // a remote record
 }
 
-// Put encodes h into b[:HeaderSize].
+// Seal is the first word of the header of a record at position pos: a
+// flag, whether the record is remote and whether it was written whole
+// before it was sealed (WriteRecord), and bits of pos/Align, which a record
+// of an earlier lap of the ring cannot share with it (the ring is smaller
+// than 1<<posBits Align-byte units).
+func Seal(pos uint64, remote, whole bool) uint32 {
+	w := sealBit | uint32(pos/Align)&posMask
+	if remote {
+		w |= remoteBit
+	}
+	if whole {
+		w |= wholeBit
+	}
+	return w
+}
+
+// The bits of a seal.
+const (
+	sealBit   = 1 << 31
+	wholeBit  = 1 << 30
+	remoteBit = 1 << 29
+	posBits   = 29
+	posMask   = 1<<posBits - 1
+)
+
+func sealedAt(w uint32, pos uint64) bool {
+	return w&sealBit != 0 && w&posMask == uint32(pos/Align)&posMask
+}
+
+// Put encodes h into b[:HeaderSize] with its first word zero: the
+// producer writes that word, the seal, last (WriteHeader, WriteRecord).
 func (h *Header) Put(b []byte) {
 	_ = b[HeaderSize-1]
-	m := Magic
-	if h.Remote {
-		m = MagicRemote
-	}
-	binary.LittleEndian.PutUint32(b[0:], m)
+	binary.LittleEndian.PutUint32(b[0:], 0)
 	binary.LittleEndian.PutUint32(b[4:], h.Tag)
 	binary.LittleEndian.PutUint64(b[8:], h.Len)
 	copy(b[16:32], h.Meta[:])
@@ -349,15 +465,16 @@ func (h *Header) Put(b []byte) {
 // ErrTooLarge is returned by ParseHeader for a record longer than allowed.
 var ErrTooLarge = errors.New("ring: record too large")
 
-// ParseHeader decodes and checks the header in b[:HeaderSize]; its length
+// ParseHeader decodes and checks the header in b[:HeaderSize], read at
+// position pos: it must carry the seal of that position, and its length
 // must not exceed max.
-func ParseHeader(b []byte, max uint64) (Header, error) {
+func ParseHeader(b []byte, max, pos uint64) (Header, error) {
 	_ = b[HeaderSize-1]
 	m := binary.LittleEndian.Uint32(b[0:])
-	if m != Magic && m != MagicRemote {
-		return Header{}, fmt.Errorf("%w: record magic %#x", ErrCorrupt, m)
+	if !sealedAt(m, pos) {
+		return Header{}, fmt.Errorf("%w: record seal %#x at position %d", ErrCorrupt, m, pos)
 	}
-	h := Header{Tag: binary.LittleEndian.Uint32(b[4:]), Len: binary.LittleEndian.Uint64(b[8:]), Remote: m == MagicRemote}
+	h := Header{Tag: binary.LittleEndian.Uint32(b[4:]), Len: binary.LittleEndian.Uint64(b[8:]), Remote: m&remoteBit != 0}
 	copy(h.Meta[:], b[16:32])
 	if h.Len > max {
 		return Header{}, fmt.Errorf("%w: %w: %d bytes, limit %d", ErrCorrupt, ErrTooLarge, h.Len, max)

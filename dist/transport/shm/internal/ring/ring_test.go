@@ -4,6 +4,7 @@ package ring
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"testing"
 
@@ -70,14 +71,18 @@ func TestChecks(t *testing.T) {
 	var b [HeaderSize]byte
 	h := Header{Tag: 7, Len: 1 << 20, Meta: [16]byte{1, 2}, Remote: true}
 	h.Put(b[:])
-	got, err := ParseHeader(b[:], 1<<20)
+	_, err = ParseHeader(b[:], 1<<20, 0)
+	require.ErrorIs(t, err, ErrCorrupt, "no seal")
+	binary.LittleEndian.PutUint32(b[:], Seal(64, true, false))
+	got, err := ParseHeader(b[:], 1<<20, 64)
 	require.NoError(t, err)
 	require.Equal(t, h, got)
-	_, err = ParseHeader(b[:], 1<<20-1)
+	_, err = ParseHeader(b[:], 1<<20-1, 64)
 	require.True(t, errors.Is(err, ErrTooLarge) && errors.Is(err, ErrCorrupt))
-	b[0] ^= 1
-	_, err = ParseHeader(b[:], 1<<20)
-	require.ErrorIs(t, err, ErrCorrupt)
+	_, err = ParseHeader(b[:], 1<<20, 72)
+	require.ErrorIs(t, err, ErrCorrupt, "the seal of another position")
+	_, err = ParseHeader(b[:], 1<<20, 64+MaxSize)
+	require.ErrorIs(t, err, ErrCorrupt, "the seal of another lap")
 
 	require.Error(t, CheckSize(MinSize+1))
 	require.Error(t, CheckSize(MinSize/2))
@@ -106,8 +111,9 @@ func FuzzConsumer(f *testing.F) {
 			require.LessOrEqual(t, a, uint64(MinSize))
 			if a >= HeaderSize {
 				var hb [HeaderSize]byte
+				pos := c.Pos()
 				c.Read(hb[:])
-				if _, err := ParseHeader(hb[:], 1<<20); err != nil {
+				if _, err := ParseHeader(hb[:], 1<<20, pos); err != nil {
 					require.ErrorIs(t, err, ErrCorrupt)
 				}
 				a -= HeaderSize
@@ -122,4 +128,66 @@ func FuzzConsumer(f *testing.F) {
 			require.ErrorIs(t, err, ErrCorrupt)
 		}
 	})
+}
+
+// TestSealedRecords: a whole record's seal lets the consumer read it before
+// head is published, a header's seal only the header; seals left from the
+// ring's previous lap are never taken for new ones; and the producer
+// accepts a tail past its published head (a sealed record read early).
+func TestSealedRecords(t *testing.T) {
+	const size = MinSize
+	p, c, r := newPair(t, size)
+	for i := range 2000 {
+		n := (i * 53) % 300
+		payload := make([]byte, n)
+		for k := range payload {
+			payload[k] = byte(i ^ k)
+		}
+		ok, err := c.Next(false)
+		require.NoError(t, err)
+		require.False(t, ok, "record %d: nothing written yet", i)
+		s, err := p.Space()
+		require.NoError(t, err)
+		require.Equal(t, uint64(size), s)
+		h := Header{Tag: uint32(i), Len: uint64(n), Meta: [16]byte{byte(i)}}
+		whole := i%3 != 0
+		if whole {
+			p.WriteRecord(&h, payload)
+		} else {
+			p.WriteHeader(&h)
+			p.Write(payload)
+			p.Write(make([]byte, Pad(uint64(n))))
+		}
+		ok, err = c.Next(false)
+		require.NoError(t, err)
+		require.True(t, ok, "record %d: sealed", i)
+		if whole {
+			require.Equal(t, uint64(HeaderSize+n)+Pad(uint64(n)), c.Known(), "record %d: known whole", i)
+		} else {
+			require.Equal(t, uint64(HeaderSize), c.Known(), "record %d: only the header is known", i)
+			p.Publish()
+			a, err := c.Avail()
+			require.NoError(t, err)
+			require.Equal(t, uint64(HeaderSize+n)+Pad(uint64(n)), a)
+		}
+		var hb [HeaderSize]byte
+		pos := c.Pos()
+		c.Read(hb[:])
+		got, err := ParseHeader(hb[:], 1<<20, pos)
+		require.NoError(t, err)
+		require.Equal(t, h, got)
+		out := make([]byte, n)
+		c.Read(out)
+		require.Equal(t, payload, out)
+		c.Skip(Pad(uint64(n)))
+		c.Release()
+		if i%2 == 0 {
+			p.Publish() // late, or not until the next record
+		}
+	}
+	p.Publish()
+	a, err := c.Avail()
+	require.NoError(t, err)
+	require.Zero(t, a)
+	require.False(t, r.SealedAt(c.Pos()))
 }
