@@ -26,6 +26,7 @@ const joinSlots = 8
 type p2pJoins struct {
 	mu     sync.Mutex
 	slots  [joinSlots]atomic.Pointer[p2pJoin]
+	last   atomic.Pointer[p2pJoin] // the join the last hold found: most calls repeat it
 	tick   atomic.Uint64
 	closed bool // guarded by mu
 }
@@ -94,9 +95,14 @@ func (j *p2pJoins) hold(parent, fail context.Context) (context.Context, p2pHold)
 
 // find takes the kept join of parent, if there is one.
 func (j *p2pJoins) find(parent context.Context) *p2pJoin {
+	if e := j.last.Load(); e != nil && e.parent == parent && e.take() {
+		e.used.Store(j.tick.Add(1))
+		return e
+	}
 	for i := range j.slots {
 		if e := j.slots[i].Load(); e != nil && e.parent == parent && e.take() {
 			e.used.Store(j.tick.Add(1))
+			j.last.Store(e)
 			return e
 		}
 	}
@@ -134,6 +140,7 @@ func (j *p2pJoins) add(parent, fail context.Context) *p2pJoin {
 		if !old.users.CompareAndSwap(0, joinDead) {
 			return nil // taken meanwhile: this call joins for itself
 		}
+		j.last.CompareAndSwap(old, nil)
 		old.undo()
 	}
 	c, cancel := context.WithCancel(parent)
@@ -153,6 +160,7 @@ func (j *p2pJoins) retire(e *p2pJoin) {
 	if e.ctx.Err() == nil || !e.users.CompareAndSwap(0, joinDead) {
 		return
 	}
+	j.last.CompareAndSwap(e, nil)
 	e.undo()
 	for i := range j.slots {
 		if j.slots[i].Load() == e {
@@ -179,6 +187,7 @@ func (j *p2pJoins) close() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.closed = true
+	j.last.Store(nil)
 	for i := range j.slots {
 		if e := j.slots[i].Load(); e != nil {
 			e.users.Or(joinDead)

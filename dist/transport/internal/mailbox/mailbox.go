@@ -84,6 +84,8 @@ type source struct {
 	waiters int           // Puts waiting for space
 	err     error         // set when the source left; Gets on empty queues return it
 	gets    atomic.Int32  // Gets and GetIntos waiting for a message from this source
+	msgs    atomic.Int32  // messages queued from this source
+	ended   atomic.Bool   // err is set, or the mailbox failed
 }
 
 // wakeCap bounds how many waiting Puts one dequeue wakes directly; further
@@ -345,6 +347,7 @@ func (m *Mailbox[M]) Put(ctx context.Context, src int, tag uint32, msg M, size i
 			room := m.limit > 0 && s.queued < m.limit
 			q := m.queue(key{src, tag})
 			q.msgs = append(q.msgs, item[M]{msg, size})
+			s.msgs.Add(1)
 			signal(q.notify)
 			m.mu.Unlock()
 			if waited && room {
@@ -388,6 +391,7 @@ func (m *Mailbox[M]) take(k key, q *queue[M]) M {
 	}
 	s := &m.sources[k.src]
 	s.queued -= it.size
+	s.msgs.Add(-1)
 	w := s.waiters
 	m.mu.Unlock()
 	wake(s.space, w)
@@ -543,6 +547,12 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 // nothing from src is delivered meanwhile (the producer counts its
 // deliveries to know).
 func (m *Mailbox[M]) Quiet(src int, tag uint32) bool {
+	if src >= 0 && src < len(m.sources) {
+		s := &m.sources[src]
+		if s.msgs.Load() == 0 && s.gets.Load() == 0 && !s.ended.Load() {
+			return true // nothing at all from src: no lock needed
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.err != nil || src < 0 || src >= len(m.sources) || m.sources[src].err != nil {
@@ -643,6 +653,7 @@ func (m *Mailbox[M]) closeSource(src int, err error, discard bool) {
 	first := s.err == nil
 	if first {
 		s.err = err
+		s.ended.Store(true)
 	}
 	for k, q := range m.queues {
 		if k.src != src {
@@ -655,6 +666,7 @@ func (m *Mailbox[M]) closeSource(src int, err error, discard bool) {
 				}
 				q.msgs[i] = item[M]{}
 			}
+			s.msgs.Add(-int32(len(q.msgs) - q.head))
 			q.msgs, q.head = q.msgs[:0], 0
 			s.queued = 0
 		}
@@ -684,6 +696,9 @@ func (m *Mailbox[M]) Fail(err error) bool {
 		return false
 	}
 	m.err = err
+	for i := range m.sources {
+		m.sources[i].ended.Store(true)
+	}
 	for k, q := range m.queues {
 		for i := q.head; i < len(q.msgs); i++ {
 			if m.drop != nil {
