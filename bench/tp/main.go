@@ -60,6 +60,7 @@ import (
 var opts struct {
 	reps    int
 	tokens  int
+	groups  int
 	only    string
 	profile string
 }
@@ -68,6 +69,7 @@ func main() {
 	part := flag.String("part", "cache", "cache, serve, tpgen, tptrain or allreduce")
 	flag.IntVar(&opts.reps, "reps", 5, "interleaved repetitions (the median is reported)")
 	flag.IntVar(&opts.tokens, "tokens", 64, "tokens generated per run")
+	flag.IntVar(&opts.groups, "groups", 0, "serve: groups of requests in flight in the pipeline (0: one per stage)")
 	flag.StringVar(&opts.only, "only", "", "run only the baseline (base) or only the parallel side (par), for profiles")
 	flag.StringVar(&opts.profile, "cpuprofile", "", "write each rank's CPU profile of the repetitions here ({rank}: the rank)")
 	flag.Parse()
@@ -309,7 +311,11 @@ func generation(ctx context.Context, pg *dist.ProcessGroup, cfg transformer.Conf
 		return nil, err
 	}
 	defer one.Close()
-	g, err := parallel.NewGenerator(ctx, pg, cfg, l, len(reqs))
+	var gopts []parallel.Option
+	if opts.groups > 0 {
+		gopts = append(gopts, parallel.WithGroups(opts.groups))
+	}
+	g, err := parallel.NewGenerator(ctx, pg, cfg, l, len(reqs), gopts...)
 	if err != nil {
 		return nil, err
 	}
