@@ -36,10 +36,15 @@
 // length) followed by its payload, streamed through the ring in chunks
 // while the receiver consumes them, so a message of any size passes a ring
 // of any size; the first 256 KiB of a record are published every 32 KiB,
-// so that the receiver copies while the sender writes. A receive that has
-// to wait (Recv, RecvInto, RecvReduce) first polls the ring itself and
-// delivers what arrives — into its own buffer, or to another receive or
-// the queue — on its own goroutine, with no hand-off. When no receive
+// so that the receiver copies while the sender writes. A header's first
+// word, stored last, seals it with the record's position (whole, for a
+// record of up to 32 KiB written at once): a waiting receiver polls that
+// word, on the cache line the record arrives in, rather than the ring's
+// head. A receive that has to wait (Recv, RecvInto, RecvReduce) first
+// polls the ring itself and delivers what arrives — into its own buffer
+// (straight from the ring when nothing for its source and tag is queued),
+// or to another receive or the queue — on its own goroutine, with no
+// hand-off. When no receive
 // polls, the receiving rank's reader goroutine for that peer delivers:
 // when a RecvInto is already waiting on the message's (source, tag) it
 // copies the payload from the ring straight into the caller's buffer;
