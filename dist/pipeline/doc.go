@@ -98,7 +98,10 @@
 // goroutine per run and whose Reset drops every intermediate tensor. The
 // executor runs the ops in the order a TapeMachine does (bitwise the same
 // results), keeps each op's output from one run to the next and writes into
-// it where the op allows (gorgonia.UsePreallocDoer), and runs a training
+// it where the op allows (gorgonia.UsePreallocDoer), runs Gorgonia's
+// matrix products itself — gonum's kernels on the same 64x64 blocks as
+// gonum's Sgemm and Dgemm, bitwise the same products, but on the calling
+// goroutine instead of one goroutine per block — and runs a training
 // graph in passes: the forward pass, then — once the next stage's gradient
 // of the output has arrived into an input node — the backward pass, or with
 // ZeroBubble the input-gradient pass and later the weight-gradient pass.

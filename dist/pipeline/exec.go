@@ -8,6 +8,7 @@ package pipeline
 // The executor runs the same ops in the order a TapeMachine does (the
 // reverse of gorgonia.Sort), keeps each op's output from one run to the
 // next and writes into it where the op allows (gorgonia.UsePreallocDoer),
+// runs matrix products without Gorgonia's op (gemm.go),
 // and can stop between passes — after the forward pass, after the
 // input-gradient pass — and carry on later, on the same goroutine.
 
@@ -17,6 +18,11 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
+
+// ownMatMuls says whether the executor runs Gorgonia's matrix products
+// itself (gemm.go) rather than through their op; tests turn it off to
+// compare the two.
+var ownMatMuls = true
 
 // program is one graph prepared for the executor: the op nodes that the
 // outputs of its passes depend on, in execution order, and each node's
@@ -30,6 +36,8 @@ type program struct {
 	loads  []int            // argument nodes (no op): their bound values are loaded when a run starts
 	passes [][]int          // op nodes of each pass, in execution order
 	buf    []gorgonia.Value // arguments of the op being run
+	mm     []matMul         // the matrix product node i computes, if isMM[i]
+	isMM   []bool           // node i is a matrix product the executor runs itself (gemm.go)
 }
 
 // compile prepares g's nodes for passes that compute outs[0], then
@@ -89,6 +97,13 @@ func compile(g *gorgonia.ExprGraph, outs ...gorgonia.Nodes) (*program, error) {
 		}
 		most = max(most, len(cs))
 	}
+	p.mm = make([]matMul, len(p.nodes))
+	p.isMM = make([]bool, len(p.nodes))
+	for i, n := range p.nodes {
+		if ownMatMuls && n.Op() != nil && len(p.args[i]) == 2 {
+			p.mm[i], p.isMM[i] = asMatMul(n.Op())
+		}
+	}
 	p.vals = make([]gorgonia.Value, len(p.nodes))
 	p.own = make([]bool, len(p.nodes))
 	p.buf = make([]gorgonia.Value, 0, most)
@@ -132,6 +147,14 @@ func (p *program) run(k int) error {
 
 // exec runs node i's op on its children's current values.
 func (p *program) exec(i int) error {
+	if p.isMM[i] {
+		args := p.args[i]
+		if v, ok := p.mm[i].run(p.vals[i], p.own[i], p.vals[args[0]], p.vals[args[1]]); ok {
+			p.vals[i] = v
+			p.own[i] = !sharesMemory(v, args, p.vals)
+			return nil
+		}
+	}
 	op := p.nodes[i].Op()
 	a := p.buf[:0]
 	for _, c := range p.args[i] {
