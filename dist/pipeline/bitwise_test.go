@@ -111,3 +111,32 @@ func TestOwnMatMulsBitwise(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightGradsAddedByPass: every weight gradient of an MLP stage (a
+// matrix product) is added to its parameter's gradient by the weight pass
+// itself, in every schedule; bias gradients (sums) are added afterwards.
+func TestWeightGradsAddedByPass(t *testing.T) {
+	sizes := []int{8, 8, 8}
+	for _, opts := range [][]Option{nil, {WithSchedule(ZeroBubble)}, {WithRecompute(true)}} {
+		errs := runRanks(t, 1, func(pg *dist.ProcessGroup) error {
+			pl, err := New(context.Background(), pg, func(g *gorgonia.ExprGraph) (Stage, error) {
+				return newMLPStage(g, sizes, 0, 2, 2, tensor.Float64), nil
+			}, append([]Option{WithMicroBatches(2), WithLoss(mseLoss)}, opts...)...)
+			if err != nil {
+				return err
+			}
+			defer pl.Close()
+			for _, s := range pl.chunks[0].train {
+				for j, i := range s.added {
+					if w := j%2 == 0; w != (i >= 0) {
+						return fmt.Errorf("parameter %d (%s): added by the pass: %v", j, s.params[j].Name(), i >= 0)
+					}
+				}
+			}
+			return nil
+		})
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+	}
+}

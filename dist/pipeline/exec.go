@@ -38,6 +38,11 @@ type program struct {
 	buf    []gorgonia.Value // arguments of the op being run
 	mm     []matMul         // the matrix product node i computes, if isMM[i]
 	isMM   []bool           // node i is a matrix product the executor runs itself (gemm.go)
+	// addTo[i], if set, is the gradient data ([]float32 or []float64)
+	// that node i's value is added to instead of being kept (see
+	// accumulateInto).
+	addTo   []any
+	scratch gemmScratch
 }
 
 // compile prepares g's nodes for passes that compute outs[0], then
@@ -104,6 +109,7 @@ func compile(g *gorgonia.ExprGraph, outs ...gorgonia.Nodes) (*program, error) {
 			p.mm[i], p.isMM[i] = asMatMul(n.Op())
 		}
 	}
+	p.addTo = make([]any, len(p.nodes))
 	p.vals = make([]gorgonia.Value, len(p.nodes))
 	p.own = make([]bool, len(p.nodes))
 	p.buf = make([]gorgonia.Value, 0, most)
@@ -149,7 +155,12 @@ func (p *program) run(k int) error {
 func (p *program) exec(i int) error {
 	if p.isMM[i] {
 		args := p.args[i]
-		if v, ok := p.mm[i].run(p.vals[i], p.own[i], p.vals[args[0]], p.vals[args[1]]); ok {
+		a, b := p.vals[args[0]], p.vals[args[1]]
+		if dst := p.addTo[i]; dst != nil {
+			if p.mm[i].add(dst, &p.scratch, a, b) {
+				return nil
+			}
+		} else if v, ok := p.mm[i].run(p.vals[i], p.own[i], a, b); ok {
 			p.vals[i] = v
 			p.own[i] = !sharesMemory(v, args, p.vals)
 			return nil
@@ -175,8 +186,23 @@ func (p *program) exec(i int) error {
 	}
 	p.vals[i] = v
 	p.own[i] = !sharesMemory(v, p.args[i], p.vals)
+	if dst := p.addTo[i]; dst != nil {
+		src, err := denseData(v)
+		if err != nil {
+			return err
+		}
+		return addInto(dst, src)
+	}
 	return nil
 }
+
+// accumulateInto makes node i's value, from the next run on, be added to dst (a
+// gradient's data, []float32 or []float64, of the node's size) when the
+// node runs, instead of being kept: a matrix product is then computed a
+// strip at a time and added while in the cache (gemmAdd32), never written
+// out whole. The sums are bitwise those of adding the kept value with
+// addInto. dst nil keeps the value again.
+func (p *program) accumulateInto(i int, dst any) { p.addTo[i] = dst }
 
 // value returns node n's value in the current run (nil if the program
 // does not hold n).

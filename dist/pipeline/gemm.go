@@ -18,6 +18,8 @@ import (
 	"gonum.org/v1/gonum/blas/gonum"
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
+
+	"github.com/gdist/gdist/internal/vec"
 )
 
 // gemmBlock and gemmMinParBlocks are gonum's block size and the number of
@@ -92,30 +94,11 @@ func plainMatrix(v gorgonia.Value) (*tensor.Dense, bool) {
 // shapes, or when tensor uses another BLAS than gonum's: then the op runs
 // as usual.
 func (mm matMul) run(dst gorgonia.Value, reuse bool, a, b gorgonia.Value) (gorgonia.Value, bool) {
-	if _, ok := tensor.WhichBLAS().(gonum.Implementation); !ok {
-		return nil, false
-	}
-	ad, ok := plainMatrix(a)
+	ad, bd, m, n, k, ok := mm.operands(a, b)
 	if !ok {
 		return nil, false
 	}
-	bd, ok := plainMatrix(b)
-	if !ok || ad.Dtype() != bd.Dtype() {
-		return nil, false
-	}
-	ar, ac := ad.Shape()[0], ad.Shape()[1]
-	br, bc := bd.Shape()[0], bd.Shape()[1]
-	m, k := ar, ac
-	if mm.transA {
-		m, k = ac, ar
-	}
-	kb, n := br, bc
-	if mm.transB {
-		kb, n = bc, br
-	}
-	if k != kb {
-		return nil, false
-	}
+	ac, bc := ad.Shape()[1], bd.Shape()[1]
 	var c *tensor.Dense
 	if d, ok := plainMatrix(dst); reuse && ok && d.Dtype() == ad.Dtype() && d.Shape()[0] == m && d.Shape()[1] == n {
 		c = d
@@ -133,6 +116,81 @@ func (mm matMul) run(dst gorgonia.Value, reuse bool, a, b gorgonia.Value) (gorgo
 	return c, true
 }
 
+// gemmScratch holds a strip of a product that gemmAdd32 or gemmAdd64 adds
+// to a gradient; it grows to the largest strip and is then reused.
+type gemmScratch struct {
+	f32 []float32
+	f64 []float64
+}
+
+// add adds a·b (each transposed as mm says) to dst, a []float32 or
+// []float64 of the product's size, through scratch. ok is false, and dst
+// is left as it is, when run would refuse the operands or dst does not
+// fit the product: then the op runs as usual.
+func (mm matMul) add(dst any, scratch *gemmScratch, a, b gorgonia.Value) bool {
+	ad, bd, m, n, k, ok := mm.operands(a, b)
+	if !ok {
+		return false
+	}
+	rows := min(m, gemmBlock) * n
+	switch A := ad.Data().(type) {
+	case []float32:
+		d, ok := dst.([]float32)
+		if !ok || len(d) != m*n {
+			return false
+		}
+		if len(scratch.f32) < rows {
+			scratch.f32 = make([]float32, rows)
+		}
+		gemmAdd32(mm.transA, mm.transB, m, n, k, A, ad.Shape()[1], bd.Data().([]float32), bd.Shape()[1], d, scratch.f32)
+	case []float64:
+		d, ok := dst.([]float64)
+		if !ok || len(d) != m*n {
+			return false
+		}
+		if len(scratch.f64) < rows {
+			scratch.f64 = make([]float64, rows)
+		}
+		gemmAdd64(mm.transA, mm.transB, m, n, k, A, ad.Shape()[1], bd.Data().([]float64), bd.Shape()[1], d, scratch.f64)
+	default:
+		return false
+	}
+	return true
+}
+
+// operands checks that a and b are plain matrices of one float dtype
+// whose product (transposed as mm says) is m x n with inner dimension k,
+// and that tensor uses gonum's BLAS.
+func (mm matMul) operands(a, b gorgonia.Value) (ad, bd *tensor.Dense, m, n, k int, ok bool) {
+	if _, ok := tensor.WhichBLAS().(gonum.Implementation); !ok {
+		return nil, nil, 0, 0, 0, false
+	}
+	if ad, ok = plainMatrix(a); !ok {
+		return nil, nil, 0, 0, 0, false
+	}
+	if bd, ok = plainMatrix(b); !ok || ad.Dtype() != bd.Dtype() {
+		return nil, nil, 0, 0, 0, false
+	}
+	if dt := ad.Dtype(); dt != tensor.Float32 && dt != tensor.Float64 {
+		return nil, nil, 0, 0, 0, false
+	}
+	ar, ac := ad.Shape()[0], ad.Shape()[1]
+	br, bc := bd.Shape()[0], bd.Shape()[1]
+	m, k = ar, ac
+	if mm.transA {
+		m, k = ac, ar
+	}
+	kb := br
+	n = bc
+	if mm.transB {
+		kb, n = bc, br
+	}
+	if k != kb {
+		return nil, nil, 0, 0, 0, false
+	}
+	return ad, bd, m, n, k, true
+}
+
 // trans returns the BLAS flag of a transposed or plain operand.
 func trans(t bool) blas.Transpose {
 	if t {
@@ -147,88 +205,139 @@ func trans(t bool) blas.Transpose {
 // Sgemm would hand to a goroutine gets the same serial kernel calls, in
 // the same order along k.
 func gemm32(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	for i := 0; i < m; i += gemmBlock {
+		strip32(tA, tB, m, n, k, i, a, lda, b, ldb, c[i*ldc:], ldc)
+	}
+}
+
+// gemmAdd32 adds a·b to dst (m x n, row-major) as gemm32 into a matrix
+// and then addInto would, with the same bits, one strip of 64 rows of the
+// product at a time through scratch (at least min(m, 64) x n): the
+// product is never written out whole, and each strip is added while it is
+// still in the cache.
+func gemmAdd32(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, dst, scratch []float32) {
+	for i := 0; i < m; i += gemmBlock {
+		li := min(gemmBlock, m-i)
+		strip32(tA, tB, m, n, k, i, a, lda, b, ldb, scratch, n)
+		vec.AddF32(dst[i*n:(i+li)*n], scratch[:li*n])
+	}
+}
+
+// strip32 computes rows [i, i+64) (or to m) of gemm32's C into cs, which
+// starts at row i, with leading dimension ldc.
+func strip32(tA, tB bool, m, n, k, i int, a []float32, lda int, b []float32, ldb int, cs []float32, ldc int) {
 	var impl gonum.Implementation
 	ta, tb := trans(tA), trans(tB)
-	if m == 0 || n == 0 {
+	li := min(gemmBlock, m-i)
+	if n == 0 {
 		return
 	}
-	for i := range m {
-		clear(c[i*ldc : i*ldc+n])
+	for r := range li {
+		clear(cs[r*ldc : r*ldc+n])
 	}
 	if k == 0 {
 		return
 	}
 	if blocks(m)*blocks(n) < gemmMinParBlocks {
-		// Sgemm runs the whole product serially; with beta 1 it leaves the
-		// zeroed C as it is.
-		impl.Sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc)
+		// Sgemm runs the whole product serially, each row of C on its
+		// own and along the whole of k; with beta 1 it adds to the zeroed
+		// strip.
+		impl.Sgemm(ta, tb, li, n, k, 1, offset32(a, tA, i, lda), lda, b, ldb, 1, cs, ldc)
 		return
 	}
-	for i := 0; i < m; i += gemmBlock {
-		li := min(gemmBlock, m-i)
-		for j := 0; j < n; j += gemmBlock {
-			lj := min(gemmBlock, n-j)
-			cs := view32(c, ldc, i, j, li, lj)
-			for l := 0; l < k; l += gemmBlock {
-				ll := min(gemmBlock, k-l)
-				var as, bs []float32
-				if tA {
-					as = view32(a, lda, l, i, ll, li)
-				} else {
-					as = view32(a, lda, i, l, li, ll)
-				}
-				if tB {
-					bs = view32(b, ldb, j, l, lj, ll)
-				} else {
-					bs = view32(b, ldb, l, j, ll, lj)
-				}
-				// One block: fewer than four blocks, so Sgemm runs it
-				// serially, exactly as its goroutine would.
-				impl.Sgemm(ta, tb, li, lj, ll, 1, as, lda, bs, ldb, 1, cs, ldc)
+	for j := 0; j < n; j += gemmBlock {
+		lj := min(gemmBlock, n-j)
+		c := view32(cs, ldc, 0, j, li, lj)
+		for l := 0; l < k; l += gemmBlock {
+			ll := min(gemmBlock, k-l)
+			var as, bs []float32
+			if tA {
+				as = view32(a, lda, l, i, ll, li)
+			} else {
+				as = view32(a, lda, i, l, li, ll)
 			}
+			if tB {
+				bs = view32(b, ldb, j, l, lj, ll)
+			} else {
+				bs = view32(b, ldb, l, j, ll, lj)
+			}
+			// One block: fewer than four blocks, so Sgemm runs it
+			// serially, exactly as its goroutine would.
+			impl.Sgemm(ta, tb, li, lj, ll, 1, as, lda, bs, ldb, 1, c, ldc)
 		}
 	}
 }
 
+// offset32 returns a from row i of the product on: a's row i, or, if a is
+// transposed, its column i.
+func offset32(a []float32, t bool, i, lda int) []float32 {
+	if t {
+		return a[i:]
+	}
+	return a[i*lda:]
+}
+
 // gemm64 is gemm32 for float64 (gonum's Dgemm).
 func gemm64(tA, tB bool, m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {
+	for i := 0; i < m; i += gemmBlock {
+		strip64(tA, tB, m, n, k, i, a, lda, b, ldb, c[i*ldc:], ldc)
+	}
+}
+
+// gemmAdd64 is gemmAdd32 for float64.
+func gemmAdd64(tA, tB bool, m, n, k int, a []float64, lda int, b []float64, ldb int, dst, scratch []float64) {
+	for i := 0; i < m; i += gemmBlock {
+		li := min(gemmBlock, m-i)
+		strip64(tA, tB, m, n, k, i, a, lda, b, ldb, scratch, n)
+		vec.AddF64(dst[i*n:(i+li)*n], scratch[:li*n])
+	}
+}
+
+// strip64 is strip32 for float64.
+func strip64(tA, tB bool, m, n, k, i int, a []float64, lda int, b []float64, ldb int, cs []float64, ldc int) {
 	var impl gonum.Implementation
 	ta, tb := trans(tA), trans(tB)
-	if m == 0 || n == 0 {
+	li := min(gemmBlock, m-i)
+	if n == 0 {
 		return
 	}
-	for i := range m {
-		clear(c[i*ldc : i*ldc+n])
+	for r := range li {
+		clear(cs[r*ldc : r*ldc+n])
 	}
 	if k == 0 {
 		return
 	}
 	if blocks(m)*blocks(n) < gemmMinParBlocks {
-		impl.Dgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc)
+		impl.Dgemm(ta, tb, li, n, k, 1, offset64(a, tA, i, lda), lda, b, ldb, 1, cs, ldc)
 		return
 	}
-	for i := 0; i < m; i += gemmBlock {
-		li := min(gemmBlock, m-i)
-		for j := 0; j < n; j += gemmBlock {
-			lj := min(gemmBlock, n-j)
-			cs := view64(c, ldc, i, j, li, lj)
-			for l := 0; l < k; l += gemmBlock {
-				ll := min(gemmBlock, k-l)
-				var as, bs []float64
-				if tA {
-					as = view64(a, lda, l, i, ll, li)
-				} else {
-					as = view64(a, lda, i, l, li, ll)
-				}
-				if tB {
-					bs = view64(b, ldb, j, l, lj, ll)
-				} else {
-					bs = view64(b, ldb, l, j, ll, lj)
-				}
-				impl.Dgemm(ta, tb, li, lj, ll, 1, as, lda, bs, ldb, 1, cs, ldc)
+	for j := 0; j < n; j += gemmBlock {
+		lj := min(gemmBlock, n-j)
+		c := view64(cs, ldc, 0, j, li, lj)
+		for l := 0; l < k; l += gemmBlock {
+			ll := min(gemmBlock, k-l)
+			var as, bs []float64
+			if tA {
+				as = view64(a, lda, l, i, ll, li)
+			} else {
+				as = view64(a, lda, i, l, li, ll)
 			}
+			if tB {
+				bs = view64(b, ldb, j, l, lj, ll)
+			} else {
+				bs = view64(b, ldb, l, j, ll, lj)
+			}
+			impl.Dgemm(ta, tb, li, lj, ll, 1, as, lda, bs, ldb, 1, c, ldc)
 		}
 	}
+}
+
+// offset64 is offset32 for float64.
+func offset64(a []float64, t bool, i, lda int) []float64 {
+	if t {
+		return a[i:]
+	}
+	return a[i*lda:]
 }
 
 // blocks is the number of gemmBlock-long blocks that cover dim.

@@ -33,7 +33,8 @@ func randVals(r *rand.Rand, n int) []float64 {
 
 // TestGemmMatchesGonum checks gemm32 and gemm64 bit for bit against gonum's
 // Sgemm and Dgemm (alpha 1, beta 0, parallel where gonum goes parallel)
-// for every transposition and shapes on both sides of its block size.
+// for every transposition and shapes on both sides of its block size, and
+// gemmAdd32 and gemmAdd64 against that product added with addInto.
 func TestGemmMatchesGonum(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	var impl gonum.Implementation
@@ -60,6 +61,18 @@ func TestGemmMatchesGonum(t *testing.T) {
 								t.Fatalf("float64 tA=%v tB=%v m=%d n=%d k=%d: element %d is %v, gonum gives %v", tA, tB, m, n, k, i, got[i], want[i])
 							}
 						}
+						// gemmAdd64 adds the same product to a matrix.
+						acc0 := randVals(r, m*n)
+						wantAcc, gotAcc := append([]float64(nil), acc0...), append([]float64(nil), acc0...)
+						if err := addInto(wantAcc, want); err != nil {
+							t.Fatal(err)
+						}
+						gemmAdd64(tA, tB, m, n, k, a, lda, b, ldb, gotAcc, randVals(r, min(m, gemmBlock)*n))
+						for i := range wantAcc {
+							if math.Float64bits(wantAcc[i]) != math.Float64bits(gotAcc[i]) {
+								t.Fatalf("gemmAdd64 tA=%v tB=%v m=%d n=%d k=%d: element %d is %v, want %v", tA, tB, m, n, k, i, gotAcc[i], wantAcc[i])
+							}
+						}
 						a32, b32, c32 := to32(a), to32(b), to32(c0)
 						want32, got32 := append([]float32(nil), c32...), append([]float32(nil), c32...)
 						impl.Sgemm(trans(tA), trans(tB), m, n, k, 1, a32, lda, b32, ldb, 0, want32, n)
@@ -67,6 +80,17 @@ func TestGemmMatchesGonum(t *testing.T) {
 						for i := range want32 {
 							if math.Float32bits(want32[i]) != math.Float32bits(got32[i]) {
 								t.Fatalf("float32 tA=%v tB=%v m=%d n=%d k=%d: element %d is %v, gonum gives %v", tA, tB, m, n, k, i, got32[i], want32[i])
+							}
+						}
+						acc32 := to32(acc0)
+						wantAcc32, gotAcc32 := append([]float32(nil), acc32...), append([]float32(nil), acc32...)
+						if err := addInto(wantAcc32, want32); err != nil {
+							t.Fatal(err)
+						}
+						gemmAdd32(tA, tB, m, n, k, a32, lda, b32, ldb, gotAcc32, to32(randVals(r, min(m, gemmBlock)*n)))
+						for i := range wantAcc32 {
+							if math.Float32bits(wantAcc32[i]) != math.Float32bits(gotAcc32[i]) {
+								t.Fatalf("gemmAdd32 tA=%v tB=%v m=%d n=%d k=%d: element %d is %v, want %v", tA, tB, m, n, k, i, gotAcc32[i], wantAcc32[i])
 							}
 						}
 					}

@@ -111,6 +111,13 @@ func (c *call) train() (float64, error) {
 	if err := p.syncParams(); err != nil {
 		return 0, err
 	}
+	for _, ch := range p.chunks {
+		for _, s := range ch.train {
+			if err := s.bindGrads(ch.params); err != nil {
+				return 0, err
+			}
+		}
+	}
 	if err := c.announce(); err != nil {
 		return 0, err
 	}
@@ -314,10 +321,14 @@ func (c *call) weights(ch *chunk, mb int) error {
 }
 
 // accumulate adds the weight gradients s computed to ch's learnables'
-// gradients. Every schedule calls it in micro-batch order, so the sums are
-// the same bits whatever the schedule.
+// gradients, but for those the weight-gradient pass added itself (see
+// addedGrads). Every schedule runs the pass and calls it in micro-batch
+// order, so the sums are the same bits whatever the schedule.
 func (p *Pipeline) accumulate(ch *chunk, s *slot) error {
 	for j, n := range s.grads {
+		if s.added[j] >= 0 {
+			continue // added by the pass itself
+		}
 		src, err := s.valueData(n)
 		if err != nil {
 			return err
