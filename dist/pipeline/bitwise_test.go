@@ -81,12 +81,12 @@ func stepBits(t *testing.T, dt tensor.Dtype, opts ...Option) [][]uint64 {
 	return out
 }
 
-// TestOwnMatMulsBitwise checks that the executor's own matrix products
-// (gemm.go) leave every loss, gradient, output and parameter bitwise what
+// TestOwnKernelsBitwise checks that the executor's own matrix products
+// and element-wise arithmetic (gemm.go, elem.go) leave every loss, gradient, output and parameter bitwise what
 // Gorgonia's op makes them, for every schedule, with recomputation and in
 // both dtypes.
-func TestOwnMatMulsBitwise(t *testing.T) {
-	defer func() { ownMatMuls = true }()
+func TestOwnKernelsBitwise(t *testing.T) {
+	defer func() { ownKernels = true }()
 	cases := []struct {
 		name string
 		opts []Option
@@ -99,9 +99,9 @@ func TestOwnMatMulsBitwise(t *testing.T) {
 	for _, dt := range []tensor.Dtype{tensor.Float32, tensor.Float64} {
 		for _, c := range cases {
 			t.Run(fmt.Sprintf("%v/%s", dt, c.name), func(t *testing.T) {
-				ownMatMuls = false
+				ownKernels = false
 				want := stepBits(t, dt, c.opts...)
-				ownMatMuls = true
+				ownKernels = true
 				got := stepBits(t, dt, c.opts...)
 				for r := range want {
 					require.NotEmpty(t, want[r])

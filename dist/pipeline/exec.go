@@ -8,8 +8,8 @@ package pipeline
 // The executor runs the same ops in the order a TapeMachine does (the
 // reverse of gorgonia.Sort), keeps each op's output from one run to the
 // next and writes into it where the op allows (gorgonia.UsePreallocDoer),
-// runs matrix products without Gorgonia's op (gemm.go),
-// and can stop between passes — after the forward pass, after the
+// runs matrix products and element-wise arithmetic without Gorgonia's ops
+// (gemm.go, elem.go), and can stop between passes — after the forward pass, after the
 // input-gradient pass — and carry on later, on the same goroutine.
 
 import (
@@ -19,10 +19,10 @@ import (
 	"gorgonia.org/tensor"
 )
 
-// ownMatMuls says whether the executor runs Gorgonia's matrix products
-// itself (gemm.go) rather than through their op; tests turn it off to
-// compare the two.
-var ownMatMuls = true
+// ownKernels says whether the executor runs Gorgonia's matrix products
+// (gemm.go) and element-wise arithmetic (elem.go) itself rather than
+// through their ops; tests turn it off to compare the two.
+var ownKernels = true
 
 // program is one graph prepared for the executor: the op nodes that the
 // outputs of its passes depend on, in execution order, and each node's
@@ -36,6 +36,7 @@ type program struct {
 	loads  []int            // argument nodes (no op): their bound values are loaded when a run starts
 	passes [][]int          // op nodes of each pass, in execution order
 	buf    []gorgonia.Value // arguments of the op being run
+	elem   []elemOp         // the element-wise operation node i computes, if any (elem.go)
 	mm     []matMul         // the matrix product node i computes, if isMM[i]
 	isMM   []bool           // node i is a matrix product the executor runs itself (gemm.go)
 	// addTo[i], if set, is the gradient data ([]float32 or []float64)
@@ -104,9 +105,11 @@ func compile(g *gorgonia.ExprGraph, outs ...gorgonia.Nodes) (*program, error) {
 	}
 	p.mm = make([]matMul, len(p.nodes))
 	p.isMM = make([]bool, len(p.nodes))
+	p.elem = make([]elemOp, len(p.nodes))
 	for i, n := range p.nodes {
-		if ownMatMuls && n.Op() != nil && len(p.args[i]) == 2 {
+		if ownKernels && n.Op() != nil && len(p.args[i]) == 2 {
 			p.mm[i], p.isMM[i] = asMatMul(n.Op())
+			p.elem[i] = asElem(n.Op())
 		}
 	}
 	p.addTo = make([]any, len(p.nodes))
@@ -161,9 +164,13 @@ func (p *program) exec(i int) error {
 				return nil
 			}
 		} else if v, ok := p.mm[i].run(p.vals[i], p.own[i], a, b); ok {
-			p.vals[i] = v
-			p.own[i] = !sharesMemory(v, args, p.vals)
-			return nil
+			return p.done(i, v)
+		}
+	}
+	if e := p.elem[i]; e != elemNone {
+		args := p.args[i]
+		if v, ok := e.run(p.vals[i], p.own[i], p.vals[args[0]], p.vals[args[1]]); ok {
+			return p.done(i, v)
 		}
 	}
 	op := p.nodes[i].Op()
@@ -184,6 +191,12 @@ func (p *program) exec(i int) error {
 	if err != nil {
 		return fmt.Errorf("pipeline: running %v: %w", p.nodes[i], err)
 	}
+	return p.done(i, v)
+}
+
+// done records v as node i's value in the current run, or adds it to the
+// node's gradient (accumulateInto).
+func (p *program) done(i int, v gorgonia.Value) error {
 	p.vals[i] = v
 	p.own[i] = !sharesMemory(v, p.args[i], p.vals)
 	if dst := p.addTo[i]; dst != nil {
@@ -196,9 +209,9 @@ func (p *program) exec(i int) error {
 	return nil
 }
 
-// accumulateInto makes node i's value, from the next run on, be added to dst (a
-// gradient's data, []float32 or []float64, of the node's size) when the
-// node runs, instead of being kept: a matrix product is then computed a
+// accumulateInto makes node i's value, from the next run on, be added to
+// dst (a gradient's data, []float32 or []float64, of the node's size) when
+// the node runs, instead of being kept: a matrix product is then computed a
 // strip at a time and added while in the cache (gemmAdd32), never written
 // out whole. The sums are bitwise those of adding the kept value with
 // addInto. dst nil keeps the value again.
