@@ -8,8 +8,9 @@ package pipeline
 // The executor runs the same ops in the order a TapeMachine does (the
 // reverse of gorgonia.Sort), keeps each op's output from one run to the
 // next and writes into it where the op allows (gorgonia.UsePreallocDoer),
-// runs matrix products and element-wise arithmetic without Gorgonia's ops
-// (gemm.go, elem.go), and can stop between passes — after the forward pass, after the
+// runs matrix products, element-wise arithmetic, sums over rows and
+// reshapes without Gorgonia's ops (gemm.go, elem.go, shape.go), and can
+// stop between passes — after the forward pass, after the
 // input-gradient pass — and carry on later, on the same goroutine.
 
 import (
@@ -37,6 +38,7 @@ type program struct {
 	passes [][]int          // op nodes of each pass, in execution order
 	buf    []gorgonia.Value // arguments of the op being run
 	elem   []elemOp         // the element-wise operation node i computes, if any (elem.go)
+	fast   []fastOp         // the sum over rows or reshape node i computes, if any (shape.go)
 	mm     []matMul         // the matrix product node i computes, if isMM[i]
 	isMM   []bool           // node i is a matrix product the executor runs itself (gemm.go)
 	// addTo[i], if set, is the gradient data ([]float32 or []float64)
@@ -106,10 +108,15 @@ func compile(g *gorgonia.ExprGraph, outs ...gorgonia.Nodes) (*program, error) {
 	p.mm = make([]matMul, len(p.nodes))
 	p.isMM = make([]bool, len(p.nodes))
 	p.elem = make([]elemOp, len(p.nodes))
+	p.fast = make([]fastOp, len(p.nodes))
 	for i, n := range p.nodes {
-		if ownKernels && n.Op() != nil && len(p.args[i]) == 2 {
+		switch {
+		case !ownKernels || n.Op() == nil:
+		case len(p.args[i]) == 2:
 			p.mm[i], p.isMM[i] = asMatMul(n.Op())
 			p.elem[i] = asElem(n.Op())
+		case len(p.args[i]) == 1:
+			p.fast[i] = asFast(n.Op())
 		}
 	}
 	p.addTo = make([]any, len(p.nodes))
@@ -170,6 +177,11 @@ func (p *program) exec(i int) error {
 	if e := p.elem[i]; e != elemNone {
 		args := p.args[i]
 		if v, ok := e.run(p.vals[i], p.own[i], p.vals[args[0]], p.vals[args[1]]); ok {
+			return p.done(i, v)
+		}
+	}
+	if f := p.fast[i]; f != fastNone {
+		if v, ok := f.run(p.vals[i], p.own[i], p.vals[p.args[i][0]], p.nodes[i].Shape()); ok {
 			return p.done(i, v)
 		}
 	}
