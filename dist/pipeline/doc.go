@@ -102,7 +102,8 @@
 // matrix products itself — gonum's kernels on the same 64x64 blocks as
 // gonum's Sgemm and Dgemm, bitwise the same products, but on the calling
 // goroutine instead of one goroutine per block — as well as element-wise
-// addition, subtraction and products, sums over rows and reshapes, adds each weight-gradient product to
+// addition, subtraction and products, tanh, squares, sums over rows and
+// reshapes, all bitwise as Gorgonia computes them, adds each weight-gradient product to
 // the learnable's gradient a strip at a time instead of keeping it, and
 // runs a training graph in passes: the forward pass, then — once the next stage's gradient
 // of the output has arrived into an input node — the backward pass, or with

@@ -64,10 +64,14 @@ func asElem(op gorgonia.Op) elemOp {
 }
 
 // plainDense reports whether v is a dense tensor that is neither a view
-// nor transposed: its data is its elements in order.
+// nor transposed, on tensor's standard engine: its data is its elements in
+// order, and tensor's own functions would compute on it.
 func plainDense(v gorgonia.Value) (*tensor.Dense, bool) {
 	d, ok := v.(*tensor.Dense)
 	if !ok || d.IsMaterializable() || !d.DataOrder().IsRowMajor() {
+		return nil, false
+	}
+	if _, ok := d.Engine().(tensor.StdEng); !ok {
 		return nil, false
 	}
 	return d, true

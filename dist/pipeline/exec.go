@@ -8,9 +8,9 @@ package pipeline
 // The executor runs the same ops in the order a TapeMachine does (the
 // reverse of gorgonia.Sort), keeps each op's output from one run to the
 // next and writes into it where the op allows (gorgonia.UsePreallocDoer),
-// runs matrix products, element-wise arithmetic, sums over rows and
-// reshapes without Gorgonia's ops (gemm.go, elem.go, shape.go), and can
-// stop between passes — after the forward pass, after the
+// runs the common ops of a layer (matrix products, element-wise arithmetic,
+// tanh, sums over rows, reshapes) without Gorgonia's ops (gemm.go,
+// elem.go, shape.go), and can stop between passes — after the forward pass, after the
 // input-gradient pass — and carry on later, on the same goroutine.
 
 import (
@@ -21,8 +21,9 @@ import (
 )
 
 // ownKernels says whether the executor runs Gorgonia's matrix products
-// (gemm.go) and element-wise arithmetic (elem.go) itself rather than
-// through their ops; tests turn it off to compare the two.
+// (gemm.go), element-wise arithmetic (elem.go), tanh, squares, sums over
+// rows and reshapes (shape.go) itself rather than through their ops; tests turn it
+// off to compare the two.
 var ownKernels = true
 
 // program is one graph prepared for the executor: the op nodes that the
@@ -38,14 +39,15 @@ type program struct {
 	passes [][]int          // op nodes of each pass, in execution order
 	buf    []gorgonia.Value // arguments of the op being run
 	elem   []elemOp         // the element-wise operation node i computes, if any (elem.go)
-	fast   []fastOp         // the sum over rows or reshape node i computes, if any (shape.go)
+	fast   []fastOp         // the unary op node i computes, if any (shape.go)
+	shapes []tensor.Shape   // the shape of node i, if fast[i] (Node.Shape copies it)
 	mm     []matMul         // the matrix product node i computes, if isMM[i]
 	isMM   []bool           // node i is a matrix product the executor runs itself (gemm.go)
 	// addTo[i], if set, is the gradient data ([]float32 or []float64)
 	// that node i's value is added to instead of being kept (see
 	// accumulateInto).
 	addTo   []any
-	scratch gemmScratch
+	scratch *gemmScratch // shared by every program of a pipeline, which run one at a time
 }
 
 // compile prepares g's nodes for passes that compute outs[0], then
@@ -109,6 +111,7 @@ func compile(g *gorgonia.ExprGraph, outs ...gorgonia.Nodes) (*program, error) {
 	p.isMM = make([]bool, len(p.nodes))
 	p.elem = make([]elemOp, len(p.nodes))
 	p.fast = make([]fastOp, len(p.nodes))
+	p.shapes = make([]tensor.Shape, len(p.nodes))
 	for i, n := range p.nodes {
 		switch {
 		case !ownKernels || n.Op() == nil:
@@ -116,10 +119,13 @@ func compile(g *gorgonia.ExprGraph, outs ...gorgonia.Nodes) (*program, error) {
 			p.mm[i], p.isMM[i] = asMatMul(n.Op())
 			p.elem[i] = asElem(n.Op())
 		case len(p.args[i]) == 1:
-			p.fast[i] = asFast(n.Op())
+			if p.fast[i] = asFast(n.Op()); p.fast[i] != fastNone {
+				p.shapes[i] = n.Shape()
+			}
 		}
 	}
 	p.addTo = make([]any, len(p.nodes))
+	p.scratch = new(gemmScratch)
 	p.vals = make([]gorgonia.Value, len(p.nodes))
 	p.own = make([]bool, len(p.nodes))
 	p.buf = make([]gorgonia.Value, 0, most)
@@ -167,7 +173,7 @@ func (p *program) exec(i int) error {
 		args := p.args[i]
 		a, b := p.vals[args[0]], p.vals[args[1]]
 		if dst := p.addTo[i]; dst != nil {
-			if p.mm[i].add(dst, &p.scratch, a, b) {
+			if p.mm[i].add(dst, p.scratch, a, b) {
 				return nil
 			}
 		} else if v, ok := p.mm[i].run(p.vals[i], p.own[i], a, b); ok {
@@ -181,7 +187,7 @@ func (p *program) exec(i int) error {
 		}
 	}
 	if f := p.fast[i]; f != fastNone {
-		if v, ok := f.run(p.vals[i], p.own[i], p.vals[p.args[i][0]], p.nodes[i].Shape()); ok {
+		if v, ok := f.run(p.vals[i], p.own[i], p.vals[p.args[i][0]], p.shapes[i]); ok {
 			return p.done(i, v)
 		}
 	}
@@ -274,9 +280,22 @@ func denseData(v gorgonia.Value) (any, error) {
 	if d.IsView() {
 		d = d.Materialize().(*tensor.Dense)
 	}
-	switch x := d.Data().(type) {
-	case []float32, []float64:
-		return x, nil
+	// Float32s and Float64s, not Data, which allocates twice.
+	switch d.Dtype() {
+	case tensor.Float32:
+		return d.Float32s(), nil
+	case tensor.Float64:
+		return d.Float64s(), nil
 	}
 	return nil, fmt.Errorf("%w: dtype %v (want float32 or float64)", ErrStage, d.Dtype())
+}
+
+// flatData returns the data of d, a float32 or float64 tensor that is not
+// a view, as a []float32 or []float64 aliasing it (d.Data allocates a
+// reflect value besides).
+func flatData(d *tensor.Dense) any {
+	if d.Dtype() == tensor.Float32 {
+		return d.Float32s()
+	}
+	return d.Float64s()
 }

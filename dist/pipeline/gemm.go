@@ -77,11 +77,8 @@ func asMatMul(op gorgonia.Op) (matMul, bool) {
 // neither a view nor transposed, with the standard engine: its data is
 // its rows one after the other.
 func plainMatrix(v gorgonia.Value) (*tensor.Dense, bool) {
-	d, ok := v.(*tensor.Dense)
-	if !ok || d.Dims() != 2 || d.IsMaterializable() || !d.DataOrder().IsRowMajor() {
-		return nil, false
-	}
-	if _, ok := d.Engine().(tensor.StdEng); !ok {
+	d, ok := plainDense(v)
+	if !ok || d.Dims() != 2 {
 		return nil, false
 	}
 	return d, true
@@ -105,13 +102,10 @@ func (mm matMul) run(dst gorgonia.Value, reuse bool, a, b gorgonia.Value) (gorgo
 	} else {
 		c = tensor.New(tensor.Of(ad.Dtype()), tensor.WithShape(m, n))
 	}
-	switch A := ad.Data().(type) {
-	case []float32:
-		gemm32(mm.transA, mm.transB, m, n, k, A, ac, bd.Data().([]float32), bc, c.Data().([]float32), n)
-	case []float64:
-		gemm64(mm.transA, mm.transB, m, n, k, A, ac, bd.Data().([]float64), bc, c.Data().([]float64), n)
-	default:
-		return nil, false
+	if ad.Dtype() == tensor.Float32 {
+		gemm32(mm.transA, mm.transB, m, n, k, ad.Float32s(), ac, bd.Float32s(), bc, c.Float32s(), n)
+	} else {
+		gemm64(mm.transA, mm.transB, m, n, k, ad.Float64s(), ac, bd.Float64s(), bc, c.Float64s(), n)
 	}
 	return c, true
 }
@@ -133,8 +127,8 @@ func (mm matMul) add(dst any, scratch *gemmScratch, a, b gorgonia.Value) bool {
 		return false
 	}
 	rows := min(m, gemmBlock) * n
-	switch A := ad.Data().(type) {
-	case []float32:
+	// Float32s and Float64s, not Data, which allocates.
+	if ad.Dtype() == tensor.Float32 {
 		d, ok := dst.([]float32)
 		if !ok || len(d) != m*n {
 			return false
@@ -142,19 +136,17 @@ func (mm matMul) add(dst any, scratch *gemmScratch, a, b gorgonia.Value) bool {
 		if len(scratch.f32) < rows {
 			scratch.f32 = make([]float32, rows)
 		}
-		gemmAdd32(mm.transA, mm.transB, m, n, k, A, ad.Shape()[1], bd.Data().([]float32), bd.Shape()[1], d, scratch.f32)
-	case []float64:
-		d, ok := dst.([]float64)
-		if !ok || len(d) != m*n {
-			return false
-		}
-		if len(scratch.f64) < rows {
-			scratch.f64 = make([]float64, rows)
-		}
-		gemmAdd64(mm.transA, mm.transB, m, n, k, A, ad.Shape()[1], bd.Data().([]float64), bd.Shape()[1], d, scratch.f64)
-	default:
+		gemmAdd32(mm.transA, mm.transB, m, n, k, ad.Float32s(), ad.Shape()[1], bd.Float32s(), bd.Shape()[1], d, scratch.f32)
+		return true
+	}
+	d, ok := dst.([]float64)
+	if !ok || len(d) != m*n {
 		return false
 	}
+	if len(scratch.f64) < rows {
+		scratch.f64 = make([]float64, rows)
+	}
+	gemmAdd64(mm.transA, mm.transB, m, n, k, ad.Float64s(), ad.Shape()[1], bd.Float64s(), bd.Shape()[1], d, scratch.f64)
 	return true
 }
 

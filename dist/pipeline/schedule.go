@@ -232,7 +232,7 @@ func (c *call) forward(ch *chunk, mb int) error {
 		return err
 	}
 	if p.cfg.recompute {
-		ch.saved[mb] = p.pool.clone(s.inVal.Data())
+		ch.saved[mb] = p.pool.clone(flatData(s.inVal))
 	}
 	if err := p.timed(Forward, ch, mb, s.start); err != nil {
 		return err
@@ -259,7 +259,7 @@ func (c *call) backward(ch *chunk, mb int) error {
 		if s, err = ch.acquire(mb); err != nil {
 			return err
 		}
-		if err := copyData(s.inVal.Data(), ch.saved[mb]); err != nil {
+		if err := copyData(flatData(s.inVal), ch.saved[mb]); err != nil {
 			return err
 		}
 		p.pool.put(ch.saved[mb])
@@ -273,7 +273,7 @@ func (c *call) backward(ch *chunk, mb int) error {
 	if err := c.expect(p.next); err != nil {
 		return err
 	}
-	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb, ch.vs), s.gOutVal.Data()); err != nil {
+	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb, ch.vs), flatData(s.gOutVal)); err != nil {
 		return err
 	}
 	err = p.timed(Backward, ch, mb, func() error {

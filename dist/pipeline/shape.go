@@ -1,27 +1,33 @@
 package pipeline
 
-// Two more of Gorgonia's ops that cost more to dispatch than to compute on
-// a micro-batch of a few rows, which the executor runs itself: the sum of a
-// matrix over its rows (a bias's gradient), added row after row as
-// tensor's reduction does, so bitwise the same; and a reshape of a tensor
-// whose data has not moved since the last run, whose last value (a header
-// over the same data) stays as it is.
+// More of Gorgonia's ops that cost more to dispatch than to compute on a
+// micro-batch of a few rows, which the executor runs itself: tanh and
+// square, with the functions tensor's engine applies (Gorgonia's op
+// allocates its result on every call); the sum of a matrix over its rows
+// (a bias's gradient), added row after row as tensor's reduction does; and
+// a reshape of a tensor whose data has not moved since the last run, whose
+// last value (a header over the same data) stays as it is. All bitwise the
+// ops' results.
 
 import (
+	"math"
 	"reflect"
 	"sync"
 
+	"github.com/chewxy/math32"
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
 
-// fastOp is one of the ops of this file, recognised by compile.
+// fastOp is one of the unary ops of this file, recognised by compile.
 type fastOp uint8
 
 const (
 	fastNone fastOp = iota
 	fastSumRows
 	fastReshape
+	fastTanh
+	fastSquare
 )
 
 // fastRef is the type and String of Gorgonia's Sum over axis 0, against
@@ -47,12 +53,31 @@ var reshapeRef = sync.OnceValue(func() reflect.Type {
 	return reflect.TypeOf(r.Op())
 })
 
+// unaryRef is the type of Gorgonia's element-wise unary op and the
+// Strings of its tanh and square, against which asFast recognises them.
+var unaryRef = sync.OnceValues(func() (reflect.Type, map[string]fastOp) {
+	g := gorgonia.NewGraph()
+	a := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(2, 3))
+	th, err := gorgonia.Tanh(a)
+	if err != nil {
+		return nil, nil
+	}
+	sq, err := gorgonia.Square(a)
+	if err != nil || reflect.TypeOf(sq.Op()) != reflect.TypeOf(th.Op()) {
+		return nil, nil
+	}
+	return reflect.TypeOf(th.Op()), map[string]fastOp{th.Op().String(): fastTanh, sq.Op().String(): fastSquare}
+})
+
 // asFast returns which of this file's ops op is, or fastNone.
 func asFast(op gorgonia.Op) fastOp {
 	if op == nil {
 		return fastNone
 	}
 	t := reflect.TypeOf(op)
+	if u, names := unaryRef(); u != nil && t == u {
+		return names[op.String()]
+	}
 	if sum, name := fastRef(); sum != nil && t == sum && op.String() == name {
 		return fastSumRows
 	}
@@ -86,6 +111,22 @@ func (f fastOp) run(last gorgonia.Value, own bool, a gorgonia.Value, shape tenso
 			return nil, false
 		}
 		return l, true
+	case fastTanh, fastSquare:
+		if ad.Shape().IsScalar() || !shape.Eq(ad.Shape()) {
+			return nil, false
+		}
+		var c *tensor.Dense
+		if d, ok := plainDense(last); own && ok && d.Dtype() == dt && d.Shape().Eq(shape) {
+			c = d
+		} else {
+			c = tensor.New(tensor.Of(dt), tensor.WithShape(shape.Clone()...))
+		}
+		if dt == tensor.Float32 {
+			unary32(f, c.Float32s(), ad.Float32s())
+		} else {
+			unary64(f, c.Float64s(), ad.Float64s())
+		}
+		return c, true
 	case fastSumRows:
 		if ad.Dims() != 2 || shape.TotalSize() != ad.Shape()[1] || ad.Shape()[0] == 0 {
 			return nil, false
@@ -128,6 +169,37 @@ func sumRows64(c, a []float64, rows, cols int) {
 		row := a[r*cols : (r+1)*cols]
 		for j := range c {
 			c[j] += row[j]
+		}
+	}
+}
+
+// unary32 sets c[i] = tanh(a[i]) or a[i]², with the functions tensor's
+// engine uses (math32.Tanh, a product).
+func unary32(f fastOp, c, a []float32) {
+	a = a[:len(c)]
+	switch f {
+	case fastTanh:
+		for i := range c {
+			c[i] = math32.Tanh(a[i])
+		}
+	case fastSquare:
+		for i := range c {
+			c[i] = a[i] * a[i]
+		}
+	}
+}
+
+// unary64 is unary32 for float64 (math.Tanh).
+func unary64(f fastOp, c, a []float64) {
+	a = a[:len(c)]
+	switch f {
+	case fastTanh:
+		for i := range c {
+			c[i] = math.Tanh(a[i])
+		}
+	case fastSquare:
+		for i := range c {
+			c[i] = a[i] * a[i]
 		}
 	}
 }

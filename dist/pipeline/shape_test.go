@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -77,5 +78,47 @@ func TestReshapeKeepsLastValue(t *testing.T) {
 	requireSameBits(t, "reshape", want, got)
 	if _, ok := fastReshape.run(last, false, randDense(r, tensor.Float32, tensor.Shape{4, 6}), n.Shape()); ok {
 		t.Fatal("reshape of other data kept its last value")
+	}
+}
+
+// TestUnaryMatchesOp checks the executor's tanh and square bit for bit
+// against Gorgonia's ops, with zeros, infinities and NaNs among the
+// values.
+func TestUnaryMatchesOp(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	ops := map[fastOp]func(*gorgonia.Node) (*gorgonia.Node, error){fastTanh: gorgonia.Tanh, fastSquare: gorgonia.Square}
+	for _, dt := range []tensor.Dtype{tensor.Float32, tensor.Float64} {
+		for f, build := range ops {
+			t.Run(fmt.Sprintf("%v/%d", dt, f), func(t *testing.T) {
+				g := gorgonia.NewGraph()
+				a := gorgonia.NewMatrix(g, dt, gorgonia.WithShape(6, 40))
+				n := gorgonia.Must(build(a))
+				if got := asFast(n.Op()); got != f {
+					t.Fatalf("%v recognised as %d, want %d", n.Op(), got, f)
+				}
+				for range 10 {
+					av := randDense(r, dt, tensor.Shape{6, 40})
+					if dt == tensor.Float32 {
+						d := av.Float32s()
+						d[0], d[1], d[2], d[3] = float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 30
+					} else {
+						d := av.Float64s()
+						d[0], d[1], d[2], d[3] = math.Inf(1), math.Inf(-1), math.NaN(), 30
+					}
+					want, err := n.Op().Do(av)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, ok := f.run(nil, false, av, n.Shape())
+					if !ok {
+						t.Fatal("not run by the executor")
+					}
+					if got, ok = f.run(got, true, av, n.Shape()); !ok {
+						t.Fatal("not run by the executor into its last value")
+					}
+					requireSameBits(t, n.Op().String(), want, got)
+				}
+			})
+		}
 	}
 }
