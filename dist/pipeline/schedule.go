@@ -145,13 +145,23 @@ func (c *call) train() (float64, error) {
 }
 
 // acquire takes a free training slot of ch for micro-batch mb, once the
-// sends of its last run are done.
+// sends of its last run are done: the slot released last if its sends are
+// done, as its tensors are the likeliest to be in the cache (a last stage
+// then runs every micro-batch on one graph), else the one released first.
+// Every graph computes the same bits.
 func (ch *chunk) acquire(mb int) (*slot, error) {
-	if len(ch.free) == 0 {
+	n := len(ch.free)
+	if n == 0 {
 		return nil, fmt.Errorf("%w: no free graph for micro-batch %d", ErrStage, mb) // a schedule bug
 	}
-	s := ch.free[0]
-	ch.free = ch.free[1:]
+	var s *slot
+	if last := ch.free[n-1]; last.sending == len(last.sent) {
+		s = last
+		ch.free = ch.free[:n-1]
+	} else {
+		s = ch.free[0]
+		ch.free = append(ch.free[:0], ch.free[1:]...)
+	}
 	s.waitSent()
 	s.mb = mb
 	return s, nil
