@@ -275,7 +275,7 @@ func (c *call) fillInput(ch *chunk, s *slot, mb, kind int) error {
 	if err := c.expect(p.prev); err != nil {
 		return err
 	}
-	return recvInto(c.ctx, p.g, p.prev, p.tag(kind, mb, ch.vs-1), s.inVal.Data())
+	return recvInto(c.ctx, p.g, p.prev, p.tag(kind, mb, ch.vs-1), flatData(s.inVal))
 }
 
 // output hands the last stage's output of micro-batch mb to Data.Output.

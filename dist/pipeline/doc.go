@@ -98,8 +98,14 @@
 // goroutine per run and whose Reset drops every intermediate tensor. The
 // executor runs the ops in the order a TapeMachine does (bitwise the same
 // results), keeps each op's output from one run to the next and writes into
-// it where the op allows (gorgonia.UsePreallocDoer), and runs a training
-// graph in passes: the forward pass, then — once the next stage's gradient
+// it where the op allows (gorgonia.UsePreallocDoer), runs Gorgonia's
+// matrix products itself — gonum's kernels on the same 64x64 blocks as
+// gonum's Sgemm and Dgemm, bitwise the same products, but on the calling
+// goroutine instead of one goroutine per block — as well as element-wise
+// addition, subtraction and products, tanh, squares, sums over rows and
+// reshapes, all bitwise as Gorgonia computes them, adds each weight-gradient product to
+// the learnable's gradient a strip at a time instead of keeping it, and
+// runs a training graph in passes: the forward pass, then — once the next stage's gradient
 // of the output has arrived into an input node — the backward pass, or with
 // ZeroBubble the input-gradient pass and later the weight-gradient pass.
 // Only nodes that the stage's outputs depend on run (a gorgonia.Read node

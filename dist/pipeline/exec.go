@@ -8,7 +8,9 @@ package pipeline
 // The executor runs the same ops in the order a TapeMachine does (the
 // reverse of gorgonia.Sort), keeps each op's output from one run to the
 // next and writes into it where the op allows (gorgonia.UsePreallocDoer),
-// and can stop between passes — after the forward pass, after the
+// runs the common ops of a layer (matrix products, element-wise arithmetic,
+// tanh, sums over rows, reshapes) without Gorgonia's ops (gemm.go,
+// elem.go, shape.go), and can stop between passes — after the forward pass, after the
 // input-gradient pass — and carry on later, on the same goroutine.
 
 import (
@@ -17,6 +19,12 @@ import (
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
+
+// ownKernels says whether the executor runs Gorgonia's matrix products
+// (gemm.go), element-wise arithmetic (elem.go), tanh, squares, sums over
+// rows and reshapes (shape.go) itself rather than through their ops; tests turn it
+// off to compare the two.
+var ownKernels = true
 
 // program is one graph prepared for the executor: the op nodes that the
 // outputs of its passes depend on, in execution order, and each node's
@@ -30,6 +38,16 @@ type program struct {
 	loads  []int            // argument nodes (no op): their bound values are loaded when a run starts
 	passes [][]int          // op nodes of each pass, in execution order
 	buf    []gorgonia.Value // arguments of the op being run
+	elem   []elemOp         // the element-wise operation node i computes, if any (elem.go)
+	fast   []fastOp         // the unary op node i computes, if any (shape.go)
+	shapes []tensor.Shape   // the shape of node i, if fast[i] (Node.Shape copies it)
+	mm     []matMul         // the matrix product node i computes, if isMM[i]
+	isMM   []bool           // node i is a matrix product the executor runs itself (gemm.go)
+	// addTo[i], if set, is the gradient data ([]float32 or []float64)
+	// that node i's value is added to instead of being kept (see
+	// accumulateInto).
+	addTo   []any
+	scratch *gemmScratch // shared by every program of a pipeline, which run one at a time
 }
 
 // compile prepares g's nodes for passes that compute outs[0], then
@@ -89,6 +107,25 @@ func compile(g *gorgonia.ExprGraph, outs ...gorgonia.Nodes) (*program, error) {
 		}
 		most = max(most, len(cs))
 	}
+	p.mm = make([]matMul, len(p.nodes))
+	p.isMM = make([]bool, len(p.nodes))
+	p.elem = make([]elemOp, len(p.nodes))
+	p.fast = make([]fastOp, len(p.nodes))
+	p.shapes = make([]tensor.Shape, len(p.nodes))
+	for i, n := range p.nodes {
+		switch {
+		case !ownKernels || n.Op() == nil:
+		case len(p.args[i]) == 2:
+			p.mm[i], p.isMM[i] = asMatMul(n.Op())
+			p.elem[i] = asElem(n.Op())
+		case len(p.args[i]) == 1:
+			if p.fast[i] = asFast(n.Op()); p.fast[i] != fastNone {
+				p.shapes[i] = n.Shape()
+			}
+		}
+	}
+	p.addTo = make([]any, len(p.nodes))
+	p.scratch = new(gemmScratch)
 	p.vals = make([]gorgonia.Value, len(p.nodes))
 	p.own = make([]bool, len(p.nodes))
 	p.buf = make([]gorgonia.Value, 0, most)
@@ -132,6 +169,28 @@ func (p *program) run(k int) error {
 
 // exec runs node i's op on its children's current values.
 func (p *program) exec(i int) error {
+	if p.isMM[i] {
+		args := p.args[i]
+		a, b := p.vals[args[0]], p.vals[args[1]]
+		if dst := p.addTo[i]; dst != nil {
+			if p.mm[i].add(dst, p.scratch, a, b) {
+				return nil
+			}
+		} else if v, ok := p.mm[i].run(p.vals[i], p.own[i], a, b); ok {
+			return p.done(i, v)
+		}
+	}
+	if e := p.elem[i]; e != elemNone {
+		args := p.args[i]
+		if v, ok := e.run(p.vals[i], p.own[i], p.vals[args[0]], p.vals[args[1]]); ok {
+			return p.done(i, v)
+		}
+	}
+	if f := p.fast[i]; f != fastNone {
+		if v, ok := f.run(p.vals[i], p.own[i], p.vals[p.args[i][0]], p.shapes[i]); ok {
+			return p.done(i, v)
+		}
+	}
 	op := p.nodes[i].Op()
 	a := p.buf[:0]
 	for _, c := range p.args[i] {
@@ -150,10 +209,31 @@ func (p *program) exec(i int) error {
 	if err != nil {
 		return fmt.Errorf("pipeline: running %v: %w", p.nodes[i], err)
 	}
+	return p.done(i, v)
+}
+
+// done records v as node i's value in the current run, or adds it to the
+// node's gradient (accumulateInto).
+func (p *program) done(i int, v gorgonia.Value) error {
 	p.vals[i] = v
 	p.own[i] = !sharesMemory(v, p.args[i], p.vals)
+	if dst := p.addTo[i]; dst != nil {
+		src, err := denseData(v)
+		if err != nil {
+			return err
+		}
+		return addInto(dst, src)
+	}
 	return nil
 }
+
+// accumulateInto makes node i's value, from the next run on, be added to
+// dst (a gradient's data, []float32 or []float64, of the node's size) when
+// the node runs, instead of being kept: a matrix product is then computed a
+// strip at a time and added while in the cache (gemmAdd32), never written
+// out whole. The sums are bitwise those of adding the kept value with
+// addInto. dst nil keeps the value again.
+func (p *program) accumulateInto(i int, dst any) { p.addTo[i] = dst }
 
 // value returns node n's value in the current run (nil if the program
 // does not hold n).
@@ -200,9 +280,22 @@ func denseData(v gorgonia.Value) (any, error) {
 	if d.IsView() {
 		d = d.Materialize().(*tensor.Dense)
 	}
-	switch x := d.Data().(type) {
-	case []float32, []float64:
-		return x, nil
+	// Float32s and Float64s, not Data, which allocates twice.
+	switch d.Dtype() {
+	case tensor.Float32:
+		return d.Float32s(), nil
+	case tensor.Float64:
+		return d.Float64s(), nil
 	}
 	return nil, fmt.Errorf("%w: dtype %v (want float32 or float64)", ErrStage, d.Dtype())
+}
+
+// flatData returns the data of d, a float32 or float64 tensor that is not
+// a view, as a []float32 or []float64 aliasing it (d.Data allocates a
+// reflect value besides).
+func flatData(d *tensor.Dense) any {
+	if d.Dtype() == tensor.Float32 {
+		return d.Float32s()
+	}
+	return d.Float64s()
 }

@@ -222,6 +222,7 @@ func (p *Pipeline) build(build VirtualBuilder) error {
 	defer p.cfg.buildLock.Unlock()
 	split := p.cfg.schedule.split()
 	need := slotsNeeded(p.plan, p.lay.v, split, p.cfg.recompute)
+	scratch := new(gemmScratch) // the schedule runs one program at a time
 	for k := range p.lay.v {
 		c := &chunk{k: k, vs: p.lay.vstage(p.stage, k)}
 		c.first, c.last = c.vs == 0, c.vs == p.lay.stages()-1
@@ -238,6 +239,7 @@ func (p *Pipeline) build(build VirtualBuilder) error {
 				if err != nil {
 					return err
 				}
+				s.prog.scratch = scratch
 				c.train = append(c.train, s)
 				all = append(all, s)
 			}

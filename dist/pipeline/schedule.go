@@ -111,6 +111,13 @@ func (c *call) train() (float64, error) {
 	if err := p.syncParams(); err != nil {
 		return 0, err
 	}
+	for _, ch := range p.chunks {
+		for _, s := range ch.train {
+			if err := s.bindGrads(ch.params); err != nil {
+				return 0, err
+			}
+		}
+	}
 	if err := c.announce(); err != nil {
 		return 0, err
 	}
@@ -138,13 +145,23 @@ func (c *call) train() (float64, error) {
 }
 
 // acquire takes a free training slot of ch for micro-batch mb, once the
-// sends of its last run are done.
+// sends of its last run are done: the slot released last if its sends are
+// done, as its tensors are the likeliest to be in the cache (a last stage
+// then runs every micro-batch on one graph), else the one released first.
+// Every graph computes the same bits.
 func (ch *chunk) acquire(mb int) (*slot, error) {
-	if len(ch.free) == 0 {
+	n := len(ch.free)
+	if n == 0 {
 		return nil, fmt.Errorf("%w: no free graph for micro-batch %d", ErrStage, mb) // a schedule bug
 	}
-	s := ch.free[0]
-	ch.free = ch.free[1:]
+	var s *slot
+	if last := ch.free[n-1]; last.sending == len(last.sent) {
+		s = last
+		ch.free = ch.free[:n-1]
+	} else {
+		s = ch.free[0]
+		ch.free = append(ch.free[:0], ch.free[1:]...)
+	}
 	s.waitSent()
 	s.mb = mb
 	return s, nil
@@ -225,7 +242,7 @@ func (c *call) forward(ch *chunk, mb int) error {
 		return err
 	}
 	if p.cfg.recompute {
-		ch.saved[mb] = p.pool.clone(s.inVal.Data())
+		ch.saved[mb] = p.pool.clone(flatData(s.inVal))
 	}
 	if err := p.timed(Forward, ch, mb, s.start); err != nil {
 		return err
@@ -252,7 +269,7 @@ func (c *call) backward(ch *chunk, mb int) error {
 		if s, err = ch.acquire(mb); err != nil {
 			return err
 		}
-		if err := copyData(s.inVal.Data(), ch.saved[mb]); err != nil {
+		if err := copyData(flatData(s.inVal), ch.saved[mb]); err != nil {
 			return err
 		}
 		p.pool.put(ch.saved[mb])
@@ -266,7 +283,7 @@ func (c *call) backward(ch *chunk, mb int) error {
 	if err := c.expect(p.next); err != nil {
 		return err
 	}
-	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb, ch.vs), s.gOutVal.Data()); err != nil {
+	if err := recvInto(c.ctx, p.g, p.next, p.tag(kindBwd, mb, ch.vs), flatData(s.gOutVal)); err != nil {
 		return err
 	}
 	err = p.timed(Backward, ch, mb, func() error {
@@ -314,10 +331,14 @@ func (c *call) weights(ch *chunk, mb int) error {
 }
 
 // accumulate adds the weight gradients s computed to ch's learnables'
-// gradients. Every schedule calls it in micro-batch order, so the sums are
-// the same bits whatever the schedule.
+// gradients, but for those the weight-gradient pass added itself (see
+// addedGrads). Every schedule runs the pass and calls it in micro-batch
+// order, so the sums are the same bits whatever the schedule.
 func (p *Pipeline) accumulate(ch *chunk, s *slot) error {
 	for j, n := range s.grads {
+		if s.added[j] >= 0 {
+			continue // added by the pass itself
+		}
 		src, err := s.valueData(n)
 		if err != nil {
 			return err

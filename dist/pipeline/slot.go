@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"slices"
 
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -59,6 +60,10 @@ type slot struct {
 
 	dIn   *gorgonia.Node // the gradient of in; nil on the first virtual stage
 	grads gorgonia.Nodes // the gradient of each of params
+	// added[j] is the program index of grads[j] if the program adds it
+	// to the parameter's gradient itself (program.accumulateInto), -1 if
+	// accumulate adds its value.
+	added []int
 
 	// Run state (owned by the scheduler goroutine).
 	mb      int           // micro-batch in flight, -1 if free
@@ -190,7 +195,51 @@ func buildSlot(kind slotKind, build func(*gorgonia.ExprGraph) (Stage, error), fi
 		return nil, err
 	}
 	setTraining(s.prog, true)
+	s.added = addedGrads(s.prog, s.grads, s.wPass)
 	return s, nil
+}
+
+// addedGrads returns, for each of grads, the program index of the node if
+// the program can add it to its parameter's gradient itself, or -1: a
+// matrix product of the weight-gradient pass that no other node reads.
+// Its value is then never kept, and a micro-batch's weight gradients
+// cost no write and read of a whole product on top of the sum.
+func addedGrads(p *program, grads gorgonia.Nodes, wPass int) []int {
+	read := make([]bool, len(p.nodes))
+	for _, as := range p.args {
+		for _, c := range as {
+			read[c] = true
+		}
+	}
+	inPass := make([]bool, len(p.nodes))
+	for _, i := range p.passes[wPass] {
+		inPass[i] = true
+	}
+	out := make([]int, len(grads))
+	for j, n := range grads {
+		out[j] = -1
+		if i, ok := p.index[n]; ok && p.isMM[i] && inPass[i] && !read[i] && !slices.Contains(grads[:j], n) {
+			out[j] = i
+		}
+	}
+	return out
+}
+
+// bindGrads points the program's added weight gradients at the data of
+// the learnables' gradients, params (the chunk's primary nodes), which a
+// solver may have replaced since the last call.
+func (s *slot) bindGrads(params gorgonia.Nodes) error {
+	for j, i := range s.added {
+		if i < 0 {
+			continue
+		}
+		dst, err := gradData(params[j])
+		if err != nil {
+			return err
+		}
+		s.prog.accumulateInto(i, dst)
+	}
+	return nil
 }
 
 // setTraining tells the program's ops that have a training mode (dropout,
