@@ -511,17 +511,18 @@ func (t *Transport) serve(conn *net.TCPConn, slot *hsSlot) {
 		err = t.acceptRegistration(l)
 	}
 	if err != nil {
+		select {
+		case <-t.stop: // closing: not worth a warning
+		default:
+			// Recorded before the close, which for a failed TLS handshake
+			// lingers until the peer has read the alert.
+			t.refused.add(conn.RemoteAddr().String(), claimed, err)
+		}
 		if errors.Is(err, ErrTLS) {
 			lingerClose(conn)
 		} else {
 			conn.Close()
 		}
-		select {
-		case <-t.stop:
-			return // closing: not worth a warning
-		default:
-		}
-		t.refused.add(conn.RemoteAddr().String(), claimed, err)
 		return
 	}
 	if t.acceptMode == wire.ModeRendezvous {
