@@ -44,6 +44,7 @@ func (d *domain) setCauseLocked(a *AbortError, cause error) {
 		}
 		g.stopLocked()
 	}
+	d.down.Store(true)
 	close(d.abortCh)
 	d.failCancel()
 	if a != nil && !d.transportClosing {

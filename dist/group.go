@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gdist/gdist/dist/internal/coll"
@@ -65,6 +66,7 @@ type ProcessGroup struct {
 	ex    exchange
 
 	done chan struct{} // closed when the group is closed (or the job's group is)
+	shut atomic.Bool   // set before done is closed
 	// stop is closed when the domain fails or the group closes: the
 	// running collective's context (opCtx) ends with it.
 	stop chan struct{}
@@ -113,6 +115,7 @@ type domain struct {
 
 	done    chan struct{} // closed by Close of the job's group
 	abortCh chan struct{} // closed when the job is aborted (cause set)
+	down    atomic.Bool   // set before done or abortCh is closed: one load for the calls that ask at every call
 	gctx    context.Context
 	gcancel context.CancelFunc
 	// failCtx ends when the job fails or closes (with abortCh):
@@ -326,6 +329,7 @@ func (g *ProcessGroup) Close() error {
 		return nil
 	}
 	d.closed = true
+	d.down.Store(true)
 	close(d.done)
 	if d.cause == nil {
 		d.setCauseLocked(nil, fmt.Errorf("dist: group closed: %w", ErrClosed))
@@ -364,6 +368,7 @@ func (g *ProcessGroup) closeLocked() {
 		return
 	}
 	g.closed = true
+	g.shut.Store(true)
 	close(g.done)
 	g.stopLocked()
 	if g.unwatch != nil {

@@ -27,16 +27,15 @@ func (g *ProcessGroup) checkP2P(op string, peer int, tag uint32) error {
 	if tag >= TagReservedBase {
 		return fmt.Errorf("dist: %s: %w: %#x", op, ErrReservedTag, tag)
 	}
-	if g.isClosed() {
-		return fmt.Errorf("dist: %s: %w", op, ErrClosed)
+	if g.shut.Load() || g.d.down.Load() { // closed or failed: which, and why
+		if g.isClosed() {
+			return fmt.Errorf("dist: %s: %w", op, ErrClosed)
+		}
+		if g.d.failed() {
+			return g.derive(0, op)
+		}
 	}
-	if err := transport.CheckRank(peer, g.size); err != nil {
-		return err
-	}
-	if g.d.failed() {
-		return g.derive(0, op)
-	}
-	return nil
+	return transport.CheckRank(peer, g.size)
 }
 
 // p2pCtx returns a context that ends with ctx or when the job fails, and

@@ -96,7 +96,9 @@ func (j *p2pJoins) hold(parent, fail context.Context) (context.Context, p2pHold)
 // find takes the kept join of parent, if there is one.
 func (j *p2pJoins) find(parent context.Context) *p2pJoin {
 	if e := j.last.Load(); e != nil && e.parent == parent && e.take() {
-		e.used.Store(j.tick.Add(1))
+		if e.used.Load() != j.tick.Load() { // another join was used since
+			e.used.Store(j.tick.Add(1))
+		}
 		return e
 	}
 	for i := range j.slots {
@@ -173,7 +175,7 @@ func (j *p2pJoins) retire(e *p2pJoin) {
 func (h p2pHold) release() {
 	switch {
 	case h.e != nil:
-		if h.e.users.Add(-1) == 0 && h.e.ctx.Err() != nil {
+		if h.e.users.Add(-1) == 0 && ended(h.e.ctx) {
 			h.j.retire(h.e)
 		}
 	case h.cancel != nil:
@@ -194,5 +196,15 @@ func (j *p2pJoins) close() {
 			e.undo()
 			j.slots[i].Store(nil)
 		}
+	}
+}
+
+// ended reports whether c has ended, without the lock Err takes.
+func ended(c context.Context) bool {
+	select {
+	case <-c.Done():
+		return true
+	default:
+		return false
 	}
 }
