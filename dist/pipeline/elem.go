@@ -115,14 +115,14 @@ func (e elemOp) run(dst gorgonia.Value, reuse bool, a, b gorgonia.Value) (gorgon
 		if !xok || !yok {
 			return nil, false
 		}
-		elem32(e, c.Float32s(), x, xs, y, ys)
+		elem(e, c.Float32s(), x, xs, y, ys)
 	} else {
 		x, xs, xok := operand64(a, ad, aok)
 		y, ys, yok := operand64(b, bd, bok)
 		if !xok || !yok {
 			return nil, false
 		}
-		elem64(e, c.Float64s(), x, xs, y, ys)
+		elem(e, c.Float64s(), x, xs, y, ys)
 	}
 	return c, true
 }
@@ -150,63 +150,9 @@ func operand64(v gorgonia.Value, d *tensor.Dense, dense bool) ([]float64, float6
 	return nil, 0, false
 }
 
-// elem32 sets c[i] = a[i] op b[i], where a nil a (or b) stands for the
+// elem sets c[i] = a[i] op b[i], where a nil a (or b) stands for the
 // scalar as (bs) in every element; a and b have c's length.
-func elem32(e elemOp, c, a []float32, as float32, b []float32, bs float32) {
-	switch {
-	case a != nil && b != nil:
-		a, b = a[:len(c)], b[:len(c)]
-		switch e {
-		case elemAdd:
-			for i := range c {
-				c[i] = a[i] + b[i]
-			}
-		case elemSub:
-			for i := range c {
-				c[i] = a[i] - b[i]
-			}
-		case elemMul:
-			for i := range c {
-				c[i] = a[i] * b[i]
-			}
-		}
-	case a != nil:
-		a = a[:len(c)]
-		switch e {
-		case elemAdd:
-			for i := range c {
-				c[i] = a[i] + bs
-			}
-		case elemSub:
-			for i := range c {
-				c[i] = a[i] - bs
-			}
-		case elemMul:
-			for i := range c {
-				c[i] = a[i] * bs
-			}
-		}
-	default:
-		b = b[:len(c)]
-		switch e {
-		case elemAdd:
-			for i := range c {
-				c[i] = as + b[i]
-			}
-		case elemSub:
-			for i := range c {
-				c[i] = as - b[i]
-			}
-		case elemMul:
-			for i := range c {
-				c[i] = as * b[i]
-			}
-		}
-	}
-}
-
-// elem64 is elem32 for float64.
-func elem64(e elemOp, c, a []float64, as float64, b []float64, bs float64) {
+func elem[T float32 | float64](e elemOp, c, a []T, as T, b []T, bs T) {
 	switch {
 	case a != nil && b != nil:
 		a, b = a[:len(c)], b[:len(c)]

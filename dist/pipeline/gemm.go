@@ -197,9 +197,12 @@ func trans(t bool) blas.Transpose {
 // Sgemm would hand to a goroutine gets the same serial kernel calls, in
 // the same order along k.
 func gemm32(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
-	for i := 0; i < m; i += gemmBlock {
-		strip32(tA, tB, m, n, k, i, a, lda, b, ldb, c[i*ldc:], ldc)
-	}
+	gemm(sgemm, tA, tB, m, n, k, a, lda, b, ldb, c, ldc)
+}
+
+// gemm64 is gemm32 for float64 (gonum's Dgemm).
+func gemm64(tA, tB bool, m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {
+	gemm(dgemm, tA, tB, m, n, k, a, lda, b, ldb, c, ldc)
 }
 
 // gemmAdd32 adds a·b to dst (m x n, row-major) as gemm32 into a matrix
@@ -208,86 +211,46 @@ func gemm32(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb int
 // product is never written out whole, and each strip is added while it is
 // still in the cache.
 func gemmAdd32(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, dst, scratch []float32) {
-	for i := 0; i < m; i += gemmBlock {
-		li := min(gemmBlock, m-i)
-		strip32(tA, tB, m, n, k, i, a, lda, b, ldb, scratch, n)
-		vec.AddF32(dst[i*n:(i+li)*n], scratch[:li*n])
-	}
-}
-
-// strip32 computes rows [i, i+64) (or to m) of gemm32's C into cs, which
-// starts at row i, with leading dimension ldc.
-func strip32(tA, tB bool, m, n, k, i int, a []float32, lda int, b []float32, ldb int, cs []float32, ldc int) {
-	var impl gonum.Implementation
-	ta, tb := trans(tA), trans(tB)
-	li := min(gemmBlock, m-i)
-	if n == 0 {
-		return
-	}
-	for r := range li {
-		clear(cs[r*ldc : r*ldc+n])
-	}
-	if k == 0 {
-		return
-	}
-	if blocks(m)*blocks(n) < gemmMinParBlocks {
-		// Sgemm runs the whole product serially, each row of C on its
-		// own and along the whole of k; with beta 1 it adds to the zeroed
-		// strip.
-		impl.Sgemm(ta, tb, li, n, k, 1, offset32(a, tA, i, lda), lda, b, ldb, 1, cs, ldc)
-		return
-	}
-	for j := 0; j < n; j += gemmBlock {
-		lj := min(gemmBlock, n-j)
-		c := view32(cs, ldc, 0, j, li, lj)
-		for l := 0; l < k; l += gemmBlock {
-			ll := min(gemmBlock, k-l)
-			var as, bs []float32
-			if tA {
-				as = view32(a, lda, l, i, ll, li)
-			} else {
-				as = view32(a, lda, i, l, li, ll)
-			}
-			if tB {
-				bs = view32(b, ldb, j, l, lj, ll)
-			} else {
-				bs = view32(b, ldb, l, j, ll, lj)
-			}
-			// One block: fewer than four blocks, so Sgemm runs it
-			// serially, exactly as its goroutine would.
-			impl.Sgemm(ta, tb, li, lj, ll, 1, as, lda, bs, ldb, 1, c, ldc)
-		}
-	}
-}
-
-// offset32 returns a from row i of the product on: a's row i, or, if a is
-// transposed, its column i.
-func offset32(a []float32, t bool, i, lda int) []float32 {
-	if t {
-		return a[i:]
-	}
-	return a[i*lda:]
-}
-
-// gemm64 is gemm32 for float64 (gonum's Dgemm).
-func gemm64(tA, tB bool, m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {
-	for i := 0; i < m; i += gemmBlock {
-		strip64(tA, tB, m, n, k, i, a, lda, b, ldb, c[i*ldc:], ldc)
-	}
+	gemmAdd(sgemm, vec.AddF32, tA, tB, m, n, k, a, lda, b, ldb, dst, scratch)
 }
 
 // gemmAdd64 is gemmAdd32 for float64.
 func gemmAdd64(tA, tB bool, m, n, k int, a []float64, lda int, b []float64, ldb int, dst, scratch []float64) {
+	gemmAdd(dgemm, vec.AddF64, tA, tB, m, n, k, a, lda, b, ldb, dst, scratch)
+}
+
+// serialGemm is gonum's serial product c += a·b (alpha and beta 1) for
+// one element type: sgemm or dgemm.
+type serialGemm[T float32 | float64] func(ta, tb blas.Transpose, m, n, k int, a []T, lda int, b []T, ldb int, c []T, ldc int)
+
+func sgemm(ta, tb blas.Transpose, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	gonum.Implementation{}.Sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc)
+}
+
+func dgemm(ta, tb blas.Transpose, m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {
+	gonum.Implementation{}.Dgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc)
+}
+
+// gemm is gemm32 and gemm64 with the kernel mul.
+func gemm[T float32 | float64](mul serialGemm[T], tA, tB bool, m, n, k int, a []T, lda int, b []T, ldb int, c []T, ldc int) {
 	for i := 0; i < m; i += gemmBlock {
-		li := min(gemmBlock, m-i)
-		strip64(tA, tB, m, n, k, i, a, lda, b, ldb, scratch, n)
-		vec.AddF64(dst[i*n:(i+li)*n], scratch[:li*n])
+		strip(mul, tA, tB, m, n, k, i, a, lda, b, ldb, c[i*ldc:], ldc)
 	}
 }
 
-// strip64 is strip32 for float64.
-func strip64(tA, tB bool, m, n, k, i int, a []float64, lda int, b []float64, ldb int, cs []float64, ldc int) {
-	var impl gonum.Implementation
+// gemmAdd is gemmAdd32 and gemmAdd64 with the kernel mul and the vector
+// sum add.
+func gemmAdd[T float32 | float64](mul serialGemm[T], add func(dst, src []T), tA, tB bool, m, n, k int, a []T, lda int, b []T, ldb int, dst, scratch []T) {
+	for i := 0; i < m; i += gemmBlock {
+		li := min(gemmBlock, m-i)
+		strip(mul, tA, tB, m, n, k, i, a, lda, b, ldb, scratch, n)
+		add(dst[i*n:(i+li)*n], scratch[:li*n])
+	}
+}
+
+// strip computes rows [i, i+64) (or to m) of gemm's C into cs, which
+// starts at row i, with leading dimension ldc.
+func strip[T float32 | float64](mul serialGemm[T], tA, tB bool, m, n, k, i int, a []T, lda int, b []T, ldb int, cs []T, ldc int) {
 	ta, tb := trans(tA), trans(tB)
 	li := min(gemmBlock, m-i)
 	if n == 0 {
@@ -300,32 +263,38 @@ func strip64(tA, tB bool, m, n, k, i int, a []float64, lda int, b []float64, ldb
 		return
 	}
 	if blocks(m)*blocks(n) < gemmMinParBlocks {
-		impl.Dgemm(ta, tb, li, n, k, 1, offset64(a, tA, i, lda), lda, b, ldb, 1, cs, ldc)
+		// Sgemm and Dgemm run the whole product serially, each row of C
+		// on its own and along the whole of k; with beta 1 it adds to
+		// the zeroed strip.
+		mul(ta, tb, li, n, k, offset(a, tA, i, lda), lda, b, ldb, cs, ldc)
 		return
 	}
 	for j := 0; j < n; j += gemmBlock {
 		lj := min(gemmBlock, n-j)
-		c := view64(cs, ldc, 0, j, li, lj)
+		c := view(cs, ldc, 0, j, li, lj)
 		for l := 0; l < k; l += gemmBlock {
 			ll := min(gemmBlock, k-l)
-			var as, bs []float64
+			var as, bs []T
 			if tA {
-				as = view64(a, lda, l, i, ll, li)
+				as = view(a, lda, l, i, ll, li)
 			} else {
-				as = view64(a, lda, i, l, li, ll)
+				as = view(a, lda, i, l, li, ll)
 			}
 			if tB {
-				bs = view64(b, ldb, j, l, lj, ll)
+				bs = view(b, ldb, j, l, lj, ll)
 			} else {
-				bs = view64(b, ldb, l, j, ll, lj)
+				bs = view(b, ldb, l, j, ll, lj)
 			}
-			impl.Dgemm(ta, tb, li, lj, ll, 1, as, lda, bs, ldb, 1, c, ldc)
+			// One block: fewer than four blocks, so the kernel runs it
+			// serially, exactly as gonum's goroutine would.
+			mul(ta, tb, li, lj, ll, as, lda, bs, ldb, c, ldc)
 		}
 	}
 }
 
-// offset64 is offset32 for float64.
-func offset64(a []float64, t bool, i, lda int) []float64 {
+// offset returns a from row i of the product on: a's row i, or, if a is
+// transposed, its column i.
+func offset[T any](a []T, t bool, i, lda int) []T {
 	if t {
 		return a[i:]
 	}
@@ -335,13 +304,8 @@ func offset64(a []float64, t bool, i, lda int) []float64 {
 // blocks is the number of gemmBlock-long blocks that cover dim.
 func blocks(dim int) int { return (dim + gemmBlock - 1) / gemmBlock }
 
-// view32 returns the r x c block of the row-major matrix a (leading
+// view returns the r x c block of the row-major matrix a (leading
 // dimension lda) whose top-left element is (i, j), as gonum slices it.
-func view32(a []float32, lda, i, j, r, c int) []float32 {
-	return a[i*lda+j : (i+r-1)*lda+j+c]
-}
-
-// view64 is view32 for float64.
-func view64(a []float64, lda, i, j, r, c int) []float64 {
+func view[T any](a []T, lda, i, j, r, c int) []T {
 	return a[i*lda+j : (i+r-1)*lda+j+c]
 }
