@@ -13,14 +13,23 @@ import (
 )
 
 // AddF32 sets dst[i] += src[i] for i < len(dst); src must be at least as
-// long. It is gonum's vectorised axpy with alpha 1, dst = 1*src + dst,
-// which rounds exactly like dst + src (multiplying by one is exact, with or
-// without a fused multiply-add): about 9x faster than a scalar loop.
+// long. On amd64 with AVX2 it adds 32 floats per loop turn (about 2.5x
+// gonum's axpy on data in cache); elsewhere it is gonum's axpy with alpha
+// 1, dst = 1*src + dst. Both round exactly like dst + src: IEEE addition,
+// and multiplying by one is exact, with or without a fused multiply-add.
 func AddF32(dst, src []float32) {
-	gonum.Implementation{}.Saxpy(len(dst), 1, src[:len(dst)], 1, dst, 1)
+	src = src[:len(dst)] // panics, as documented, on a shorter src
+	addF32(dst, src)
 }
 
 // AddF64 sets dst[i] += src[i] for i < len(dst), like AddF32.
 func AddF64(dst, src []float64) {
-	floats.Add(dst, src[:len(dst)])
+	src = src[:len(dst)]
+	addF64(dst, src)
 }
+
+func addF32Generic(dst, src []float32) {
+	gonum.Implementation{}.Saxpy(len(dst), 1, src, 1, dst, 1)
+}
+
+func addF64Generic(dst, src []float64) { floats.Add(dst, src) }

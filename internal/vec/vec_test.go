@@ -1,6 +1,7 @@
 package vec
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -10,7 +11,7 @@ import (
 // TestAddIsExact: the vectorised add gives the bits of a plain dst + src,
 // whatever the length (vector body and scalar tail).
 func TestAddIsExact(t *testing.T) {
-	for _, n := range []int{0, 1, 3, 7, 8, 9, 31, 33, 1000} {
+	for _, n := range []int{0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 1000, 4099} {
 		d32, s32 := make([]float32, n), make([]float32, n+2)
 		d64, s64 := make([]float64, n), make([]float64, n+2)
 		for i := range s32 {
@@ -32,5 +33,66 @@ func TestAddIsExact(t *testing.T) {
 			require.Equal(t, math.Float32bits(w32[i]), math.Float32bits(d32[i]), "n=%d i=%d", n, i)
 			require.Equal(t, math.Float64bits(w64[i]), math.Float64bits(d64[i]), "n=%d i=%d", n, i)
 		}
+	}
+}
+
+// TestAddSpecialValues: every offset into both slices (unaligned vector
+// loads), lengths on both sides of each loop's block size, and the values
+// whose sums are easy to get wrong (NaN, infinities, signed zeros,
+// subnormals, overflow), against the plain sum; with the portable kernels
+// too.
+func TestAddSpecialValues(t *testing.T) {
+	s32 := []float32{0, float32(math.Copysign(0, -1)), 1, -1, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)),
+		math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32, -math.SmallestNonzeroFloat32, 1e-38, 3.25}
+	s64 := []float64{0, math.Copysign(0, -1), 1, -1, math.NaN(), math.Inf(1), math.Inf(-1),
+		math.MaxFloat64, -math.MaxFloat64, math.SmallestNonzeroFloat64, -math.SmallestNonzeroFloat64, 1e-308, 3.25}
+	for _, portable := range []bool{false, true} {
+		if portable {
+			defer forcePortable()()
+		}
+		for n := range 80 {
+			for off := range 4 {
+				d32, s32v := make([]float32, n+off), make([]float32, n+off)
+				d64, s64v := make([]float64, n+off), make([]float64, n+off)
+				for i := range n + off {
+					d32[i], s32v[i] = s32[(i*5+n)%len(s32)], s32[(i*3+off)%len(s32)]
+					d64[i], s64v[i] = s64[(i*5+n)%len(s64)], s64[(i*3+off)%len(s64)]
+				}
+				w32, w64 := make([]float32, n), make([]float64, n)
+				for i := range n {
+					w32[i] = d32[off+i] + s32v[i]
+					w64[i] = d64[off+i] + s64v[i]
+				}
+				AddF32(d32[off:], s32v[:n])
+				AddF64(d64[off:], s64v[:n])
+				for i := range n {
+					require.Equal(t, math.Float32bits(w32[i]), math.Float32bits(d32[off+i]), "portable=%v n=%d off=%d i=%d", portable, n, off, i)
+					require.Equal(t, math.Float64bits(w64[i]), math.Float64bits(d64[off+i]), "portable=%v n=%d off=%d i=%d", portable, n, off, i)
+				}
+			}
+		}
+	}
+}
+
+// TestAddShortSource: a source shorter than dst panics before anything is
+// written.
+func TestAddShortSource(t *testing.T) {
+	d := []float32{1, 2, 3}
+	require.Panics(t, func() { AddF32(d, []float32{1, 2}) })
+	require.Equal(t, []float32{1, 2, 3}, d)
+	d64 := []float64{1, 2, 3}
+	require.Panics(t, func() { AddF64(d64, []float64{1}) })
+	require.Equal(t, []float64{1, 2, 3}, d64)
+}
+
+func BenchmarkAddF32(b *testing.B) {
+	for _, n := range []int{1 << 10, 64 << 10, 1 << 20} {
+		d, s := make([]float32, n), make([]float32, n)
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			b.SetBytes(int64(4 * n))
+			for b.Loop() {
+				AddF32(d, s)
+			}
+		})
 	}
 }

@@ -1,0 +1,7 @@
+//go:build !amd64 || purego
+
+package vec
+
+func addF32(dst, src []float32) { addF32Generic(dst, src) }
+
+func addF64(dst, src []float64) { addF64Generic(dst, src) }
