@@ -14,13 +14,15 @@ import (
 
 // algorithm configurations every collective is checked under: the defaults,
 // and each algorithm forced for every size with tiny segments so that the
-// segmenting paths run on small vectors too.
+// segmenting paths run on small vectors too ("pair" is the all-reduce
+// between 2 members on one host; "ring" turns it off).
 var algoConfigs = []struct {
 	name string
 	opts []Option
 }{
 	{"default", nil},
-	{"ring", []Option{WithSmallThreshold(0), withSegment(64)}},
+	{"ring", []Option{WithSmallThreshold(0), withSegment(64), withPairSegment(0)}},
+	{"pair", []Option{WithSmallThreshold(0), withSegment(64), withPairSegment(64)}},
 	{"small", []Option{WithSmallThreshold(math.MaxInt), withSegment(64)}},
 }
 

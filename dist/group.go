@@ -226,7 +226,8 @@ func (d *domain) newGroup(id uint32, name string, ranks []int, me, n int) *Proce
 			g.ops[k] += " on " + name
 		}
 	}
-	g.net = coll.Net{Ex: &g.ex, Segment: d.cfg.segment, Small: d.cfg.small, SmallPair: d.cfg.smallPair, Hier: d.plan(ranks, me, n)}
+	g.net = coll.Net{Ex: &g.ex, Segment: d.cfg.segment, Small: d.cfg.small, SmallPair: d.cfg.smallPair,
+		PairSegment: d.pairSegment(ranks, n), Hier: d.plan(ranks, me, n)}
 	g.octx.g = g
 	g.onCancelFn = g.onCancel
 	g.timer = time.AfterFunc(time.Hour, g.onTimer)

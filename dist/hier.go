@@ -35,6 +35,29 @@ func topology(t transport.Transport, cfg *config, world int) ([]int, error) {
 	return hosts, nil
 }
 
+// pairSegment returns the coll.Net.PairSegment of a group of n members
+// whose job ranks are ranks (nil: the whole job): the configured segment
+// when the group has 2 members and the transport says they talk through
+// shared memory (transport.SharedMemory), else 0.
+func (d *domain) pairSegment(ranks []int, n int) int {
+	sm, ok := d.t.(transport.SharedMemory)
+	if n != 2 || !ok {
+		return 0
+	}
+	a, b := 0, 1
+	if ranks != nil {
+		a, b = ranks[0], ranks[1]
+	}
+	other := a
+	if a == d.rank {
+		other = b
+	}
+	if !sm.SharedMemory(other) {
+		return 0
+	}
+	return d.cfg.pairSegment
+}
+
 // plan returns the hierarchical plan of member me of the group of n
 // members whose job ranks are ranks (nil: the whole job), or nil when its
 // collectives run flat. The members' hosts are renumbered in the order of

@@ -487,6 +487,25 @@ func TestHierAlgorithmName(t *testing.T) {
 	}
 	flat := newHostCluster(t, []int{0, 0, 1, 1}, WithHierarchical(false))
 	assert.Equal(t, "recursive_doubling", flat.gs[0].algorithm(&call{kind: kAllReduce, data: make([]byte, 8)}))
+
+	// 2 members: on one host the all-reduce from the small threshold up
+	// is the shared-memory pair algorithm, across hosts it is not.
+	big := make([]byte, DefaultSmallThreshold)
+	for _, tc := range []struct {
+		hosts []int
+		opts  []Option
+		small string
+		large string
+	}{
+		{[]int{0, 0}, nil, "recursive_doubling", "pair"},
+		{[]int{0, 0}, []Option{WithHierarchical(false)}, "recursive_doubling", "pair"},
+		{[]int{0, 0}, []Option{withPairSegment(0)}, "recursive_doubling", "recursive_doubling"},
+		{[]int{0, 1}, nil, "recursive_doubling", "recursive_doubling"},
+	} {
+		g := newHostCluster(t, tc.hosts, tc.opts...).gs[1]
+		assert.Equal(t, tc.small, g.algorithm(&call{kind: kAllReduce, data: make([]byte, 8)}), "%v", tc.hosts)
+		assert.Equal(t, tc.large, g.algorithm(&call{kind: kAllReduce, data: big}), "%v", tc.hosts)
+	}
 }
 
 // TestHierMixedSetting: ranks that disagree on WithHierarchical fail (a

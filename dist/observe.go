@@ -161,6 +161,9 @@ func (g *ProcessGroup) algorithm(c *call) string {
 	}
 	switch c.kind {
 	case kAllReduce:
+		if g.size == 2 && g.net.PairSegment > 0 && !small {
+			return "pair"
+		}
 		if small || (g.size == 2 && len(c.data) < g.net.SmallPair) {
 			return "recursive_doubling"
 		}

@@ -25,6 +25,8 @@ func TestOptionsRefused(t *testing.T) {
 		{WithSmallThreshold(-1), "WithSmallThreshold"},
 		{WithLogger(nil), "WithLogger"},
 		{withSegment(0), "withSegment"},
+		{withPairSegment(12), "withPairSegment"},
+		{withPairSegment(-8), "withPairSegment"},
 		{withSegment(12), "withSegment"},
 		{WithLocalRank(-1), "WithLocalRank"},
 		{WithRestartCount(-1), "WithRestartCount"},

@@ -134,6 +134,10 @@ func hybridChild(mode string) int {
 			fmt.Fprintf(os.Stderr, "rank %d reaches rank %d via %s, want %s\n", rank, p, got, want)
 			return 1
 		}
+		if got := tr.SharedMemory(p); got != (want != hybrid.ViaTCP) {
+			fmt.Fprintf(os.Stderr, "rank %d: SharedMemory(%d) = %v via %s\n", rank, p, got, want)
+			return 1
+		}
 	}
 	if os.Getenv(hybridKillEnv) == "1" {
 		return dist.ChildKill(g)

@@ -123,6 +123,12 @@ func (l *Local) WorldSize() int { return len(l.hub.boxes) }
 // copy.
 func (l *Local) Hosts() []int { return append([]int(nil), l.hub.hosts...) }
 
+// SharedMemory implements transport.SharedMemory: in-process ranks share
+// memory, except across the hosts a WithHosts map simulates.
+func (l *Local) SharedMemory(r int) bool {
+	return r >= 0 && r < len(l.hub.hosts) && l.hub.hosts[r] == l.hub.hosts[l.rank]
+}
+
 // peerErr is the error for an operation on rank r that is gone.
 func (l *Local) peerErr(op string, r int) error {
 	cause := ErrPeerClosed

@@ -141,6 +141,7 @@ func TestLocalHosts(t *testing.T) {
 	ls := transporttest.NewLocal(t, 3)
 	for _, l := range ls {
 		assert.Equal(t, []int{0, 0, 0}, l.Hosts(), "default: one host")
+		assert.True(t, l.SharedMemory(0) && l.SharedMemory(1) && l.SharedMemory(2), "in one process")
 		require.NoError(t, l.Close())
 	}
 
@@ -153,6 +154,13 @@ func TestLocalHosts(t *testing.T) {
 		assert.Equal(t, []int{0, 1, 0, 2, 1}, hosts)
 		hosts[0] = 9 // a fresh copy each time
 		assert.Equal(t, 0, tp.Hosts()[0])
+		var sm transport.SharedMemory = l
+		for r := range 5 {
+			same := []int{0, 1, 0, 2, 1}[r] == []int{0, 1, 0, 2, 1}[l.Rank()]
+			assert.Equal(t, same, sm.SharedMemory(r), "rank %d to %d", l.Rank(), r)
+		}
+		assert.False(t, sm.SharedMemory(-1))
+		assert.False(t, sm.SharedMemory(5))
 		require.NoError(t, l.Close())
 	}
 }

@@ -155,6 +155,18 @@ type Topology interface {
 	Hosts() []int
 }
 
+// SharedMemory is implemented by transports that know which peers they
+// reach through memory both processes map (or share, in one process). The
+// layer above uses it to choose algorithms whose extra messages cost
+// little there and too much over a network (dist's all-reduce between 2
+// members on one host).
+type SharedMemory interface {
+	// SharedMemory reports whether messages to and from rank r go through
+	// shared memory: true for this rank itself and for a peer on a
+	// shared-memory link, false for other peers and ranks out of range.
+	SharedMemory(r int) bool
+}
+
 // CheckHosts checks a host map against Topology's contract: hosts numbered
 // 0, 1, ... in the order of their lowest rank. Its error names the first
 // rank out of order; callers add their own context and sentinel.

@@ -124,6 +124,12 @@ type Net struct {
 	// doubling and the ring move the same bytes and recursive doubling
 	// needs one exchange instead of two.
 	SmallPair int
+	// PairSegment, when positive, is the segment size of the all-reduce
+	// between 2 members from Small bytes up (allReducePair), which replaces
+	// recursive doubling and the ring there. Set it when the 2 members
+	// share memory: it sends twice as many messages, each costing more
+	// than the bytes it saves over a network. A positive multiple of 8.
+	PairSegment int
 	// Hier is the plan of the hierarchical all-reduce and broadcast, nil
 	// when they run flat (see NewPlan).
 	Hier *Plan

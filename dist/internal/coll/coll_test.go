@@ -56,6 +56,7 @@ func f64Reducer(max bool) coll.Reducer {
 type tcase struct {
 	N, Len, Seg, Cap, Root int
 	Small                  int
+	Pair                   int // Net.PairSegment
 	Max                    bool
 	Hosts                  []int // nil: flat
 	Seed                   uint64
@@ -75,6 +76,9 @@ func genCase(r *rand.Rand) tcase {
 	}
 	if r.IntN(2) == 0 {
 		c.Small = 1 << 30 // latency-optimal algorithms
+	}
+	if r.IntN(2) == 0 {
+		c.Pair = 8 * (1 + r.IntN(8))
 	}
 	if r.IntN(3) == 0 { // a host map: members in host order, hosts numbered by first member
 		hosts := make([]int, n)
@@ -101,7 +105,7 @@ func run(t *testing.T, c tcase, f func(ctx context.Context, me int, nt *coll.Net
 	errs := make([]error, c.N)
 	var wg sync.WaitGroup
 	for me := range c.N {
-		nt := &coll.Net{Ex: nw.Exchange(me), Segment: c.Seg, Small: c.Small}
+		nt := &coll.Net{Ex: nw.Exchange(me), Segment: c.Seg, Small: c.Small, PairSegment: c.Pair}
 		if c.Hosts != nil {
 			nt.Hier = coll.NewPlan(c.Hosts, me)
 		}
@@ -184,6 +188,37 @@ func TestAllReduceQuick(t *testing.T) {
 		want := combineAll(c, c.Len)
 		return check(t, c, "all_reduce", errs, got, func(int) []float64 { return want })
 	})
+}
+
+// TestAllReducePairQuick: the all-reduce between 2 members that share
+// memory (Net.PairSegment), over lengths shorter than, equal to and
+// longer than a segment, odd and empty, and with the small-message
+// threshold on either side of the length.
+func TestAllReducePairQuick(t *testing.T) {
+	n := 0
+	prop := func(seed uint64) bool {
+		n++
+		r := rand.New(rand.NewPCG(seed, 11))
+		c := genCase(r)
+		c.N, c.Root, c.Hosts = 2, r.IntN(2), nil
+		c.Pair = 8 * (1 + r.IntN(8))
+		lens := []int{0, 1, 2, 3, c.Pair / 8, c.Pair/4 + 1, 2*c.Pair/8 - 1, 7 * c.Pair / 8, r.IntN(400)}
+		c.Len = lens[r.IntN(len(lens))]
+		c.Small = []int{0, 8 * c.Len, 8*c.Len + 8, 1 << 30}[r.IntN(4)]
+		got := make([][]float64, 2)
+		errs := run(t, c, func(ctx context.Context, me int, nt *coll.Net) error {
+			b := bytesOf(input(c.Seed, me, c.Len))
+			err := nt.AllReduce(ctx, coll.World(2, me), b, f64Reducer(c.Max))
+			got[me] = f64s(b)
+			return err
+		})
+		want := combineAll(c, c.Len)
+		return check(t, c, "all_reduce pair", errs, got, func(int) []float64 { return want })
+	}
+	if err := quick.Check(prop, quickCfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("all_reduce pair: %d random cases", n)
 }
 
 func TestReduceScatterQuick(t *testing.T) {

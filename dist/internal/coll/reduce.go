@@ -5,7 +5,8 @@ import "context"
 // AllReduce combines data element by element across c's members and leaves
 // the result in data on each of them: hierarchically when the Net has a
 // plan, else by recursive doubling below Small bytes (SmallPair for 2
-// members) and by the ring above.
+// members) and by the ring above; between 2 members that share memory
+// (PairSegment > 0), by allReducePair from Small bytes.
 func (nt *Net) AllReduce(ctx context.Context, c Comm, data []byte, red Reducer) error {
 	if c.N == 1 {
 		red.finish(data, 1)
@@ -13,6 +14,9 @@ func (nt *Net) AllReduce(ctx context.Context, c Comm, data []byte, red Reducer) 
 	}
 	if nt.Hier != nil {
 		return nt.allReduceHier(ctx, c, data, red)
+	}
+	if c.N == 2 && nt.PairSegment > 0 && len(data) >= nt.Small {
+		return nt.allReducePair(ctx, c, data, red)
 	}
 	if len(data) < nt.Small || (c.N == 2 && len(data) < nt.SmallPair) {
 		return nt.allReduceRD(ctx, c, data, red)
@@ -246,6 +250,43 @@ func (nt *Net) reduceChain(ctx context.Context, c Comm, data []byte, root int, r
 	}
 	if vr == 0 {
 		red.finish(data, n)
+	}
+	return nil
+}
+
+// allReducePair is the all-reduce between 2 members that share memory: a
+// reduce-scatter and an all-gather interleaved segment by segment. For
+// each segment of PairSegment bytes, member r sends its contribution to
+// the peer's block, combines the peer's contribution to block r into
+// data, sends the combined segment back while it is still in its cache,
+// and receives the peer's combined segment. Each member moves half the
+// vector each way, as in the ring; against recursive doubling, which moves
+// the whole vector once, it combines half as much and copies segments
+// small enough to stay in the caches. Block r is combined by member r
+// only, so both members end with the same bits.
+func (nt *Net) allReducePair(ctx context.Context, c Comm, data []byte, red Reducer) error {
+	peer := 1 - c.Me
+	mine, theirs := chunk(data, red.Size, 2, c.Me), chunk(data, red.Size, 2, peer)
+	seg := nt.PairSegment
+	part := func(b []byte, k int) []byte {
+		lo := min(k*seg, len(b))
+		return b[lo:min(lo+seg, len(b))]
+	}
+	for k := range max(1, (len(mine)+seg-1)/seg, (len(theirs)+seg-1)/seg) {
+		if err := nt.send(ctx, c, peer, part(theirs, k)); err != nil {
+			return err
+		}
+		m := part(mine, k)
+		if err := nt.recv(ctx, c, peer, m, red); err != nil {
+			return err
+		}
+		red.finish(m, 2)
+		if err := nt.send(ctx, c, peer, m); err != nil {
+			return err
+		}
+		if err := nt.recv(ctx, c, peer, part(theirs, k), copying); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -74,6 +74,13 @@ func (t *Transport) Via(r int) string {
 	return t.via[r]
 }
 
+// SharedMemory implements transport.SharedMemory: rank r is this rank or
+// reached through shared memory (Via is ViaSelf or ViaSHM).
+func (t *Transport) SharedMemory(r int) bool {
+	v := t.Via(r)
+	return v == ViaSelf || v == ViaSHM
+}
+
 // Summary says in words how this rank reaches its peers: "shm to 1 peer",
 // "shm to 3 peers, tcp to 4 peers", or "no peers" in a world of one.
 func (t *Transport) Summary() string {

@@ -493,6 +493,9 @@ func TestNewSubset(t *testing.T) {
 	assert.True(t, ts[0].HasLink(1))
 	assert.True(t, ts[0].HasLink(0))
 	assert.False(t, ts[0].HasLink(2))
+	var sm transport.SharedMemory = ts[0]
+	assert.True(t, sm.SharedMemory(1))
+	assert.False(t, sm.SharedMemory(2))
 	require.ErrorIs(t, ts[0].Send(ctx, 2, 1, transport.Header{}, nil), ErrNoLink)
 	_, err := ts[0].Recv(ctx, 2, 1)
 	require.ErrorIs(t, err, ErrNoLink)

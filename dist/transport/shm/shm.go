@@ -97,6 +97,9 @@ func (t *Transport) HasLink(r int) bool {
 	return r == t.rank || (r >= 0 && r < t.world && t.linkedTo[r])
 }
 
+// SharedMemory implements transport.SharedMemory: it is HasLink.
+func (t *Transport) SharedMemory(r int) bool { return t.HasLink(r) }
+
 // peerFor returns the peer of rank r, or an error for op.
 func (t *Transport) peerFor(op string, r int) (*peer, error) {
 	if !t.linkedTo[r] {
