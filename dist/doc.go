@@ -116,7 +116,11 @@
 //
 // All-reduce uses recursive doubling below DefaultSmallThreshold
 // (DefaultPairThreshold between 2 members) and a ring (reduce-scatter,
-// then all-gather) above it; broadcast and reduce a
+// then all-gather) above it. Between 2 members that share memory
+// (transport.SharedMemory) it interleaves the reduce-scatter and the
+// all-gather in 256 KiB segments from DefaultSmallThreshold up, so that
+// each combined segment goes back while it is in the cache. Broadcast and
+// reduce use a
 // binomial tree or a pipelined chain; large messages travel in segments of
 // at most 4 MiB. When the transport reports which ranks share a host
 // (transport.Topology) and the job spans hosts, AllReduce and Broadcast go
