@@ -80,9 +80,8 @@ const defaultSegment = 4 << 20
 // one host (coll.Net.PairSegment), from DefaultSmallThreshold up. It
 // replaces recursive doubling (and the ring from DefaultPairThreshold):
 // with 256 KiB segments, against recursive doubling, bench/peers measured
-// busbw 1.00x at 1 MiB, 1.22x at 4 MiB and 1.17x at 16 MiB (medians of 6
-// alternated runs, 8 MiB rings); 64 KiB segments were slower, 128 KiB the
-// same, also with the 2 MiB rings shm gives a 2-rank job.
+// 1.00x at 1 MiB, 1.22x at 4 MiB and 1.17x at 16 MiB (medians of 6
+// alternated runs); 64 KiB segments were slower, 128 KiB the same.
 const defaultPairSegment = 256 << 10
 
 // Option configures New (and gdist.InitFromEnv, through

@@ -54,16 +54,16 @@
 // use) goes further: the receiver combines
 // the payload into the caller's buffer where it lies in the ring, a piece at
 // a time as it arrives, without copying it anywhere (records are padded to
-// 8 bytes so that payloads are aligned for the typed kernels). With the
-// 8 MiB rings of a rank with several peers, dist's 4 MiB segments fit
-// whole, so a sender never waits for its peer's receive; between 2 ranks
-// (2 MiB rings, see WithRingSize) dist's all-reduce sends 256 KiB segments
-// that the peer combines as they arrive. Steady-state Send, Recv,
+// 8 bytes so that payloads are aligned for the typed kernels). With 8 MiB
+// rings (WithRingSize) dist's 4 MiB segments fit whole, so a sender never
+// waits for its peer's receive and the receive is posted by the time its
+// segment is read; between 2 ranks dist's all-reduce sends 256 KiB
+// segments, which the peer combines out of the ring as they arrive. Steady-state Send, Recv,
 // RecvInto, RecvReduce and Release do not allocate.
 //
-// Each pair's memory is two rings and their control blocks: 4 MiB between
-// 2 ranks, 16 MiB with more (n ranks on a host: n(n-1)/2 pairs, at most
-// 448 MiB for 8). A ring's pages are allocated and mapped on both sides in one go
+// Each pair's memory is two rings and their control blocks, 16 MiB with
+// the default ring size (n ranks on a host: n(n-1)/2 pairs, at most 448 MiB
+// for 8). A ring's pages are allocated and mapped on both sides in one go
 // the first time a record of 16 KiB or more goes through it (madvise
 // MADV_POPULATE_WRITE and _READ): left to first use, every fresh page cost
 // the sender and the receiver a page fault each, which made the first lap

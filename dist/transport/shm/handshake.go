@@ -269,7 +269,7 @@ func (t *Transport) serverExchange(conn *net.UnixConn, expect int) (link, error)
 	case theirs.MaxFrame == 0:
 		return link{}, refuse(rejectProtocol, fmt.Errorf("client rank %d accepts no payload", c))
 	}
-	size := t.cfg.ringSizeFor(t.linkCount())
+	size := t.cfg.ringSize
 	_, sb, err := t.myHello(int(c), size)
 	if err != nil {
 		return link{}, err

@@ -17,8 +17,7 @@ import (
 
 // Defaults for the options.
 const (
-	DefaultRingSize          = 8 << 20  // bytes per direction of each pair, with several peers on the host
-	PairRingSize             = 2 << 20  // the same, for a rank whose only peer on the host is one other rank
+	DefaultRingSize          = 8 << 20  // bytes per direction of each pair
 	DefaultMaxFrame          = 64 << 20 // bytes
 	DefaultQueueLimit        = 64 << 20 // bytes per source
 	DefaultHeartbeatInterval = 500 * time.Millisecond
@@ -60,7 +59,7 @@ type Option func(*config) error
 type config struct {
 	token      []byte
 	insecure   bool
-	ringSize   int // 0: by peer count (see WithRingSize)
+	ringSize   int
 	maxFrame   int
 	queueLimit int
 	hbInterval time.Duration
@@ -74,6 +73,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
+		ringSize:   DefaultRingSize,
 		maxFrame:   DefaultMaxFrame,
 		queueLimit: DefaultQueueLimit,
 		hbInterval: DefaultHeartbeatInterval,
@@ -115,25 +115,8 @@ func WithInsecure() Option {
 // WithRingSize sets the data capacity, in bytes, of each direction's ring
 // of the links this rank creates (the lower rank of a pair creates the
 // memory, so its setting governs the pair). n must be a power of two
-// between 4 KiB and 1 GiB. Messages of any size stream through a ring of
-// any size.
-//
-// The default depends on how many peers this rank links:
-//   - DefaultRingSize (8 MiB) with several. In the ring algorithms of 3
-//     ranks or more every rank sends a segment before it receives, and on
-//     a host with more ranks than cores its receiver may not be running:
-//     a ring that holds a whole 4 MiB segment lets the sender go on. A
-//     4-rank 16 MiB all-reduce on 2 cores ran about 25 % slower with 2 MiB
-//     rings.
-//   - PairRingSize (2 MiB) with one, as in a 2-rank job. There dist's
-//     all-reduce moves 256 KiB segments that each side receives as the
-//     other sends, and a smaller ring keeps its lines in the caches of the
-//     two cores instead of cycling through 16 MiB: bench/peers measured
-//     all-reduce busbw 1.29x at 256 KiB, 1.22x at 1 MiB, 1.16x at 4 MiB
-//     and 1.12x at 16 MiB of that with 8 MiB rings, the 128 KiB round
-//     trip 8 % shorter, and streams of 1 MiB and 16 MiB messages at 1.11x
-//     and 0.93x, within their run-to-run spread (medians of 8 alternated
-//     runs).
+// between 4 KiB and 1 GiB; the default is 8 MiB. Messages of any size
+// stream through a ring of any size.
 func WithRingSize(n int) Option {
 	return func(c *config) error {
 		if err := ring.CheckSize(n); err != nil {
@@ -264,16 +247,4 @@ func (c *config) validate(rank, world int) error {
 		c.logger = logx.Default()
 	}
 	return nil
-}
-
-// ringSizeFor returns the ring size of the links a rank with peers
-// shared-memory peers creates.
-func (c *config) ringSizeFor(peers int) int {
-	switch {
-	case c.ringSize != 0:
-		return c.ringSize
-	case peers == 1:
-		return PairRingSize
-	}
-	return DefaultRingSize
 }

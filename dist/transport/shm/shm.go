@@ -97,17 +97,6 @@ func (t *Transport) HasLink(r int) bool {
 	return r == t.rank || (r >= 0 && r < t.world && t.linkedTo[r])
 }
 
-// linkCount returns the number of peers this transport links.
-func (t *Transport) linkCount() int {
-	n := 0
-	for _, on := range t.linkedTo {
-		if on {
-			n++
-		}
-	}
-	return n
-}
-
 // SharedMemory implements transport.SharedMemory: it is HasLink.
 func (t *Transport) SharedMemory(r int) bool { return t.HasLink(r) }
 

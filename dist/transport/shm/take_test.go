@@ -243,38 +243,3 @@ func TestReaderDrainsAfterTake(t *testing.T) {
 		t.Fatal("the blocked receive was not served")
 	}
 }
-
-// TestDefaultRingSize: the lower rank of a pair sizes the pair's rings by
-// how many peers it links, PairRingSize with one and DefaultRingSize with
-// more, unless WithRingSize says otherwise; the higher rank takes the
-// size the lower one announced.
-func TestDefaultRingSize(t *testing.T) {
-	for _, c := range []struct {
-		n    int
-		opts []Option
-		want uint64
-	}{
-		{2, nil, PairRingSize},
-		{3, nil, DefaultRingSize},
-		{2, []Option{WithRingSize(64 << 10)}, 64 << 10},
-		{3, []Option{WithRingSize(1 << 20)}, 1 << 20},
-	} {
-		ts := mesh(t, c.n, c.opts...)
-		defer func() {
-			for _, tr := range ts {
-				tr.Close()
-			}
-		}()
-		for _, tr := range ts {
-			for r := range c.n {
-				if r == tr.rank {
-					continue
-				}
-				p, err := tr.peerFor("test", r)
-				require.NoError(t, err)
-				require.Equal(t, c.want, p.inR.Size(), "n=%d rank %d from %d", c.n, tr.rank, r)
-				require.Equal(t, c.want, p.outR.Size(), "n=%d rank %d to %d", c.n, tr.rank, r)
-			}
-		}
-	}
-}
