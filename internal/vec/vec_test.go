@@ -85,14 +85,21 @@ func TestAddShortSource(t *testing.T) {
 	require.Equal(t, []float64{1, 2, 3}, d64)
 }
 
+// BenchmarkAddF32 times AddF32 with the kernel this machine selects and
+// with the portable one (gonum's axpy), from data in L1 to data beyond L2.
 func BenchmarkAddF32(b *testing.B) {
-	for _, n := range []int{1 << 10, 64 << 10, 1 << 20} {
-		d, s := make([]float32, n), make([]float32, n)
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			b.SetBytes(int64(4 * n))
-			for b.Loop() {
-				AddF32(d, s)
-			}
-		})
+	for _, kernel := range []string{"selected", "portable"} {
+		for _, n := range []int{1 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20} {
+			d, s := make([]float32, n), make([]float32, n)
+			b.Run(fmt.Sprintf("%s/%dKiB", kernel, 4*n>>10), func(b *testing.B) {
+				if kernel == "portable" {
+					defer forcePortable()()
+				}
+				b.SetBytes(int64(4 * n))
+				for b.Loop() {
+					AddF32(d, s)
+				}
+			})
+		}
 	}
 }
