@@ -89,6 +89,10 @@
 // yielding halves, when it comes while polling (the peer runs on another
 // CPU) it doubles. Then the reader parks on a futex in the shared memory;
 // the other side makes the futex system call only when someone is parked.
+// A wait does not park while other goroutines of its process run between
+// its polls: a goroutine in the futex call keeps its P until the runtime
+// takes it back, up to 10 ms later, and with GOMAXPROCS=1 a runnable
+// goroutine would wait that long.
 // A sender reads its peer's consumer position and returned credit only
 // when those it saw last leave too little room (and every 64 sends), so
 // the consumer's updates of them stay in its own cache. An idle rank
