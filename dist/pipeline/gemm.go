@@ -224,7 +224,42 @@ func gemmAdd64(tA, tB bool, m, n, k int, a []float64, lda int, b []float64, ldb 
 type serialGemm[T float32 | float64] func(ta, tb blas.Transpose, m, n, k int, a []T, lda int, b []T, ldb int, c []T, ldc int)
 
 func sgemm(ta, tb blas.Transpose, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
-	gonum.Implementation{}.Sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc)
+	switch {
+	case ta == blas.NoTrans && tb == blas.NoTrans:
+		sgemmNotNot(m, n, k, a, lda, b, ldb, c, ldc)
+	case ta == blas.Trans && tb == blas.NoTrans:
+		sgemmTransNot(m, n, k, a, lda, b, ldb, c, ldc)
+	default:
+		gonum.Implementation{}.Sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc)
+	}
+}
+
+// sgemmNotNot and sgemmTransNot are gonum's serial Sgemm kernels for
+// c += a·b and c += aᵀ·b (alpha and beta 1), loop for loop, with its
+// float32 axpy replaced by vec.AxpyF32, which rounds the same way: the
+// same bits, 2-3x faster with AVX2. (c += a·bᵀ goes through dot products,
+// whose order of additions only gonum's kernel has; it and aᵀ·bᵀ stay
+// gonum's.)
+func sgemmNotNot(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	for i := range m {
+		ci := c[i*ldc : i*ldc+n]
+		for l, v := range a[i*lda : i*lda+k] {
+			if v != 0 {
+				vec.AxpyF32(v, b[l*ldb:l*ldb+n], ci)
+			}
+		}
+	}
+}
+
+func sgemmTransNot(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	for l := range k {
+		bl := b[l*ldb : l*ldb+n]
+		for i, v := range a[l*lda : l*lda+m] {
+			if v != 0 {
+				vec.AxpyF32(v, bl, c[i*ldc:i*ldc+n])
+			}
+		}
+	}
 }
 
 func dgemm(ta, tb blas.Transpose, m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {

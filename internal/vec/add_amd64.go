@@ -18,6 +18,21 @@ func addF32AVX2(dst, src []float32)
 //go:noescape
 func addF64AVX2(dst, src []float64)
 
+// axpyF32AVX2 sets y[i] += alpha*x[i] for i < len(y), rounding the
+// product and then the sum (no fused multiply-add); x is at least as long
+// as y.
+//
+//go:noescape
+func axpyF32AVX2(alpha float32, x, y []float32)
+
+func axpyF32(alpha float32, x, y []float32) {
+	if hasAVX2 {
+		axpyF32AVX2(alpha, x, y)
+		return
+	}
+	axpyF32Generic(alpha, x, y)
+}
+
 func addF32(dst, src []float32) {
 	if hasAVX2 {
 		addF32AVX2(dst, src)

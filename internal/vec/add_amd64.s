@@ -117,3 +117,62 @@ f64tailloop:
 f64done:
 	VZEROUPPER
 	RET
+
+// func axpyF32AVX2(alpha float32, x, y []float32)
+TEXT ·axpyF32AVX2(SB), NOSPLIT, $0-56
+	VBROADCASTSS alpha+0(FP), Y4
+	MOVQ         x_base+8(FP), SI
+	MOVQ         y_base+32(FP), DI
+	MOVQ         y_len+40(FP), CX
+	XORQ         AX, AX
+
+	MOVQ CX, DX
+	ANDQ $-32, DX
+	JZ   axeight
+
+axblock:
+	VMULPS  (SI)(AX*4), Y4, Y0
+	VMULPS  32(SI)(AX*4), Y4, Y1
+	VMULPS  64(SI)(AX*4), Y4, Y2
+	VMULPS  96(SI)(AX*4), Y4, Y3
+	VADDPS  (DI)(AX*4), Y0, Y0
+	VADDPS  32(DI)(AX*4), Y1, Y1
+	VADDPS  64(DI)(AX*4), Y2, Y2
+	VADDPS  96(DI)(AX*4), Y3, Y3
+	VMOVUPS Y0, (DI)(AX*4)
+	VMOVUPS Y1, 32(DI)(AX*4)
+	VMOVUPS Y2, 64(DI)(AX*4)
+	VMOVUPS Y3, 96(DI)(AX*4)
+	ADDQ    $32, AX
+	CMPQ    AX, DX
+	JNE     axblock
+
+axeight:
+	MOVQ CX, DX
+	ANDQ $-8, DX
+	CMPQ AX, DX
+	JE   axtail
+
+axeightloop:
+	VMULPS  (SI)(AX*4), Y4, Y0
+	VADDPS  (DI)(AX*4), Y0, Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ    $8, AX
+	CMPQ    AX, DX
+	JNE     axeightloop
+
+axtail:
+	CMPQ AX, CX
+	JE   axdone
+
+axtailloop:
+	VMULSS (SI)(AX*4), X4, X0
+	VADDSS (DI)(AX*4), X0, X0
+	VMOVSS X0, (DI)(AX*4)
+	INCQ   AX
+	CMPQ   AX, CX
+	JNE    axtailloop
+
+axdone:
+	VZEROUPPER
+	RET

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // TestAddIsExact: the vectorised add gives the bits of a plain dst + src,
@@ -102,4 +103,46 @@ func BenchmarkAddF32(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestAxpyMatchesGonum: AxpyF32 gives the bits of gonum's Saxpy, the
+// kernel of its Sgemm, for every offset and length up to 80, a long
+// vector, and alphas and values that round, overflow, underflow or are
+// not numbers; with the portable kernel too.
+func TestAxpyMatchesGonum(t *testing.T) {
+	vals := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 1.0 / 3, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)),
+		math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32, 1e-38, 3.25, -7.1e7, 0.1}
+	alphas := []float32{1, -1, 0.1, 3.7e-3, 1e30, 1e-30, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.NaN())}
+	for _, portable := range []bool{false, true} {
+		if portable {
+			defer forcePortable()()
+		}
+		for _, n := range append(rangeInts(80), 1000, 4099) {
+			for off := range 3 {
+				for ai, alpha := range alphas {
+					x, y := make([]float32, n+off), make([]float32, n+off)
+					for i := range x {
+						x[i] = vals[(i*7+ai)%len(vals)] * float32(1+i%5)
+						y[i] = vals[(i*3+n)%len(vals)]
+					}
+					want := append([]float32(nil), y[off:]...)
+					gonum.Implementation{}.Saxpy(n, alpha, x[:n], 1, want, 1)
+					AxpyF32(alpha, x[:n], y[off:])
+					for i := range n {
+						require.Equal(t, math.Float32bits(want[i]), math.Float32bits(y[off+i]),
+							"portable=%v n=%d off=%d alpha=%v i=%d", portable, n, off, alpha, i)
+					}
+				}
+			}
+		}
+	}
+	require.Panics(t, func() { AxpyF32(1, []float32{1}, []float32{1, 2}) })
+}
+
+func rangeInts(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
 }
