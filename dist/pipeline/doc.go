@@ -100,8 +100,9 @@
 // results), keeps each op's output from one run to the next and writes into
 // it where the op allows (gorgonia.UsePreallocDoer), runs Gorgonia's
 // matrix products itself — gonum's kernels on the same 64x64 blocks as
-// gonum's Sgemm and Dgemm, bitwise the same products, but on the calling
-// goroutine instead of one goroutine per block — as well as element-wise
+// gonum's Sgemm and Dgemm (for float32 a·b and aᵀ·b the same loops over an
+// AVX2 axpy that rounds as gonum's does), bitwise the same products, but on
+// the calling goroutine instead of one goroutine per block — as well as element-wise
 // addition, subtraction and products, tanh, squares, sums over rows and
 // reshapes, all bitwise as Gorgonia computes them, adds each weight-gradient product to
 // the learnable's gradient a strip at a time instead of keeping it, and

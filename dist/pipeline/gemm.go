@@ -7,8 +7,10 @@ package pipeline
 // blocks of C into one goroutine per block: with a micro-batch of a few
 // rows a stage runs hundreds of such products per micro-batch, each
 // spawning and switching to 4 to 16 goroutines. runGemm computes the same
-// blocks with the same gonum kernels, one after the other on the calling
-// goroutine, so the results are bitwise those of the op.
+// blocks with the same kernels (gonum's, or for float32 a·b and aᵀ·b the
+// same loops over an AVX2 axpy that rounds as gonum's does), one after the
+// other on the calling goroutine, so the results are bitwise those of the
+// op.
 
 import (
 	"reflect"
