@@ -122,9 +122,9 @@ func (f fastOp) run(last gorgonia.Value, own bool, a gorgonia.Value, shape tenso
 			c = tensor.New(tensor.Of(dt), tensor.WithShape(shape.Clone()...))
 		}
 		if dt == tensor.Float32 {
-			unary32(f, c.Float32s(), ad.Float32s())
+			unary(f, c.Float32s(), ad.Float32s(), math32.Tanh)
 		} else {
-			unary64(f, c.Float64s(), ad.Float64s())
+			unary(f, c.Float64s(), ad.Float64s(), math.Tanh)
 		}
 		return c, true
 	case fastSumRows:
@@ -173,29 +173,15 @@ func sumRows64(c, a []float64, rows, cols int) {
 	}
 }
 
-// unary32 sets c[i] = tanh(a[i]) or a[i]², with the functions tensor's
-// engine uses (math32.Tanh, a product).
-func unary32(f fastOp, c, a []float32) {
+// unary sets c[i] = tanh(a[i]) or a[i]², with the functions tensor's
+// engine uses: tanh is math32.Tanh for float32 and math.Tanh for float64,
+// the square a product.
+func unary[T float32 | float64](f fastOp, c, a []T, tanh func(T) T) {
 	a = a[:len(c)]
 	switch f {
 	case fastTanh:
 		for i := range c {
-			c[i] = math32.Tanh(a[i])
-		}
-	case fastSquare:
-		for i := range c {
-			c[i] = a[i] * a[i]
-		}
-	}
-}
-
-// unary64 is unary32 for float64 (math.Tanh).
-func unary64(f fastOp, c, a []float64) {
-	a = a[:len(c)]
-	switch f {
-	case fastTanh:
-		for i := range c {
-			c[i] = math.Tanh(a[i])
+			c[i] = tanh(a[i])
 		}
 	case fastSquare:
 		for i := range c {
