@@ -10,7 +10,11 @@
 // every stage does the same work. The machine may be shared, so the whole
 // sweep runs in rounds (-rounds), one job per number of stages in each,
 // the jobs' order alternating; every figure is the median over the rounds,
-// and every ratio the median of the ratios paired within a round.
+// and every ratio the median of the ratios paired within a round. Within a
+// job, the schedules of one m take turns: -repeat timed windows of each,
+// interleaved, and each keeps its fastest window (the one whose slowest
+// rank was the fastest), so that schedules compared with each other ran
+// under the same load.
 //
 // Columns: samples/s; /plain, the ratio to plain Gorgonia measured at the
 // start of the same job (rank 0 alone, the others waiting); /ideal, the
@@ -170,7 +174,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.IntVar(&o.batch, "batch", 128, "samples per step (divisible by every number of micro-batches)")
 	fs.IntVar(&o.steps, "steps", 6, "timed steps per configuration and round")
 	fs.IntVar(&o.warmup, "warmup", 2, "untimed steps per configuration and round")
-	fs.IntVar(&o.repeat, "repeat", 1, "timed windows of -steps steps per configuration and round; the fastest is kept")
+	fs.IntVar(&o.repeat, "repeat", 3, "timed windows of -steps steps per configuration and round, interleaved across the schedules of one m; the fastest is kept")
 	fs.IntVar(&o.rounds, "rounds", 5, "rounds: every job of the sweep once per round, in alternating order; figures are medians over rounds")
 	fs.IntVar(&o.commBytes, "comm-bytes", 128<<10, "size of the activation message of the point-to-point baseline")
 	fs.StringVar(&o.dtype, "dtype", "float32", "float32 or float64")
@@ -488,6 +492,28 @@ func report(w io.Writer, o options, rounds []round) {
 			fmt.Fprintf(w, "\n# p=%d: 1F1B / GPipe (median of paired rounds): %s\n", p, strings.Join(parts, ", "))
 		}
 	}
+	// Inference on p stages against one stage, paired per round.
+	if slices.Contains(o.modes, "infer") && slices.Contains(o.stages, 1) {
+		for _, p := range o.stages {
+			if p == 1 {
+				continue
+			}
+			var parts []string
+			for _, m := range o.micro {
+				var r []float64
+				for _, rd := range rounds {
+					one, many := rd.res[key{"infer", 1, m}], rd.res[key{"infer", p, m}]
+					if len(one) == 1 && len(many) == p {
+						r = append(r, tput(many)/tput(one))
+					}
+				}
+				if len(r) > 0 {
+					parts = append(parts, fmt.Sprintf("m=%d %.2fx", m, median(r)))
+				}
+			}
+			fmt.Fprintf(w, "# p=%d: inference / one stage (median of paired rounds): %s\n", p, strings.Join(parts, ", "))
+		}
+	}
 	for _, p := range o.stages {
 		if b, ok := bests[p]; ok {
 			fmt.Fprintf(w, "# recommended for %d stages of this model and batch: %s with m = %d: %.1f samples/s, %.2fx plain Gorgonia\n",
@@ -621,19 +647,21 @@ func worker(ctx context.Context, o options, stdout io.Writer) (err error) {
 		return err
 	}
 	base := uint32(0x10000000)
-	for _, mode := range o.modes {
-		for _, m := range o.micro {
-			if ok, _ := fits(o, mode, p, m); !ok {
-				continue
+	for _, m := range o.micro {
+		var modes []string
+		for _, mode := range o.modes {
+			if ok, _ := fits(o, mode, p, m); ok {
+				modes = append(modes, mode)
 			}
-			r, err := measure(ctx, g, o, dt, mode, m, base)
-			if err != nil {
-				return fmt.Errorf("%s m=%d: %w", mode, m, err)
-			}
-			base += pipeline.TagSpan
-			if base+pipeline.TagSpan > dist.TagReservedBase {
-				base = 0x10000000
-			}
+		}
+		if len(modes) == 0 {
+			continue
+		}
+		rs, err := measure(ctx, g, o, dt, modes, m, &base)
+		if err != nil {
+			return fmt.Errorf("m=%d: %w", m, err)
+		}
+		for _, r := range rs {
 			emit("RESULT", r)
 		}
 	}
@@ -668,79 +696,119 @@ func newPipeline(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor
 	}, opts...)
 }
 
-// measure runs one configuration and returns this rank's timings.
-func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dtype, mode string, m int, tagBase uint32) (result, error) {
-	heap0 := liveHeap()
-	pl, err := newPipeline(ctx, g, o, dt, mode, m, tagBase)
-	if err != nil {
-		return result{}, err
-	}
-	defer pl.Close()
+// config is one configuration being measured: a pipeline built for one
+// schedule at one m, and the fastest window measured so far.
+type config struct {
+	mode     string
+	pl       *pipeline.Pipeline
+	step     func() error
+	mem      float64
+	best     result
+	bestWall float64
+}
+
+// measure builds one pipeline per schedule in modes at m (tag ranges from
+// *base on) and returns this rank's timings of each. The schedules' timed
+// windows interleave (one window of each in turn, -repeat times, the
+// first schedule rotating), so that they are compared under the same load;
+// each keeps the window whose slowest rank was the fastest.
+func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dtype, modes []string, m int, base *uint32) (rs []result, err error) {
+	var ss []*config
+	defer func() {
+		for _, s := range ss {
+			if cerr := s.pl.Close(); err == nil && cerr != nil {
+				err = fmt.Errorf("%s: close: %w", s.mode, cerr)
+			}
+		}
+	}()
 	x, y := batchData(o.batch, o.width, dt)
 	data := pipeline.Data{
 		Input:  func(mb int, in *tensor.Dense) error { return copyRows(in, x, mb) },
 		Target: func(mb int, t *tensor.Dense) error { return copyRows(t, y, mb) },
 	}
-	solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(1e-3))
-	step := func() error {
-		if mode == "infer" {
-			return pl.Infer(ctx, data)
+	for _, mode := range modes {
+		heap0 := liveHeap()
+		pl, err := newPipeline(ctx, g, o, dt, mode, m, *base)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", mode, err)
 		}
-		if _, err := pl.TrainStep(ctx, data); err != nil {
+		if *base += pipeline.TagSpan; *base+pipeline.TagSpan > dist.TagReservedBase {
+			*base = 0x10000000
+		}
+		s := &config{mode: mode, pl: pl, bestWall: math.Inf(1)}
+		ss = append(ss, s)
+		solver := gorgonia.NewVanillaSolver(gorgonia.WithLearnRate(1e-3))
+		s.step = func() error {
+			if mode == "infer" {
+				return pl.Infer(ctx, data)
+			}
+			if _, err := pl.TrainStep(ctx, data); err != nil {
+				return err
+			}
+			return solver.Step(gorgonia.NodesToValueGrads(pl.Learnables()))
+		}
+		for range o.warmup {
+			if err := s.step(); err != nil {
+				return nil, fmt.Errorf("%s: %w", mode, err)
+			}
+		}
+		s.mem = (float64(liveHeap()) - float64(heap0)) / (1 << 20)
+	}
+	for w := range o.repeat {
+		for i := range ss {
+			s := ss[(i+w)%len(ss)]
+			if err := s.window(ctx, g, o, m); err != nil {
+				return nil, fmt.Errorf("%s: %w", s.mode, err)
+			}
+		}
+	}
+	for _, s := range ss {
+		if o.trace {
+			st := s.pl.Stats()
+			var b strings.Builder
+			for _, e := range st.Events {
+				fmt.Fprintf(&b, " %s%d/%d[%.2f,%.2f]", e.Kind, e.MicroBatch, e.Stage, msOf(e.Start), msOf(e.End))
+			}
+			fmt.Fprintf(os.Stderr, "trace %s p=%d m=%d rank %d call [%.2f,%.2f] ms:%s\n", s.mode, g.WorldSize(), m, g.Rank(),
+				msOf(st.Start), msOf(st.End), b.String())
+		}
+		rs = append(rs, s.best)
+	}
+	return rs, g.Barrier(ctx)
+}
+
+// window runs one timed window of -steps steps and keeps it if its
+// slowest rank was faster than in the schedule's earlier windows.
+func (s *config) window(ctx context.Context, g *dist.ProcessGroup, o options, m int) error {
+	runtime.GC()
+	if err := g.Barrier(ctx); err != nil {
+		return err
+	}
+	r := result{Mode: s.mode, P: g.WorldSize(), M: m, Rank: g.Rank(), Steps: o.steps, Batch: o.batch, MemMB: s.mem}
+	var events []pipeline.Event
+	cpu0 := benchutil.CPUTime()
+	start := time.Now()
+	for range o.steps {
+		if err := s.step(); err != nil {
 			return err
 		}
-		return solver.Step(gorgonia.NodesToValueGrads(pl.Learnables()))
+		st := s.pl.Stats()
+		r.Calls += st.Wall().Seconds()
+		r.Busy += st.Busy.Seconds()
+		events = append(events, st.Events...)
 	}
-	for range o.warmup {
-		if err := step(); err != nil {
-			return result{}, err
-		}
+	r.Wall = time.Since(start).Seconds()
+	r.CPU = (benchutil.CPUTime() - cpu0).Seconds()
+	c := pipeline.Stats{Events: events}.Costs()
+	r.F, r.B, r.W, r.FB = c.Forward.Seconds(), c.Backward.Seconds(), c.Weights.Seconds(), c.ForwardBackward.Seconds()
+	slowest := []float64{r.Wall}
+	if err := g.AllReduce(ctx, dist.F64(slowest), dist.Max); err != nil {
+		return err
 	}
-	mem := (float64(liveHeap()) - float64(heap0)) / (1 << 20)
-	// Timed windows; all ranks keep the window whose slowest rank was the
-	// fastest.
-	var best result
-	bestWall := math.Inf(1)
-	for range o.repeat {
-		runtime.GC()
-		if err := g.Barrier(ctx); err != nil {
-			return result{}, err
-		}
-		r := result{Mode: mode, P: g.WorldSize(), M: m, Rank: g.Rank(), Steps: o.steps, Batch: o.batch, MemMB: mem}
-		var events []pipeline.Event
-		cpu0 := benchutil.CPUTime()
-		start := time.Now()
-		for range o.steps {
-			if err := step(); err != nil {
-				return result{}, err
-			}
-			st := pl.Stats()
-			r.Calls += st.Wall().Seconds()
-			r.Busy += st.Busy.Seconds()
-			events = append(events, st.Events...)
-		}
-		r.Wall = time.Since(start).Seconds()
-		r.CPU = (benchutil.CPUTime() - cpu0).Seconds()
-		c := pipeline.Stats{Events: events}.Costs()
-		r.F, r.B, r.W, r.FB = c.Forward.Seconds(), c.Backward.Seconds(), c.Weights.Seconds(), c.ForwardBackward.Seconds()
-		slowest := []float64{r.Wall}
-		if err := g.AllReduce(ctx, dist.F64(slowest), dist.Max); err != nil {
-			return result{}, err
-		}
-		if slowest[0] < bestWall {
-			best, bestWall = r, slowest[0]
-		}
+	if slowest[0] < s.bestWall {
+		s.best, s.bestWall = r, slowest[0]
 	}
-	if o.trace {
-		st := pl.Stats()
-		var b strings.Builder
-		for _, e := range st.Events {
-			fmt.Fprintf(&b, " %s%d/%d[%.2f,%.2f]", e.Kind, e.MicroBatch, e.Stage, msOf(e.Start), msOf(e.End))
-		}
-		fmt.Fprintf(os.Stderr, "trace %s p=%d m=%d rank %d call [%.2f,%.2f] ms:%s\n", mode, g.WorldSize(), m, g.Rank(),
-			msOf(st.Start), msOf(st.End), b.String())
-	}
-	return best, g.Barrier(ctx)
+	return nil
 }
 
 // msOf returns t's milliseconds within its second of the Unix clock, so

@@ -36,7 +36,7 @@ func TestSweep(t *testing.T) {
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{"-stages", "1,2", "-micro", "2", "-modes", "gpipe,zb-h1,interleaved,infer", "-layers", "4", "-width", "16",
-		"-batch", "8", "-steps", "2", "-warmup", "1", "-rounds", "2"}, &stdout, &stderr)
+		"-batch", "8", "-steps", "2", "-warmup", "1", "-rounds", "2", "-repeat", "2"}, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 	out := stdout.String()
 	t.Log("\n" + out)
@@ -46,6 +46,7 @@ func TestSweep(t *testing.T) {
 		assert.Contains(t, out, "## "+m)
 	}
 	assert.Contains(t, out, "# recommended for 2 stages")
+	assert.Regexp(t, `# p=2: inference / one stage \(median of paired rounds\): m=2 \d+\.\d\dx\n`, out)
 	rows := 0
 	for _, l := range strings.Split(out, "\n") {
 		if f := strings.Fields(l); len(f) > 2 && (f[0] == "1" || f[0] == "2") && f[1] == "2" {
