@@ -30,6 +30,13 @@
 // (stage 0 starts the next batch while the last stage finishes this one),
 // so for inference GPipe's bubble is an upper bound.
 //
+// Inference on p stages is also given against one stage (paired per
+// round), next to a control measured in the same p-stage job at each m:
+// the whole model on one stage, on rank 0 alone (the others waiting) and
+// on every rank at once, each rank in a group of its own. The ratio of
+// the two is what the machine gives p processes at once at that moment,
+// which bounds what p stages can gain over one.
+//
 // # Usage
 //
 //	go run ./bench/pipeline                        # p = 1, 2; m = 1..32; every schedule; 5 rounds
@@ -512,6 +519,23 @@ func report(w io.Writer, o options, rounds []round) {
 				}
 			}
 			fmt.Fprintf(w, "# p=%d: inference / one stage (median of paired rounds): %s\n", p, strings.Join(parts, ", "))
+			parts = parts[:0]
+			for _, m := range o.micro {
+				var r []float64
+				for _, rd := range rounds {
+					one, all := rd.res[key{soloAlone, p, m}], rd.res[key{soloTogether, p, m}]
+					if len(one) == 1 && len(all) == 1 {
+						r = append(r, tput(all)/tput(one))
+					}
+				}
+				if len(r) > 0 {
+					parts = append(parts, fmt.Sprintf("m=%d %.2fx", m, median(r)))
+				}
+			}
+			if len(parts) > 0 {
+				fmt.Fprintf(w, "# p=%d: control, %d one-stage processes at once / one alone, the ceiling of the line above (median of rounds): %s\n",
+					p, p, strings.Join(parts, ", "))
+			}
 		}
 	}
 	for _, p := range o.stages {
@@ -646,6 +670,12 @@ func worker(ctx context.Context, o options, stdout io.Writer) (err error) {
 	if err := g.Barrier(ctx); err != nil {
 		return err
 	}
+	var solo *dist.ProcessGroup
+	if p > 1 && slices.Contains(o.modes, "infer") {
+		if solo, err = g.Split(ctx, g.Rank(), 0); err != nil {
+			return fmt.Errorf("group of one: %w", err)
+		}
+	}
 	base := uint32(0x10000000)
 	for _, m := range o.micro {
 		var modes []string
@@ -661,11 +691,98 @@ func worker(ctx context.Context, o options, stdout io.Writer) (err error) {
 		if err != nil {
 			return fmt.Errorf("m=%d: %w", m, err)
 		}
+		if solo != nil {
+			if ok, _ := fits(o, "infer", 1, m); ok && slices.Contains(modes, "infer") {
+				cs, err := control(ctx, g, solo, o, dt, m)
+				if err != nil {
+					return fmt.Errorf("m=%d: control: %w", m, err)
+				}
+				rs = append(rs, cs...)
+			}
+		}
 		for _, r := range rs {
 			emit("RESULT", r)
 		}
 	}
 	return nil
+}
+
+// Modes of the control the jobs of more than one stage measure next to
+// inference: the whole model on one stage (a group of one member), on
+// rank 0 while the others wait, and on every rank at once.
+const (
+	soloAlone    = "solo-alone"
+	soloTogether = "solo-together"
+)
+
+// control measures inference of the whole model on one stage at m, on
+// each rank's group of one (solo): -repeat windows of rank 0 alone, the
+// other ranks waiting, interleaved with as many of every rank at once.
+// It returns, on rank 0, the fastest of each as results of modes
+// soloAlone and soloTogether; the latter's Wall is what gives, for the
+// one rank's batches, the throughput of all the ranks together. Their
+// ratio is how much the machine gives p processes at once at that
+// moment: the ceiling of p stages against one.
+func control(ctx context.Context, g, solo *dist.ProcessGroup, o options, dt tensor.Dtype, m int) (rs []result, err error) {
+	pl, err := newPipeline(ctx, solo, o, dt, "infer", m, 0x10000000)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := pl.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	x, _ := batchData(o.batch, o.width, dt)
+	data := pipeline.Data{Input: func(mb int, in *tensor.Dense) error { return copyRows(in, x, mb) }}
+	for range o.warmup {
+		if err := pl.Infer(ctx, data); err != nil {
+			return nil, err
+		}
+	}
+	timed := func(run bool) (float64, error) {
+		runtime.GC()
+		if err := g.Barrier(ctx); err != nil {
+			return 0, err
+		}
+		tp := []float64{0}
+		if run {
+			start := time.Now()
+			for range o.steps {
+				if err := pl.Infer(ctx, data); err != nil {
+					return 0, err
+				}
+			}
+			tp[0] = float64(o.steps*o.batch) / time.Since(start).Seconds()
+		}
+		if err := g.AllReduce(ctx, dist.F64(tp), dist.Sum); err != nil {
+			return 0, err
+		}
+		return tp[0], nil
+	}
+	var alone, together float64
+	for range o.repeat {
+		a, err := timed(g.Rank() == 0)
+		if err != nil {
+			return nil, err
+		}
+		t, err := timed(true)
+		if err != nil {
+			return nil, err
+		}
+		alone, together = max(alone, a), max(together, t)
+	}
+	if g.Rank() != 0 {
+		return nil, nil
+	}
+	samples := float64(o.steps * o.batch)
+	for _, c := range []struct {
+		mode string
+		tp   float64
+	}{{soloAlone, alone}, {soloTogether, together}} {
+		rs = append(rs, result{Mode: c.mode, P: g.WorldSize(), M: m, Steps: o.steps, Batch: o.batch, Wall: samples / c.tp})
+	}
+	return rs, nil
 }
 
 // newPipeline builds this rank's part of the model for mode at m.
