@@ -120,10 +120,11 @@ type peer struct {
 	// what the outbound ring looked like at the last poll (guarded by omu)
 	omu                 sync.Mutex
 	lastTail, lastFreed uint64
-	rspin               spinner // the reader goroutine's, while idle
-	sspin               spinner // of whoever waits for the rest of a record (guarded by rmu)
-	wspin               spinner // guarded by wmu
-	writes              uint64  // waitSpace calls (guarded by wmu)
+	rspin               spinner      // the reader goroutine's, while idle
+	patience            atomic.Int64 // nanoseconds the idle reader polls before it parks (set by the reader only)
+	sspin               spinner      // of whoever waits for the rest of a record (guarded by rmu)
+	wspin               spinner      // guarded by wmu
+	writes              uint64       // waitSpace calls (guarded by wmu)
 
 	// liveness (monitor only)
 	lastBeat   uint64
@@ -180,6 +181,7 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		wspin:      spinner{budget: maxPoll},
 	}
 	p.pspin.init()
+	p.patience.Store(int64(t.cfg.spin))
 	p.lazyKick = time.AfterFunc(time.Hour, p.lazyWake)
 	p.lazyKick.Stop()
 	if t.cfg.remoteMin > 0 && p.pid > 0 {
@@ -825,7 +827,11 @@ func (p *peer) readLoop() {
 // otherwise it polls briefly, then parks on this rank's doorbell.
 func (p *peer) idle() error {
 	start := time.Now()
-	parked := false
+	begun, parked := start, false
+	// Poll until patient (this wait's patience from its beginning), and
+	// for the spin since start (which a pause that let other goroutines
+	// run moves on, see busyYield), before parking.
+	patient := begun.Add(time.Duration(p.patience.Load()))
 	for i := 0; ; i++ {
 		if p.t.closing.Load() || p.lost.Load() {
 			return errClosed("recv")
@@ -845,16 +851,19 @@ func (p *peer) idle() error {
 			case <-p.goneCh:
 			}
 			start, i = time.Now(), 0
+			begun, parked = start, false
+			patient = begun.Add(time.Duration(p.patience.Load()))
 			continue
 		}
 		if p.arrived() || (i%headEvery == headEvery-1 && p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize) {
 			if i > 0 {
 				p.rspin.done(!parked)
+				p.patience.Store(int64(nextPatience(time.Duration(p.patience.Load()), p.t.cfg.spin, time.Since(begun), parked)))
 			}
 			return nil
 		}
 		p.pollOutbound()
-		if p.spinning(i, start) {
+		if now := time.Now(); i < 4 || now.Before(patient) || (p.t.cfg.spin > 0 && now.Sub(start) < p.t.cfg.spin) {
 			if p.rspin.pause(start) {
 				start = time.Now() // see busyYield
 			}
@@ -869,7 +878,45 @@ func (p *peer) idle() error {
 		}
 		p.myBell.Done()
 		start = time.Now()
+		// Woken without a record (or by the bound on the park): a long
+		// wait, worth no more than the configured spin from now on.
+		patient = time.Time{}
 	}
+}
+
+// maxPatience bounds how long the idle reader polls before it parks.
+const maxPatience = 4 * time.Millisecond
+
+// nextPatience returns how long the idle reader is to poll before it parks
+// (its patience), after a wait of w that parked or not, from patience d:
+// never less than the configured spin, never more than maxPatience (or
+// than the spin, if it is longer).
+//
+// Waking a parked process costs tens of microseconds (40-70 µs at the
+// median on a virtual machine, where the woken CPU must first be brought
+// out of its idle state), and the wake-up lies on the path of every
+// message that ends a wait. Where waits come at a steady rhythm, a few
+// milliseconds each (a pipeline stage waiting for its neighbour's next
+// micro-batch, a rank for the slowest in a collective), that is paid
+// on every one. So a wait that parked but ended within maxPatience makes
+// the reader poll twice as long as that wait from then on, and a wait
+// served while polling keeps its patience at least at twice its length
+// (letting it shrink by a sixteenth otherwise, as the waits get shorter).
+// A wait longer than maxPatience, such as an idle rank's, halves it: an
+// idle rank parks again within a few waits.
+func nextPatience(d, spin, w time.Duration, parked bool) time.Duration {
+	if spin <= 0 {
+		return 0 // parks at once (WithSpin(0))
+	}
+	switch {
+	case !parked:
+		d = max(d-d/16, 2*w)
+	case w <= maxPatience:
+		d = max(d, 2*w)
+	default:
+		d /= 2
+	}
+	return min(max(d, spin), max(spin, maxPatience))
 }
 
 // headEvery is how many polls of a record's seal go by between looks at

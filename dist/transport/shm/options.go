@@ -187,7 +187,12 @@ func WithHandshakeTimeout(d time.Duration) Option {
 // memory before it parks on the futex, and how long a receive polls the
 // ring itself (since it last delivered something) before it waits for the
 // reader (default 50 µs). Longer spins lower latency under bursts and cost
-// CPU while idle; 0 parks at once.
+// CPU while idle; 0 parks at once. The reader waiting for a peer's next
+// message polls longer, up to 4 ms, while its waits keep ending within a
+// few milliseconds of parking (a pipeline stage waiting for each
+// micro-batch): about twice the length of its recent waits. A wait that
+// outlasts 4 ms halves that, and once parked a wait polls no longer than
+// the spin again, so an idle rank polls for at most 4 ms before it sleeps.
 func WithSpin(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 || d > time.Second {

@@ -1,0 +1,107 @@
+package shm
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gdist/gdist/dist/transport"
+)
+
+// TestNextPatience: how long the idle reader polls before it parks, after
+// each kind of wait.
+func TestNextPatience(t *testing.T) {
+	const spin = DefaultSpin
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name      string
+		d, spin   time.Duration
+		w         time.Duration
+		parked    bool
+		want      time.Duration
+		rationale string
+	}{
+		{"parked, short", spin, spin, ms, true, 2 * ms, "twice the wait"},
+		{"parked, shorter than patience", 3 * ms, spin, ms, true, 3 * ms, "kept"},
+		{"parked, at the bound", spin, spin, maxPatience, true, maxPatience, "twice the wait, bounded"},
+		{"parked, past the bound", 4 * ms, spin, 5 * ms, true, 2 * ms, "halved"},
+		{"parked, long, at the floor", spin, spin, time.Second, true, spin, "never below the spin"},
+		{"polled, short", 2 * ms, spin, 10 * time.Microsecond, false, 2*ms - 2*ms/16, "a sixteenth less"},
+		{"polled, long", 2 * ms, spin, 1500 * time.Microsecond, false, 3 * ms, "twice the wait"},
+		{"polled, tiny, at the floor", spin, spin, time.Microsecond, false, spin, "never below the spin"},
+		{"spin 0", spin, 0, ms, true, 0, "WithSpin(0) parks at once"},
+		{"spin above the bound", 10 * ms, 10 * ms, time.Second, true, 10 * ms, "never below the spin"},
+		{"spin above the bound, polled", 10 * ms, 10 * ms, 6 * ms, false, 10 * ms, "bounded by the spin"},
+	} {
+		got := nextPatience(c.d, c.spin, c.w, c.parked)
+		assert.Equal(t, c.want, got, "%s: %s", c.name, c.rationale)
+	}
+}
+
+// TestPatienceFollowsWaits: a reader whose waits end about 1 ms after
+// they begin comes to poll for longer than the spin (it no longer parks
+// for each); a wait far longer than maxPatience then halves that; and an
+// idle reader after such a rhythm still parks, using well under 5 % of a
+// core.
+func TestPatienceFollowsWaits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	ts := mesh(t, 2)
+	defer ts[1].Close()
+	defer ts[0].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reader := ts[1].peers[0].Load()
+	patience := func() time.Duration { return time.Duration(reader.patience.Load()) }
+	require.Equal(t, DefaultSpin, patience(), "starts at the spin")
+
+	got := make(chan error, 1)
+	go func() {
+		for range 40 {
+			if _, err := ts[1].Recv(ctx, 0, 1); err != nil {
+				got <- err
+				return
+			}
+		}
+		got <- nil
+	}()
+	for range 40 {
+		time.Sleep(time.Millisecond)
+		require.NoError(t, ts[0].Send(ctx, 1, 1, transport.Header{}, []byte("tick")))
+	}
+	require.NoError(t, <-got)
+	rhythm := patience()
+	t.Logf("patience after 40 waits of about 1 ms: %v", rhythm)
+	assert.Greater(t, rhythm, 4*DefaultSpin, "waits of about 1 ms")
+	assert.LessOrEqual(t, rhythm, maxPatience)
+
+	// One wait of 50 ms, then an idle second.
+	go func() {
+		_, err := ts[1].Recv(ctx, 0, 2)
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, ts[0].Send(ctx, 1, 2, transport.Header{}, []byte("late")))
+	require.NoError(t, <-got)
+	require.Eventually(t, func() bool { return patience() <= rhythm/2 || patience() == DefaultSpin },
+		time.Second, time.Millisecond, "a wait past maxPatience halves the patience (%v before, %v now)", rhythm, patience())
+
+	go func() {
+		_, err := ts[1].Recv(ctx, 0, 3)
+		got <- err
+	}()
+	time.Sleep(10 * time.Millisecond) // past maxPatience: parked
+	const idle = time.Second
+	c0, w0 := cpuTime(t), time.Now()
+	time.Sleep(idle)
+	c1, w1 := cpuTime(t), time.Now()
+	frac := float64(c1-c0) / float64(w1.Sub(w0))
+	t.Logf("idle: %.2f%% of a core", 100*frac)
+	assert.Less(t, frac, 0.05)
+	require.NoError(t, ts[0].Send(ctx, 1, 3, transport.Header{}, []byte("wake")))
+	require.NoError(t, <-got)
+}
