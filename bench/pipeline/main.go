@@ -481,61 +481,24 @@ func report(w io.Writer, o options, rounds []round) {
 			fmt.Fprintf(w, "# %s: lowest /plain over m in 4..32: %.2fx\n", mode, minOver)
 		}
 	}
-	// 1F1B against GPipe, paired per round.
-	if slices.Contains(o.modes, "gpipe") && slices.Contains(o.modes, "1f1b") {
-		for _, p := range o.stages {
-			if p == 1 {
-				continue
-			}
-			var parts []string
-			for _, m := range o.micro {
-				var r []float64
-				for _, rd := range rounds {
-					g, f := tput(rd.res[key{"gpipe", p, m}]), tput(rd.res[key{"1f1b", p, m}])
-					r = append(r, f/g)
-				}
-				parts = append(parts, fmt.Sprintf("m=%d %.2fx", m, median(r)))
-			}
-			fmt.Fprintf(w, "\n# p=%d: 1F1B / GPipe (median of paired rounds): %s\n", p, strings.Join(parts, ", "))
+	for _, p := range o.stages {
+		if p == 1 {
+			continue
 		}
-	}
-	// Inference on p stages against one stage, paired per round.
-	if slices.Contains(o.modes, "infer") && slices.Contains(o.stages, 1) {
-		for _, p := range o.stages {
-			if p == 1 {
-				continue
-			}
-			var parts []string
-			for _, m := range o.micro {
-				var r []float64
-				for _, rd := range rounds {
-					one, many := rd.res[key{"infer", 1, m}], rd.res[key{"infer", p, m}]
-					if len(one) == 1 && len(many) == p {
-						r = append(r, tput(many)/tput(one))
-					}
-				}
-				if len(r) > 0 {
-					parts = append(parts, fmt.Sprintf("m=%d %.2fx", m, median(r)))
-				}
-			}
-			fmt.Fprintf(w, "# p=%d: inference / one stage (median of paired rounds): %s\n", p, strings.Join(parts, ", "))
-			parts = parts[:0]
-			for _, m := range o.micro {
-				var r []float64
-				for _, rd := range rounds {
-					one, all := rd.res[key{soloAlone, p, m}], rd.res[key{soloTogether, p, m}]
-					if len(one) == 1 && len(all) == 1 {
-						r = append(r, tput(all)/tput(one))
-					}
-				}
-				if len(r) > 0 {
-					parts = append(parts, fmt.Sprintf("m=%d %.2fx", m, median(r)))
-				}
-			}
-			if len(parts) > 0 {
-				fmt.Fprintf(w, "# p=%d: control, %d one-stage processes at once / one alone, the ceiling of the line above (median of rounds): %s\n",
-					p, p, strings.Join(parts, ", "))
-			}
+		of := func(mode string, p, n int) func(int) (key, int) {
+			return func(m int) (key, int) { return key{mode, p, m}, n }
+		}
+		if slices.Contains(o.modes, "gpipe") && slices.Contains(o.modes, "1f1b") {
+			fmt.Fprintf(w, "\n# p=%d: 1F1B / GPipe (median of paired rounds): %s\n", p,
+				pairedRatios(o, rounds, of("1f1b", p, p), of("gpipe", p, p)))
+		}
+		if slices.Contains(o.modes, "infer") && slices.Contains(o.stages, 1) {
+			fmt.Fprintf(w, "# p=%d: inference / one stage (median of paired rounds): %s\n", p,
+				pairedRatios(o, rounds, of("infer", p, p), of("infer", 1, 1)))
+		}
+		if c := pairedRatios(o, rounds, of(soloTogether, p, 1), of(soloAlone, p, 1)); c != "" {
+			fmt.Fprintf(w, "# p=%d: control, %d one-stage processes at once / one alone, the ceiling of the line above (median of rounds): %s\n",
+				p, p, c)
 		}
 	}
 	for _, p := range o.stages {
@@ -544,6 +507,28 @@ func report(w io.Writer, o options, rounds []round) {
 				p, b.mode, b.m, b.tput, b.vs)
 		}
 	}
+}
+
+// pairedRatios gives, for every m, the median over the rounds of the
+// throughput of num's results over den's in the same round (num and den
+// give the key and the number of results a complete measurement has;
+// rounds without both are left out), as "m=4 1.02x, m=8 ...".
+func pairedRatios(o options, rounds []round, num, den func(m int) (key, int)) string {
+	var parts []string
+	for _, m := range o.micro {
+		kn, nn := num(m)
+		kd, nd := den(m)
+		var r []float64
+		for _, rd := range rounds {
+			if a, b := rd.res[kn], rd.res[kd]; len(a) == nn && len(b) == nd {
+				r = append(r, tput(a)/tput(b))
+			}
+		}
+		if len(r) > 0 {
+			parts = append(parts, fmt.Sprintf("m=%d %.2fx", m, median(r)))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // startWorkers runs p workers (this program with -worker, through package

@@ -35,17 +35,18 @@ func TestSweep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"-stages", "1,2", "-micro", "2", "-modes", "gpipe,zb-h1,interleaved,infer", "-layers", "4", "-width", "16",
+	err := run(ctx, []string{"-stages", "1,2", "-micro", "2", "-modes", "gpipe,1f1b,zb-h1,interleaved,infer", "-layers", "4", "-width", "16",
 		"-batch", "8", "-steps", "2", "-warmup", "1", "-rounds", "2", "-repeat", "2"}, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 	out := stdout.String()
 	t.Log("\n" + out)
 	assert.Contains(t, out, "between ranks 0 and 1, one way: raw TCP")
 	assert.Contains(t, out, "# plain Gorgonia")
-	for _, m := range []string{"gpipe", "zb-h1", "interleaved", "infer"} {
+	for _, m := range []string{"gpipe", "1f1b", "zb-h1", "interleaved", "infer"} {
 		assert.Contains(t, out, "## "+m)
 	}
 	assert.Contains(t, out, "# recommended for 2 stages")
+	assert.Regexp(t, `# p=2: 1F1B / GPipe \(median of paired rounds\): m=2 \d+\.\d\dx\n`, out)
 	assert.Regexp(t, `# p=2: inference / one stage \(median of paired rounds\): m=2 \d+\.\d\dx\n`, out)
 	assert.Regexp(t, `# p=2: control, 2 one-stage processes at once / one alone.*: m=2 \d+\.\d\dx\n`, out)
 	rows := 0
@@ -55,7 +56,7 @@ func TestSweep(t *testing.T) {
 			assert.True(t, strings.HasSuffix(f[3], "x"), "the /plain column: %q", l)
 		}
 	}
-	assert.Equal(t, 8, rows, "p = 1, 2 at m = 2 for four modes")
+	assert.Equal(t, 10, rows, "p = 1, 2 at m = 2 for five modes")
 }
 
 // TestHelp: -h and -help print the usage and exit 0; bad values exit 2.

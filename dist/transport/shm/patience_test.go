@@ -95,11 +95,7 @@ func TestPatienceFollowsWaits(t *testing.T) {
 		got <- err
 	}()
 	time.Sleep(10 * time.Millisecond) // past maxPatience: parked
-	const idle = time.Second
-	c0, w0 := cpuTime(t), time.Now()
-	time.Sleep(idle)
-	c1, w1 := cpuTime(t), time.Now()
-	frac := float64(c1-c0) / float64(w1.Sub(w0))
+	frac := idleCPU(t, time.Second)
 	t.Logf("idle: %.2f%% of a core", 100*frac)
 	assert.Less(t, frac, 0.05)
 	require.NoError(t, ts[0].Send(ctx, 1, 3, transport.Header{}, []byte("wake")))
