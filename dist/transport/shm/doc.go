@@ -92,7 +92,11 @@
 // A wait does not park while other goroutines of its process run between
 // its polls: a goroutine in the futex call keeps its P until the runtime
 // takes it back, up to 10 ms later, and with GOMAXPROCS=1 a runnable
-// goroutine would wait that long.
+// goroutine would wait that long. The reader polls longer than the spin
+// while its waits keep a steady rhythm of a few milliseconds (a pipeline
+// stage waiting for each micro-batch): about twice its recent waits, up to
+// 4 ms, since waking a parked process costs tens of microseconds; a longer
+// wait halves that, and a wait that has parked polls only the spin again.
 // A sender reads its peer's consumer position and returned credit only
 // when those it saw last leave too little room (and every 64 sends), so
 // the consumer's updates of them stay in its own cache. An idle rank
