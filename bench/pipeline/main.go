@@ -496,6 +496,9 @@ func report(w io.Writer, o options, rounds []round) {
 			fmt.Fprintf(w, "# p=%d: inference / one stage (median of paired rounds): %s\n", p,
 				pairedRatios(o, rounds, of("infer", p, p), of("infer", 1, 1)))
 		}
+		if c := pairedRatios(o, rounds, of("infer", p, p), of(soloAlone, p, 1)); c != "" {
+			fmt.Fprintf(w, "# p=%d: inference / one stage alone in the same job (the control's; median of rounds): %s\n", p, c)
+		}
 		if c := pairedRatios(o, rounds, of(soloTogether, p, 1), of(soloAlone, p, 1)); c != "" {
 			fmt.Fprintf(w, "# p=%d: control, %d one-stage processes at once / one alone, the ceiling of the line above (median of rounds): %s\n",
 				p, p, c)

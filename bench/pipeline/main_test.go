@@ -48,6 +48,7 @@ func TestSweep(t *testing.T) {
 	assert.Contains(t, out, "# recommended for 2 stages")
 	assert.Regexp(t, `# p=2: 1F1B / GPipe \(median of paired rounds\): m=2 \d+\.\d\dx\n`, out)
 	assert.Regexp(t, `# p=2: inference / one stage \(median of paired rounds\): m=2 \d+\.\d\dx\n`, out)
+	assert.Regexp(t, `# p=2: inference / one stage alone in the same job.*: m=2 \d+\.\d\dx\n`, out)
 	assert.Regexp(t, `# p=2: control, 2 one-stage processes at once / one alone.*: m=2 \d+\.\d\dx\n`, out)
 	rows := 0
 	for _, l := range strings.Split(out, "\n") {
