@@ -832,6 +832,7 @@ func (p *peer) idle() error {
 	// for the spin since start (which a pause that let other goroutines
 	// run moves on, see busyYield), before parking.
 	patient := begun.Add(time.Duration(p.patience.Load()))
+	polled := begun // when the last poll read the clock
 	for i := 0; ; i++ {
 		if p.t.closing.Load() || p.lost.Load() {
 			return errClosed("recv")
@@ -851,19 +852,25 @@ func (p *peer) idle() error {
 			case <-p.goneCh:
 			}
 			start, i = time.Now(), 0
-			begun, parked = start, false
+			begun, parked, polled = start, false, start
 			patient = begun.Add(time.Duration(p.patience.Load()))
 			continue
 		}
 		if p.arrived() || (i%headEvery == headEvery-1 && p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize) {
 			if i > 0 {
 				p.rspin.done(!parked)
-				p.patience.Store(int64(nextPatience(time.Duration(p.patience.Load()), p.t.cfg.spin, time.Since(begun), parked)))
+				// The wait's length as of the last time it read the clock
+				// (not in its first polls: such a wait was as good as none).
+				w := polled.Sub(begun)
+				p.patience.Store(int64(nextPatience(time.Duration(p.patience.Load()), p.t.cfg.spin, w, parked)))
 			}
 			return nil
 		}
 		p.pollOutbound()
-		if now := time.Now(); i < 4 || now.Before(patient) || (p.t.cfg.spin > 0 && now.Sub(start) < p.t.cfg.spin) {
+		if i >= 4 {
+			polled = time.Now()
+		}
+		if i < 4 || polled.Before(patient) || (p.t.cfg.spin > 0 && polled.Sub(start) < p.t.cfg.spin) {
 			if p.rspin.pause(start) {
 				start = time.Now() // see busyYield
 			}
@@ -878,6 +885,7 @@ func (p *peer) idle() error {
 		}
 		p.myBell.Done()
 		start = time.Now()
+		polled = start
 		// Woken without a record (or by the bound on the park): a long
 		// wait, worth no more than the configured spin from now on.
 		patient = time.Time{}
