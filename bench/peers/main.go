@@ -26,7 +26,8 @@
 // leaves both to the kernel. mpirun runs with --mca pml ob1 --mca btl
 // self,vader (shared memory) unless OMPI_MCA_pml or OMPI_MCA_btl is set, and
 // with --allow-run-as-root when run as root. Ratios are gdist / Open MPI: for
-// times lower is better for gdist, for bandwidths higher.
+// times lower is better for gdist, for bandwidths higher. -cpuprofile f
+// writes each gdist rank's CPU profile of its last round to f.rankN.
 package main
 
 import (
@@ -41,6 +42,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +70,7 @@ type options struct {
 	arIters     int
 	arWarmup    int
 	small       int
+	cpuprofile  string
 }
 
 // figure is one measurement, as both peers print it after "RESULT ".
@@ -117,6 +120,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.IntVar(&o.streamMiB, "stream-mib", 256, "MiB per stream (at least 8 messages)")
 	fs.IntVar(&o.arIters, "ar-iters", 200, "timed all-reduces per size (scaled down above 1 MiB, at least 20)")
 	fs.IntVar(&o.arWarmup, "ar-warmup", 10, "untimed all-reduces per size")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write each gdist rank's CPU profile to `file`.rankN")
 	fs.IntVar(&o.small, "small", -1, "gdist's all-reduce small-message threshold in bytes (dist.WithSmallThreshold; -1: the default)")
 	if err := cli.Parse(fs, args, errUsage); err != nil {
 		return o, err
@@ -424,7 +428,7 @@ func workerFlags(o options) []string {
 		"-pp-sizes", join(o.ppSizes), "-stream-sizes", join(o.streamSizes), "-ar-sizes", join(o.arSizes),
 		"-pp-iters", strconv.Itoa(o.ppIters), "-pp-warmup", strconv.Itoa(o.ppWarmup),
 		"-stream-mib", strconv.Itoa(o.streamMiB), "-ar-iters", strconv.Itoa(o.arIters), "-ar-warmup", strconv.Itoa(o.arWarmup),
-		"-small", strconv.Itoa(o.small),
+		"-small", strconv.Itoa(o.small), "-cpuprofile", o.cpuprofile,
 	}
 }
 
@@ -449,6 +453,17 @@ func worker(ctx context.Context, o options, stdout io.Writer) (err error) {
 	defer cli.Close(&err, g)
 	if g.WorldSize() < 2 {
 		return errors.New("needs at least 2 ranks")
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(fmt.Sprintf("%s.rank%d", o.cpuprofile, g.Rank()))
+		if err != nil {
+			return err
+		}
+		defer cli.Close(&err, f)
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	emit := func(f figure) {
 		if g.Rank() == 0 {

@@ -40,7 +40,12 @@
 // word, stored last, seals it with the record's position (whole, for a
 // record of up to 32 KiB written at once): a waiting receiver polls that
 // word, on the cache line the record arrives in, rather than the ring's
-// head. A receive that has to wait (Recv, RecvInto, RecvReduce) first
+// head. A sender that finds the ring drained before a record of 64 KiB
+// or more goes on at the start of the ring's next lap (a lap mark tells
+// the receiver), so that messages that each find the ring empty — the
+// segments of an all-reduce, a pipeline's activations — reuse memory both
+// processes' caches still hold instead of cycling through the whole ring.
+// A receive that has to wait (Recv, RecvInto, RecvReduce) first
 // polls the ring itself and delivers what arrives — into its own buffer
 // (straight from the ring when nothing for its source and tag is queued),
 // or to another receive or the queue — on its own goroutine, with no

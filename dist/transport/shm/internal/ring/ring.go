@@ -269,6 +269,28 @@ func (p *Producer) Publish() bool {
 	return true
 }
 
+// Restart moves the producer to the start of the ring's next lap, so
+// that the next record is written where the last laps' records were
+// rather than further along: a large record then goes to memory the two
+// processes touched recently, still in their caches, instead of memory
+// last used a whole ring ago. It leaves a lap mark — a seal alone, which
+// tells the consumer to continue at the start of the next lap — at head.
+// Call it between records, only when the ring is empty (Space returned
+// Size) and head is not at the start of a lap; the space left until the
+// consumer passes the mark is head's offset in the ring.
+func (p *Producer) Restart() {
+	pos := p.head
+	p.head = (pos | p.r.mask) + 1
+	p.word(pos).Store(lapMark(pos))
+}
+
+// lapMark is the seal of a lap mark at position pos.
+func lapMark(pos uint64) uint32 { return sealBit | lapBit | uint32(pos/Align)&posMask }
+
+// Offset returns the producer's position in the ring's data area: how far
+// head is from the start of its lap.
+func (p *Producer) Offset() uint64 { return p.head & p.r.mask }
+
 // Consumer reads from a ring. It is not safe for concurrent use.
 type Consumer struct {
 	r    *Ring
@@ -310,10 +332,21 @@ func (c *Consumer) Known() uint64 { return c.head - c.tail }
 // readable. It fails with ErrCorrupt when a whole record's length cannot
 // be right or the head is.
 func (c *Consumer) Next(head bool) (bool, error) {
+	w := c.r.word(c.tail).Load()
+	if w == lapMark(c.tail) {
+		// The producer found the ring empty and went on at the start of
+		// the next lap (Producer.Restart): it could do so only once this
+		// consumer had released everything before the mark.
+		if c.pub != c.tail {
+			return false, fmt.Errorf("%w: lap mark at position %d, %d bytes after the released tail", ErrCorrupt, c.tail, c.tail-c.pub)
+		}
+		c.tail = (c.tail | c.r.mask) + 1
+		c.head = max(c.head, c.tail)
+		w = c.r.word(c.tail).Load()
+	}
 	if c.head-c.tail >= HeaderSize {
 		return true, nil
 	}
-	w := c.r.word(c.tail).Load()
 	if !sealedAt(w, c.tail) {
 		if !head {
 			return false, nil
@@ -426,8 +459,8 @@ type Header struct {
 // Seal is the first word of the header of a record at position pos: a
 // flag, whether the record is remote and whether it was written whole
 // before it was sealed (WriteRecord), and bits of pos/Align, which a record
-// of an earlier lap of the ring cannot share with it (the ring is smaller
-// than 1<<posBits Align-byte units).
+// of an earlier lap of the ring cannot share with it (the ring is at most
+// MaxSize, 1<<27 Align-byte units, fewer than 1<<posBits).
 func Seal(pos uint64, remote, whole bool) uint32 {
 	w := sealBit | uint32(pos/Align)&posMask
 	if remote {
@@ -444,7 +477,8 @@ const (
 	sealBit   = 1 << 31
 	wholeBit  = 1 << 30
 	remoteBit = 1 << 29
-	posBits   = 29
+	lapBit    = 1 << 28 // a lap mark (Producer.Restart), not a record
+	posBits   = 28
 	posMask   = 1<<posBits - 1
 )
 
@@ -471,7 +505,7 @@ var ErrTooLarge = errors.New("ring: record too large")
 func ParseHeader(b []byte, max, pos uint64) (Header, error) {
 	_ = b[HeaderSize-1]
 	m := binary.LittleEndian.Uint32(b[0:])
-	if !sealedAt(m, pos) {
+	if !sealedAt(m, pos) || m&lapBit != 0 {
 		return Header{}, fmt.Errorf("%w: record seal %#x at position %d", ErrCorrupt, m, pos)
 	}
 	h := Header{Tag: binary.LittleEndian.Uint32(b[4:]), Len: binary.LittleEndian.Uint64(b[8:]), Remote: m&remoteBit != 0}

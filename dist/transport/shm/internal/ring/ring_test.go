@@ -95,6 +95,7 @@ func TestChecks(t *testing.T) {
 func FuzzConsumer(f *testing.F) {
 	f.Add(uint64(10), uint64(0), []byte("GDSM"))
 	f.Add(uint64(1<<63), uint64(5), []byte{})
+	f.Add(uint64(64), uint64(0), []byte{0, 0, 0, 0x90}) // a lap mark at position 0
 	f.Fuzz(func(t *testing.T, head, tail uint64, data []byte) {
 		p, c, r := newPair(t, MinSize)
 		p.Write(make([]byte, 64))
@@ -103,6 +104,10 @@ func FuzzConsumer(f *testing.F) {
 		r.u64(offTail).Store(tail)
 		copy(r.data, data)
 		for range 4 {
+			if _, err := c.Next(true); err != nil { // seals, whole records and lap marks
+				require.ErrorIs(t, err, ErrCorrupt)
+				break
+			}
 			a, err := c.Avail()
 			if err != nil {
 				require.ErrorIs(t, err, ErrCorrupt)
@@ -190,4 +195,96 @@ func TestSealedRecords(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, a)
 	require.False(t, r.SealedAt(c.Pos()))
+}
+
+// TestRestart: records written after lap marks come out whole and in
+// order, each mark moves both sides to the start of the next lap, and the
+// producer has the space up to where the consumer stands until the
+// consumer passes the mark, the whole ring after.
+func TestRestart(t *testing.T) {
+	const size = MinSize
+	p, c, _ := newPair(t, size)
+	read := func(i int, want Header, payload []byte) {
+		t.Helper()
+		ok, err := c.Next(false)
+		require.NoError(t, err)
+		require.True(t, ok, "record %d", i)
+		var hb [HeaderSize]byte
+		pos := c.Pos()
+		c.Read(hb[:])
+		got, err := ParseHeader(hb[:], 1<<20, pos)
+		require.NoError(t, err, "record %d", i)
+		require.Equal(t, want, got)
+		p.Publish()
+		a, err := c.Avail()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, a, want.Len+Pad(want.Len))
+		out := make([]byte, want.Len)
+		c.Read(out)
+		require.Equal(t, payload, out, "record %d", i)
+		c.Skip(Pad(want.Len))
+		c.Release()
+	}
+	restarts := 0
+	for i := range 3000 {
+		n := (i * 97) % 900
+		payload := make([]byte, n)
+		for k := range payload {
+			payload[k] = byte(i*7 + k)
+		}
+		s, err := p.Space()
+		require.NoError(t, err)
+		require.Equal(t, uint64(size), s, "record %d: the consumer took everything", i)
+		rec := uint64(HeaderSize+n) + Pad(uint64(n))
+		if off := p.Offset(); i%4 != 3 && off >= rec {
+			p.Restart()
+			restarts++
+			require.Zero(t, p.Offset())
+			require.Equal(t, off, p.Known(), "record %d: room up to the consumer", i)
+		}
+		start := p.Pos()
+		h := Header{Tag: uint32(i), Len: uint64(n)}
+		p.WriteHeader(&h)
+		p.Write(payload)
+		p.Write(make([]byte, Pad(uint64(n))))
+		if i%2 == 0 {
+			p.Publish()
+		}
+		read(i, h, payload)
+		require.Equal(t, start+rec, c.Pos(), "record %d: the consumer followed the mark", i)
+	}
+	require.Greater(t, restarts, 500)
+	s, err := p.Space()
+	require.NoError(t, err)
+	require.Equal(t, uint64(size), s)
+}
+
+// TestRestartChecks: a lap mark is honoured only where the consumer has
+// released everything before it (where a producer that found the ring
+// empty could have left it), and a header never carries one.
+func TestRestartChecks(t *testing.T) {
+	p, c, r := newPair(t, MinSize)
+	h := Header{Tag: 1, Len: 8}
+	p.WriteRecord(&h, make([]byte, 8))
+	p.Publish()
+	ok, err := c.Next(false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	c.Skip(HeaderSize + 8) // read, not released
+	r.word(c.Pos()).Store(lapMark(c.Pos()))
+	_, err = c.Next(false)
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	// A mark with other bits set is no mark: the record it seals fails
+	// its header check.
+	_, c, r = newPair(t, MinSize)
+	r.word(0).Store(lapMark(0) | wholeBit)
+	ok, err = c.Next(false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Zero(t, c.Pos(), "no lap passed")
+	var hb [HeaderSize]byte
+	c.PeekInto(hb[:])
+	_, err = ParseHeader(hb[:], 1<<20, 0)
+	require.ErrorIs(t, err, ErrCorrupt)
 }
