@@ -228,3 +228,34 @@ func TestP2PJoinedContexts(t *testing.T) {
 		require.Eventually(t, func() bool { return keptJoins(c.gs[1]) == 0 }, 5*time.Second, time.Millisecond)
 	})
 }
+
+// TestP2PJoinRetiredByLastUser: a join whose context ends while calls use
+// it stays until the last of them releases it, and is undone then.
+func TestP2PJoinRetiredByLastUser(t *testing.T) {
+	var j p2pJoins
+	fail, failCancel := context.WithCancel(bg)
+	defer failCancel()
+	ctx, cancel := context.WithCancel(bg)
+	c1, h1 := j.hold(ctx, fail)
+	c2, h2 := j.hold(ctx, fail)
+	require.Same(t, h1.e, h2.e, "one join for both calls")
+	cancel()
+	<-c1.Done()
+	// The join's own watch has run by now or runs soon; either way, with
+	// users left, the join stays.
+	require.Eventually(t, func() bool { return h1.e.users.Load()&joinEnded != 0 }, 5*time.Second, time.Millisecond,
+		"marked ended while in use")
+	h1.release()
+	require.NotNil(t, j.slots[0].Load(), "still in use by the second call")
+	require.Error(t, c2.Err())
+	h2.release()
+	require.Nil(t, j.slots[0].Load(), "the last release let it go")
+	require.NotZero(t, h2.e.users.Load()&joinDead)
+	// A new context gets a new join in the freed slot.
+	ctx2, cancel2 := context.WithCancel(bg)
+	defer cancel2()
+	c3, h3 := j.hold(ctx2, fail)
+	require.NoError(t, c3.Err())
+	require.NotSame(t, h1.e, h3.e)
+	h3.release()
+}

@@ -44,21 +44,18 @@ type p2pJoin struct {
 	used    atomic.Uint64 // tick of the last hold, for choosing a slot to reuse
 }
 
-// joinDead marks a join's users count once it is undone: no hold takes it.
-const joinDead = 1 << 62
+// Flags of a join's users count. joinDead marks it once it is undone: no
+// hold takes it. joinEnded marks a join whose context ended while it was
+// in use: the last user's release retires it.
+const (
+	joinDead  = 1 << 62
+	joinEnded = 1 << 61
+)
 
-// take counts one more user, unless the join is undone.
-func (e *p2pJoin) take() bool {
-	for {
-		u := e.users.Load()
-		if u&joinDead != 0 {
-			return false
-		}
-		if e.users.CompareAndSwap(u, u+1) {
-			return true
-		}
-	}
-}
+// take counts one more user, unless the join is undone. One atomic add:
+// an undone join's count is never looked at again, so a failed take
+// leaves it as it is.
+func (e *p2pJoin) take() bool { return e.users.Add(1)&joinDead == 0 }
 
 // undo releases the join's registrations; its users count is marked dead.
 func (e *p2pJoin) undo() {
@@ -81,6 +78,14 @@ type p2pHold struct {
 // hold returns a context that ends with parent or with fail (the job's
 // failure context), reusing a kept join of parent if there is one.
 func (j *p2pJoins) hold(parent, fail context.Context) (context.Context, p2pHold) {
+	// The join the last hold found first, before the type check: a kept
+	// join's parent is pointer-typed, so comparing it cannot panic.
+	if e := j.last.Load(); e != nil && e.parent == parent && e.take() {
+		if e.used.Load() != j.tick.Load() { // another join was used since
+			e.used.Store(j.tick.Add(1))
+		}
+		return e.ctx, p2pHold{j: j, e: e}
+	}
 	if reflect.TypeOf(parent).Kind() == reflect.Pointer {
 		if e := j.find(parent); e != nil {
 			return e.ctx, p2pHold{j: j, e: e}
@@ -154,13 +159,28 @@ func (j *p2pJoins) add(parent, fail context.Context) *p2pJoin {
 	return e
 }
 
-// retire undoes e if its context has ended and nobody uses it (the last
-// user's release retires it otherwise).
+// retire undoes e if its context has ended and nobody uses it; if it is
+// in use, it marks it joinEnded, and the last user's release retires it.
 func (j *p2pJoins) retire(e *p2pJoin) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if e.ctx.Err() == nil || !e.users.CompareAndSwap(0, joinDead) {
+	if e.ctx.Err() == nil {
 		return
+	}
+	for {
+		u := e.users.Load()
+		if u&joinDead != 0 {
+			return
+		}
+		if u&^joinEnded != 0 { // in use
+			if e.users.CompareAndSwap(u, u|joinEnded) {
+				return
+			}
+			continue
+		}
+		if e.users.CompareAndSwap(u, joinDead) {
+			break
+		}
 	}
 	j.last.CompareAndSwap(e, nil)
 	e.undo()
@@ -175,7 +195,7 @@ func (j *p2pJoins) retire(e *p2pJoin) {
 func (h p2pHold) release() {
 	switch {
 	case h.e != nil:
-		if h.e.users.Add(-1) == 0 && ended(h.e.ctx) {
+		if h.e.users.Add(-1) == joinEnded {
 			h.j.retire(h.e)
 		}
 	case h.cancel != nil:
@@ -196,15 +216,5 @@ func (j *p2pJoins) close() {
 			e.undo()
 			j.slots[i].Store(nil)
 		}
-	}
-}
-
-// ended reports whether c has ended, without the lock Err takes.
-func ended(c context.Context) bool {
-	select {
-	case <-c.Done():
-		return true
-	default:
-		return false
 	}
 }
