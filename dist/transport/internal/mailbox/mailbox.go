@@ -86,6 +86,20 @@ type source struct {
 	gets    atomic.Int32  // Gets and GetIntos waiting for a message from this source
 	msgs    atomic.Int32  // messages queued from this source
 	ended   atomic.Bool   // err is set, or the mailbox failed
+	// tagGets counts the waiting Gets and GetIntos by tag modulo
+	// tagBuckets, so that Quiet answers without the lock for a tag no
+	// receive waits on while others wait for the same source on other tags
+	// (as a job's long-lived receives do: its failure watch, for one).
+	tagGets [tagBuckets]atomic.Int32
+}
+
+// tagBuckets is the number of tag buckets of source.tagGets.
+const tagBuckets = 32
+
+// waiting counts one more (d = 1) or one fewer (-1) Get waiting on tag.
+func (s *source) waiting(tag uint32, d int32) {
+	s.gets.Add(d)
+	s.tagGets[tag%tagBuckets].Add(d)
 }
 
 // wakeCap bounds how many waiting Puts one dequeue wakes directly; further
@@ -421,7 +435,7 @@ func (m *Mailbox[M]) Get(ctx context.Context, src int, tag uint32) (M, error) {
 			return zero, err
 		}
 		q.waiters++
-		m.sources[src].gets.Add(1)
+		m.sources[src].waiting(tag, 1)
 		notify := q.notify
 		m.mu.Unlock()
 		var err error
@@ -435,7 +449,7 @@ func (m *Mailbox[M]) Get(ctx context.Context, src int, tag uint32) (M, error) {
 		}
 		m.mu.Lock()
 		q.waiters--
-		m.sources[src].gets.Add(-1)
+		m.sources[src].waiting(tag, -1)
 		if err != nil {
 			m.release(k, q)
 			m.mu.Unlock()
@@ -512,7 +526,7 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 			p.state = postPosted
 		}
 		q.waiters++
-		m.sources[src].gets.Add(1)
+		m.sources[src].waiting(tag, 1)
 		notify := q.notify
 		m.mu.Unlock()
 		var cerr error
@@ -527,7 +541,7 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 		}
 		m.mu.Lock()
 		q.waiters--
-		m.sources[src].gets.Add(-1)
+		m.sources[src].waiting(tag, -1)
 		if cerr != nil && p.state != postClaimed && p.state != postDone {
 			unpost()
 			m.release(k, q)
@@ -549,8 +563,8 @@ func (m *Mailbox[M]) getInto(ctx context.Context, src int, tag uint32, dst []byt
 func (m *Mailbox[M]) Quiet(src int, tag uint32) bool {
 	if src >= 0 && src < len(m.sources) {
 		s := &m.sources[src]
-		if s.msgs.Load() == 0 && s.gets.Load() == 0 && !s.ended.Load() {
-			return true // nothing at all from src: no lock needed
+		if s.msgs.Load() == 0 && s.tagGets[tag%tagBuckets].Load() == 0 && !s.ended.Load() {
+			return true // nothing queued from src, no receive waiting on tag: no lock needed
 		}
 	}
 	m.mu.Lock()

@@ -479,9 +479,14 @@ func TestQuiet(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool { return !m.Quiet(1, 7) }, 5*time.Second, time.Millisecond,
 		"a posted receive waits")
+	assert.True(t, m.Quiet(1, 8), "a receive waiting on another tag")
+	assert.True(t, m.Quiet(1, 7+tagBuckets), "a receive waiting on another tag of the same bucket (checked under the lock)")
 	require.NoError(t, m.Put(ctx, 1, 7, msg{id: 2}, 1))
 	<-done
 	assert.True(t, m.Quiet(1, 7))
+	for i := range m.sources[1].tagGets {
+		assert.Zero(t, m.sources[1].tagGets[i].Load(), "bucket %d", i)
+	}
 
 	m.CloseSource(1, errGone)
 	assert.False(t, m.Quiet(1, 7), "the source ended")
