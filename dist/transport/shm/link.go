@@ -115,7 +115,6 @@ type peer struct {
 	pspin      pollSpin      // how they spin
 	needed     atomic.Bool   // a poller met a record it leaves to the reader
 	kick       chan struct{} // capacity 1: wakes the reader when polling stops or a record needs it
-	tailPos    atomic.Uint64 // in's read position, for the reader to wait without rmu
 
 	// what the outbound ring looked like at the last poll (guarded by omu)
 	omu                 sync.Mutex
@@ -305,12 +304,16 @@ func (s *spinner) done(served bool) {
 // the first yield (the peer needed this CPU, or was descheduled by other
 // load), doubled when one comes while polling (the peer runs on another
 // CPU, and yielding would only cost latency), and reset to the maximum
-// every probeEvery records.
+// every probeEvery records that found it below.
 type pollSpin struct {
 	budget atomic.Int64 // nanoseconds
-	since  atomic.Int64 // when the current wait started, nanoseconds since epoch
+	// since is when the current wait started, nanoseconds since epoch, or
+	// 0 until a poll first needs it (start): most waits end within a few
+	// polls, and a clock read costs a few tens of nanoseconds on a
+	// virtual machine, as much as the rest of a poll.
+	since  atomic.Int64
 	yields atomic.Int32
-	waits  atomic.Uint32
+	waits  atomic.Uint32 // waits that ended below the maximum budget or after a yield
 }
 
 // epoch is the origin of pollSpin's monotonic nanoseconds.
@@ -318,18 +321,44 @@ var epoch = time.Now()
 
 func nanotime() int64 { return int64(time.Since(epoch)) }
 
+// start returns when the current wait started, reading the clock for it
+// the first time a poll asks.
+func (s *pollSpin) start() int64 {
+	if t := s.since.Load(); t != 0 {
+		return t
+	}
+	t := max(nanotime(), 1)
+	if !s.since.CompareAndSwap(0, t) {
+		return s.since.Load()
+	}
+	return t
+}
+
 // init sets the budget to the maximum.
 func (s *pollSpin) init() { s.budget.Store(int64(maxPoll)) }
 
-// begin starts a wait.
+// begin starts a wait; its clock starts at the first poll that asks
+// (start).
 func (s *pollSpin) begin() {
-	s.since.Store(nanotime())
-	s.yields.Store(0)
+	// Stores only where a value changes: an atomic store is a locked
+	// instruction on amd64, and most waits leave both at zero.
+	if s.since.Load() != 0 {
+		s.since.Store(0)
+	}
+	if s.yields.Load() != 0 {
+		s.yields.Store(0)
+	}
 }
 
 // idle is a poll that found nothing: past the budget it yields the CPU.
 func (s *pollSpin) idle() {
-	if nanotime()-s.since.Load() >= s.budget.Load() {
+	now := nanotime()
+	t := s.since.Load()
+	if t == 0 {
+		s.since.CompareAndSwap(0, max(now, 1)) // the wait's clock starts here
+		return
+	}
+	if now-t >= s.budget.Load() {
 		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		s.yields.Add(1)
 	}
@@ -347,7 +376,11 @@ func (s *pollSpin) took() { s.adapt() }
 // adapt updates the budget by how the wait ended.
 func (s *pollSpin) adapt() {
 	b := s.budget.Load()
-	switch y := s.yields.Load(); {
+	y := s.yields.Load()
+	if y == 0 && b == int64(maxPoll) {
+		return // served while polling, at the maximum: nothing changes (nor needs counting)
+	}
+	switch {
 	case s.waits.Add(1)%probeEvery == 0:
 		b = int64(maxPoll)
 	case y == 1:
@@ -689,6 +722,19 @@ func (p *peer) consumed(n int) {
 	p.fmu.Unlock()
 }
 
+// credited is consumed for a receiver that holds rmu with the link alive
+// (rdead false): unmap takes rmu before it unmaps, so the memory stays
+// mapped without fmu.
+func (p *peer) credited(n int) {
+	if n == 0 || p.t.cfg.queueLimit == 0 {
+		return
+	}
+	p.inR.AddFreed(uint64(n))
+	if p.inR.CreditWait() {
+		p.peerBell.Ring()
+	}
+}
+
 // ---- receive side ----
 
 // errGone ends the reader when the peer said goodbye and the ring is drained.
@@ -780,7 +826,6 @@ func (p *peer) wait(need uint64) (uint64, error) {
 // release hands consumed ring space back to the peer.
 func (p *peer) release() {
 	if p.in.Release() {
-		p.tailPos.Store(p.in.Pos())
 		if p.inR.SpaceWait() {
 			p.peerBell.Ring()
 		}
@@ -867,7 +912,7 @@ func (p *peer) idle() error {
 		}
 		if p.gone.Load() {
 			// The goodbye came after everything the peer wrote.
-			if p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize {
+			if p.inR.HeadHint()-p.readPos() >= ring.HeaderSize {
 				return nil
 			}
 			return errGone
@@ -884,7 +929,7 @@ func (p *peer) idle() error {
 			patient = begun.Add(time.Duration(p.patience.Load()))
 			continue
 		}
-		if p.arrived() || (i%headEvery == headEvery-1 && p.inR.HeadHint()-p.tailPos.Load() >= ring.HeaderSize) {
+		if p.arrived() || (i%headEvery == headEvery-1 && p.inR.HeadHint()-p.readPos() >= ring.HeaderSize) {
 			if i > 0 {
 				p.rspin.done(!parked)
 				// The wait's length as of the last time it read the clock
@@ -906,7 +951,7 @@ func (p *peer) idle() error {
 		}
 		parked = true
 		seq := p.myBell.Prepare()
-		if !p.arrived() && p.inR.HeadHint()-p.tailPos.Load() < ring.HeaderSize && p.pollers.Load() == 0 &&
+		if !p.arrived() && p.inR.HeadHint()-p.readPos() < ring.HeaderSize && p.pollers.Load() == 0 &&
 			!p.t.closing.Load() && !p.lost.Load() && !p.gone.Load() {
 			p.pollOutbound()
 			p.myBell.Wait(seq, parkMax)
@@ -961,13 +1006,14 @@ func nextPatience(d, spin, w time.Duration, parked bool) time.Duration {
 const headEvery = 64
 
 // next is in.Next, which passes a lap mark (ring.Producer.Restart) by
-// itself: tailPos then follows, so that the reader's hint (arrived) does
+// itself: the tail it moved to is then published at once (release), so
+// that the reader's hint (arrived, which reads the published tail) does
 // not keep finding the mark. Called with rmu held.
 func (p *peer) next(head bool) (bool, error) {
 	pos := p.in.Pos()
 	ok, err := p.in.Next(head)
 	if p.in.Pos() != pos {
-		p.tailPos.Store(p.in.Pos())
+		p.release()
 	}
 	return ok, err
 }
@@ -976,7 +1022,14 @@ func (p *peer) next(head bool) (bool, error) {
 // header is in place: its seal, on the cache line the record comes in,
 // rather than the producer's head, whose line the producer would then
 // have to take back at its next publish.
-func (p *peer) arrived() bool { return p.inR.SealedAt(p.tailPos.Load()) }
+//
+// It reads the tail this rank published last (release), which is where
+// the receivers stand whenever they do not hold rmu: a private copy would
+// cost one more locked store per message.
+func (p *peer) arrived() bool { return p.inR.SealedAt(p.readPos()) }
+
+// readPos is the inbound ring's tail as this rank last published it.
+func (p *peer) readPos() uint64 { return p.inR.TailHint() }
 
 // drain delivers every record whose header has arrived, waiting for the
 // rest of one that is still coming; while receivers poll, only the one
@@ -1078,7 +1131,6 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 	}()
 	var hb [ring.HeaderSize]byte
 	checked, seen := false, uint64(0)
-	start := p.pspin.since.Load()
 	for i := 1; ; i++ {
 		if p.rmu.TryLock() {
 			if p.rdead {
@@ -1134,7 +1186,7 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 		}
 		if i%64 == 0 {
 			if ctx.Err() != nil || t.closing.Load() || p.lost.Load() || p.gone.Load() ||
-				nanotime()-start > int64(t.cfg.spin) {
+				nanotime()-p.pspin.start() > int64(t.cfg.spin) {
 				return ring.Header{}, false
 			}
 			runtime.Gosched()
@@ -1159,8 +1211,8 @@ func (p *peer) finishTake(h ring.Header, err error) bool {
 	}
 	p.release()
 	more, _ := p.next(false)
+	p.credited(int(h.Len))
 	p.rmu.Unlock()
-	p.consumed(int(h.Len))
 	p.endPoll(true, more)
 	return true
 }
@@ -1182,7 +1234,7 @@ func (p *peer) endPoll(took, more bool) {
 		signal(p.kick)
 		return
 	}
-	p.lastTake.Store(p.pspin.since.Load())
+	p.lastTake.Store(p.pspin.start())
 	if !p.lazyArmed.Swap(true) {
 		p.lazyKick.Reset(lazyDelay)
 	}
