@@ -72,6 +72,7 @@ type peer struct {
 
 	// single copy: remote records (see WithSingleCopy)
 	remoteSent uint64                // remote records written (guarded by wmu)
+	restarts   uint64                // lap marks written (guarded by wmu)
 	ackSeen    uint64                // the peer's ack count as last checked (guarded by wmu)
 	pin        runtime.Pinner        // keeps a remote record's buffer in place (guarded by wmu)
 	desc       [ring.RemoteSize]byte // guarded by wmu
@@ -506,6 +507,7 @@ func (p *peer) restart(n uint64) {
 		return // not empty (or corrupt: waitSpace reports it)
 	}
 	p.out.Restart()
+	p.restarts++
 }
 
 // zeroPad is the padding after a payload (ring.Align).

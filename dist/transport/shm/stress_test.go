@@ -21,16 +21,30 @@ import (
 // small queue limit, with and without spinning, so that senders wait for
 // ring space and for credit all the time and readers park and wake
 // constantly. Every message arrives intact and in order per tag.
+//
+// The large variant sends messages of up to 200 KiB through 256 KiB rings,
+// most of them long enough that a sender finding the ring drained restarts
+// it at the start of its next lap (lap marks), while other messages still
+// stream through.
 func TestBidirectionalStress(t *testing.T) {
-	for _, spin := range []time.Duration{0, DefaultSpin} {
-		t.Run(fmt.Sprint("spin=", spin), func(t *testing.T) {
-			ts := mesh(t, 2, WithRingSize(4<<10), WithQueueLimit(32<<10), WithSpin(spin))
+	for _, c := range []struct {
+		name       string
+		ring, max  int
+		queueLimit int
+		spin       time.Duration
+	}{
+		{"spin=0", 4 << 10, 40 << 10, 32 << 10, 0},
+		{"spin=default", 4 << 10, 40 << 10, 32 << 10, DefaultSpin},
+		{"large", 256 << 10, 200 << 10, 1 << 20, DefaultSpin},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ts := mesh(t, 2, WithRingSize(c.ring), WithQueueLimit(c.queueLimit), WithSpin(c.spin))
 			defer ts[1].Close()
 			defer ts[0].Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			const msgs, tags = 200, 3
-			size := func(tag, i int) int { return (i*7919 + tag*104729) % (40 << 10) }
+			size := func(tag, i int) int { return (i*7919 + tag*104729) % c.max }
 			body := func(me, tag, i int) []byte {
 				b := make([]byte, size(tag, i))
 				for k := range b {
@@ -54,7 +68,7 @@ func TestBidirectionalStress(t *testing.T) {
 						}
 					})
 					wg.Go(func() {
-						dst := make([]byte, 40<<10)
+						dst := make([]byte, c.max)
 						for i := range msgs {
 							var got []byte
 							var h transport.Header
@@ -88,6 +102,20 @@ func TestBidirectionalStress(t *testing.T) {
 			close(errs)
 			for err := range errs {
 				require.NoError(t, err)
+			}
+			if c.name == "large" {
+				restarts := 0
+				for _, tr := range ts {
+					for r := range tr.peers {
+						if p := tr.peers[r].Load(); p != nil {
+							p.wmu.Lock()
+							restarts += int(p.restarts)
+							p.wmu.Unlock()
+						}
+					}
+				}
+				t.Logf("%d lap restarts", restarts)
+				require.NotZero(t, restarts, "no sender restarted its ring")
 			}
 		})
 	}
