@@ -4,7 +4,7 @@ package dist
 
 import (
 	"context"
-	"fmt"
+	"crypto/rand"
 	"sync"
 	"testing"
 	"time"
@@ -27,10 +27,10 @@ func BenchmarkP2PMessage(b *testing.B) {
 	errs := make([]error, 2)
 	rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer rcancel()
-	name := fmt.Sprintf("p2pbench-%d", time.Now().UnixNano())
+	token, name := []byte(rand.Text()), "@gdist-p2p-bench-"+rand.Text()
 	var wg sync.WaitGroup
 	for i := range 2 {
-		wg.Go(func() { ts[i], errs[i] = shm.Rendezvous(rctx, i, 2, name, shm.WithInsecure()) })
+		wg.Go(func() { ts[i], errs[i] = shm.Rendezvous(rctx, i, 2, name, shm.WithToken(token)) })
 	}
 	wg.Wait()
 	for i, err := range errs {
