@@ -229,33 +229,89 @@ func TestP2PJoinedContexts(t *testing.T) {
 	})
 }
 
-// TestP2PJoinRetiredByLastUser: a join whose context ends while calls use
-// it stays until the last of them releases it, and is undone then.
-func TestP2PJoinRetiredByLastUser(t *testing.T) {
+// TestP2PJoinsLetGo: a kept join is undone once its context ends; a new
+// context takes the least recently used slot without cancelling the join
+// it lets go of, which calls may still use and which is undone when its
+// own context ends; and once orphanMax such joins wait, calls under new
+// contexts join for themselves alone.
+func TestP2PJoinsLetGo(t *testing.T) {
 	var j p2pJoins
 	fail, failCancel := context.WithCancel(bg)
 	defer failCancel()
+	kept := func() int {
+		n := 0
+		for i := range j.slots {
+			if j.slots[i].Load() != nil {
+				n++
+			}
+		}
+		return n
+	}
+	orphans := func() int {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.orphans
+	}
+
+	// Ended context: undone, its slot freed.
 	ctx, cancel := context.WithCancel(bg)
-	c1, h1 := j.hold(ctx, fail)
-	c2, h2 := j.hold(ctx, fail)
-	require.Same(t, h1.e, h2.e, "one join for both calls")
+	c, h := j.hold(ctx, fail)
+	require.Zero(t, h, "a kept join holds nothing")
+	require.Equal(t, 1, kept())
+	c2, _ := j.hold(ctx, fail)
+	require.Equal(t, c, c2, "the same join, reused")
 	cancel()
-	<-c1.Done()
-	// The join's own watch has run by now or runs soon; either way, with
-	// users left, the join stays.
-	require.Eventually(t, func() bool { return h1.e.users.Load()&joinEnded != 0 }, 5*time.Second, time.Millisecond,
-		"marked ended while in use")
-	h1.release()
-	require.NotNil(t, j.slots[0].Load(), "still in use by the second call")
-	require.Error(t, c2.Err())
-	h2.release()
-	require.Nil(t, j.slots[0].Load(), "the last release let it go")
-	require.NotZero(t, h2.e.users.Load()&joinDead)
-	// A new context gets a new join in the freed slot.
-	ctx2, cancel2 := context.WithCancel(bg)
-	defer cancel2()
-	c3, h3 := j.hold(ctx2, fail)
-	require.NoError(t, c3.Err())
-	require.NotSame(t, h1.e, h3.e)
-	h3.release()
+	<-c.Done()
+	require.Eventually(t, func() bool { return kept() == 0 }, 5*time.Second, time.Millisecond)
+
+	// More contexts than slots: the least recently used join is let go
+	// of, not cancelled, and undone once its context ends.
+	var ctxs []context.Context
+	var cancels []context.CancelFunc
+	var joined []context.Context
+	for range joinSlots + 1 {
+		ctx, cancel := context.WithCancel(bg)
+		ctxs, cancels = append(ctxs, ctx), append(cancels, cancel)
+		c, h := j.hold(ctx, fail)
+		require.Zero(t, h)
+		joined = append(joined, c)
+	}
+	require.Equal(t, joinSlots, kept())
+	require.Equal(t, 1, orphans(), "the first context's join was let go of")
+	require.NoError(t, joined[0].Err(), "and still serves the calls under it")
+	c0, h0 := j.hold(ctxs[0], fail)
+	require.Zero(t, h0)
+	require.NotEqual(t, joined[0], c0, "a new join for the first context, in the next least recently used slot")
+	require.Equal(t, 2, orphans())
+	require.NoError(t, joined[1].Err())
+	cancels[1]()
+	require.Eventually(t, func() bool { return orphans() == 1 }, 5*time.Second, time.Millisecond,
+		"an orphan is undone once its context ends")
+	require.Error(t, joined[1].Err())
+
+	// orphanMax orphans waiting: calls under new contexts join for one call.
+	for range orphanMax {
+		ctx, cancel := context.WithCancel(bg)
+		cancels = append(cancels, cancel)
+		j.hold(ctx, fail)
+	}
+	require.Equal(t, orphanMax, orphans())
+	ctx, cancel = context.WithCancel(bg)
+	cancels = append(cancels, cancel)
+	c, h = j.hold(ctx, fail)
+	require.NotNil(t, h.cancel, "joined for this call alone")
+	require.NoError(t, c.Err())
+	h.release()
+	require.Error(t, c.Err(), "released with the call")
+	require.Equal(t, orphanMax, orphans())
+
+	// The job's failure ends every join, kept or orphan.
+	failCancel()
+	require.Eventually(t, func() bool { return orphans() == 0 && kept() == 0 }, 5*time.Second, time.Millisecond)
+	for _, c := range joined {
+		require.Error(t, c.Err())
+	}
+	for _, cancel := range cancels {
+		cancel()
+	}
 }
