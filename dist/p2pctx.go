@@ -48,8 +48,8 @@ type p2pJoin struct {
 	parent  context.Context
 	ctx     context.Context
 	cancel  context.CancelFunc
-	stop    func() bool // unregisters cancel from the failure context
-	unwatch func() bool // unregisters retire from ctx
+	stop    func() bool   // unregisters cancel from the failure context
+	unwatch func() bool   // unregisters retire from ctx
 	used    atomic.Uint64 // tick of the last hold, for choosing a slot to reuse
 	dead    bool          // undone (guarded by mu)
 	orphan  bool          // let go of from its slot, not yet undone (guarded by mu)
