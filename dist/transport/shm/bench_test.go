@@ -159,13 +159,19 @@ func cpuTime(t testing.TB) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// cpuShare runs f and returns the fraction of a core this process used
+// while it ran.
+func cpuShare(t testing.TB, f func()) float64 {
+	c0, w0 := cpuTime(t), time.Now()
+	f()
+	c1, w1 := cpuTime(t), time.Now()
+	return float64(c1-c0) / float64(w1.Sub(w0))
+}
+
 // idleCPU sleeps for d and returns the fraction of a core this process
 // used meanwhile.
 func idleCPU(t testing.TB, d time.Duration) float64 {
-	c0, w0 := cpuTime(t), time.Now()
-	time.Sleep(d)
-	c1, w1 := cpuTime(t), time.Now()
-	return float64(c1-c0) / float64(w1.Sub(w0))
+	return cpuShare(t, func() { time.Sleep(d) })
 }
 
 // TestIdleReceiverCPU: ranks blocked in a receive park on the futex after

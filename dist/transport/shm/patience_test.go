@@ -2,7 +2,6 @@ package shm
 
 import (
 	"context"
-	"runtime"
 	"testing"
 	"time"
 
@@ -139,18 +138,12 @@ func TestPatienceFollowsWaits(t *testing.T) {
 	require.NoError(t, <-got)
 }
 
-// spinShare spins on a goroutine locked to its thread for d and returns
-// the share of d this process got of a CPU meanwhile: near 1 when a CPU
-// was free for it, lower when other processes kept the CPUs busy.
+// spinShare spins for d and returns the share of a CPU this process got
+// meanwhile: near 1 when a CPU was free for it, lower when other
+// processes kept the CPUs busy.
 func spinShare(t testing.TB, d time.Duration) float64 {
-	done := make(chan float64)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		c0, w0 := cpuTime(t), time.Now()
-		for time.Since(w0) < d {
+	return cpuShare(t, func() {
+		for w0 := time.Now(); time.Since(w0) < d; {
 		}
-		done <- float64(cpuTime(t)-c0) / float64(time.Since(w0))
-	}()
-	return <-done
+	})
 }
