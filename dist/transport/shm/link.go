@@ -322,13 +322,13 @@ var epoch = time.Now()
 
 func nanotime() int64 { return int64(time.Since(epoch)) }
 
-// start returns when the current wait started, reading the clock for it
-// the first time a poll asks.
-func (s *pollSpin) start() int64 {
+// start returns when the current wait started: now (nanotime), if no
+// poll has asked before in this wait.
+func (s *pollSpin) start(now int64) int64 {
 	if t := s.since.Load(); t != 0 {
 		return t
 	}
-	t := max(nanotime(), 1)
+	t := max(now, 1)
 	if !s.since.CompareAndSwap(0, t) {
 		return s.since.Load()
 	}
@@ -353,13 +353,7 @@ func (s *pollSpin) begin() {
 
 // idle is a poll that found nothing: past the budget it yields the CPU.
 func (s *pollSpin) idle() {
-	now := nanotime()
-	t := s.since.Load()
-	if t == 0 {
-		s.since.CompareAndSwap(0, max(now, 1)) // the wait's clock starts here
-		return
-	}
-	if now-t >= s.budget.Load() {
+	if now := nanotime(); now-s.start(now) >= s.budget.Load() {
 		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		s.yields.Add(1)
 	}
@@ -716,17 +710,14 @@ func (p *peer) consumed(n int) {
 	}
 	p.fmu.Lock()
 	if !p.fdead {
-		p.inR.AddFreed(uint64(n))
-		if p.inR.CreditWait() {
-			p.peerBell.Ring()
-		}
+		p.credited(n)
 	}
 	p.fmu.Unlock()
 }
 
-// credited is consumed for a receiver that holds rmu with the link alive
-// (rdead false): unmap takes rmu before it unmaps, so the memory stays
-// mapped without fmu.
+// credited is consumed without fmu, for a caller that keeps the memory
+// mapped otherwise: one under fmu with the link alive, or a receiver that
+// holds rmu with it alive (rdead false; unmap takes rmu before it unmaps).
 func (p *peer) credited(n int) {
 	if n == 0 || p.t.cfg.queueLimit == 0 {
 		return
@@ -1187,8 +1178,9 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 			p.pspin.idle()
 		}
 		if i%64 == 0 {
+			now := nanotime()
 			if ctx.Err() != nil || t.closing.Load() || p.lost.Load() || p.gone.Load() ||
-				nanotime()-p.pspin.start() > int64(t.cfg.spin) {
+				now-p.pspin.start(now) > int64(t.cfg.spin) {
 				return ring.Header{}, false
 			}
 			runtime.Gosched()
@@ -1236,7 +1228,7 @@ func (p *peer) endPoll(took, more bool) {
 		signal(p.kick)
 		return
 	}
-	p.lastTake.Store(p.pspin.start())
+	p.lastTake.Store(p.pspin.start(nanotime()))
 	if !p.lazyArmed.Swap(true) {
 		p.lazyKick.Reset(lazyDelay)
 	}
