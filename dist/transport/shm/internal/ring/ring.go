@@ -329,8 +329,10 @@ func (c *Consumer) Known() uint64 { return c.head - c.tail }
 // the record comes in), or, if head is set, the producer's head says so
 // (Avail) — a header published without its seal is corrupt, which
 // ParseHeader then reports. A whole record's seal also makes its payload
-// readable. It fails with ErrCorrupt when a whole record's length cannot
-// be right or the head is.
+// readable. A lap mark at the tail (Producer.Restart) first moves the tail
+// to the start of the next lap, where the next record is. It fails with
+// ErrCorrupt when a whole record's length cannot be right, the head is, or
+// a lap mark stands where the consumer has not released everything.
 func (c *Consumer) Next(head bool) (bool, error) {
 	w := c.r.word(c.tail).Load()
 	if w == lapMark(c.tail) {
