@@ -408,10 +408,8 @@ func TestCorruptRing(t *testing.T) {
 				p := ts[1].peers[2].Load()
 				p.wmu.Lock()
 				p.writes = recheckEvery - 1
-				p.wmu.Unlock()
-				p.cmu.Lock()
 				p.sends = recheckEvery - 1
-				p.cmu.Unlock()
+				p.wmu.Unlock()
 				err = ts[1].Send(ctx, 2, 1, transport.Header{}, make([]byte, 100))
 			} else {
 				_, err = ts[1].Recv(ctx, 2, 1)

@@ -88,12 +88,12 @@ type peer struct {
 	elem         []byte // combineFrom's buffer for an element split by the ring's end
 	inWarm       bool   // the inbound ring's pages are mapped
 
-	// send credit
-	sends         uint64 // acquires (guarded by cmu)
-	cmu           sync.Mutex
-	cdead         bool   // guarded by cmu
-	sent          uint64 // payload bytes acquired (guarded by cmu)
-	freedSeen     uint64 // the peer's freed counter as last checked (guarded by cmu)
+	// send credit, guarded by wmu: a send takes its credit under the lock
+	// it writes its record under (one lock per message, not two), and lets
+	// go of it while it waits for credit
+	sends         uint64 // acquires
+	sent          uint64 // payload bytes acquired
+	freedSeen     uint64 // the peer's freed counter as last checked
 	creditWaiters atomic.Int32
 	credit        chan struct{}
 
@@ -108,11 +108,14 @@ type peer struct {
 	rmu        sync.Mutex
 	rdead      bool          // the region is about to be unmapped (guarded by rmu)
 	deliveries uint64        // records delivered to the mailbox (guarded by rmu)
+	owed       int           // credit of records taken but not yet settled (guarded by rmu)
+	owedMax    uint64        // the largest record a receive may leave owed (see owedMax)
+	owings     uint64        // records left owed (guarded by rmu)
 	polls      uint64        // polls of the ring by receivers (guarded by rmu)
-	lastTake   atomic.Int64  // when the last receive that took its record from the ring began to poll (nanotime)
 	lazyArmed  atomic.Bool   // lazyKick is set to run
 	lazyKick   *time.Timer   // wakes the reader once receives stop taking records
-	pollers    atomic.Int32  // application goroutines polling the ring
+	lazySeen   atomic.Uint32 // pollers.begun() at lazyWake's last look
+	pollers    pollCount     // application goroutines polling the ring
 	pspin      pollSpin      // how they spin
 	needed     atomic.Bool   // a poller met a record it leaves to the reader
 	kick       chan struct{} // capacity 1: wakes the reader when polling stops or a record needs it
@@ -181,6 +184,10 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		wspin:      spinner{budget: maxPoll},
 	}
 	p.pspin.init()
+	p.owedMax = min(owedMax, uint64(l.ringSize)/16)
+	if t.cfg.queueLimit > 0 {
+		p.owedMax = min(p.owedMax, uint64(t.cfg.queueLimit)/16)
+	}
 	p.patience.Store(int64(t.cfg.spin))
 	p.lazyKick = time.AfterFunc(time.Hour, p.lazyWake)
 	p.lazyKick.Stop()
@@ -403,13 +410,10 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	if err := p.goneErr("send"); err != nil {
 		return err
 	}
-	if err := p.acquire(ctx, len(b)); err != nil {
-		return err
-	}
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
-	if p.wdead {
-		return errClosed("send")
+	if err := p.acquire(ctx, len(b)); err != nil {
+		return err
 	}
 	if m := p.t.cfg.remoteMin; m > 0 && len(b) >= m && p.outR.RemoteOK() {
 		return p.sendRemote(tag, h, b)
@@ -627,28 +631,30 @@ func (p *peer) waitSpace(want uint64) (uint64, error) {
 }
 
 // acquire waits until the peer can queue n more bytes from us and reserves
-// them. Nothing is reserved when it returns an error.
+// them. Nothing is reserved when it returns an error. Called with wmu
+// held, which it lets go of while it waits and holds again when it
+// returns.
 func (p *peer) acquire(ctx context.Context, n int) error {
+	if p.wdead {
+		return errClosed("send")
+	}
 	if p.window <= 0 {
+		return nil
+	}
+	if p.sends++; p.sends%recheckEvery != 0 && int64(p.sent-p.freedSeen)+int64(n) <= p.window {
+		// Room by the credit last seen: the peer's cache line is left
+		// alone (and checked every recheckEvery sends all the same).
+		p.sent += uint64(n)
 		return nil
 	}
 	registered, waited := false, false
 	deregister := func() {
-		if p.creditWaiters.Add(-1) == 0 && !p.cdead {
+		if p.creditWaiters.Add(-1) == 0 && !p.wdead {
 			p.outR.SetCreditWait(false)
 		}
 	}
-	p.cmu.Lock()
-	if p.sends++; !p.cdead && p.sends%recheckEvery != 0 && int64(p.sent-p.freedSeen)+int64(n) <= p.window {
-		// Room by the credit last seen: the peer's cache line is left
-		// alone (and checked every recheckEvery sends all the same).
-		p.sent += uint64(n)
-		p.cmu.Unlock()
-		return nil
-	}
 	for {
-		if p.cdead {
-			p.cmu.Unlock()
+		if p.wdead {
 			return errClosed("send")
 		}
 		f := p.outR.Freed()
@@ -656,7 +662,6 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 			if registered {
 				deregister()
 			}
-			p.cmu.Unlock()
 			return p.corrupt("send", fmt.Errorf("%w: credit %d outside [%d, %d]", ring.ErrCorrupt, f, p.freedSeen, p.sent))
 		}
 		p.freedSeen = f
@@ -666,9 +671,7 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 				deregister()
 			}
 			p.sent += uint64(n)
-			room := inflight+int64(n) < p.window
-			p.cmu.Unlock()
-			if waited && room {
+			if waited && inflight+int64(n) < p.window {
 				signal(p.credit) // more waiters than wakeCap: pass the wake-up on
 			}
 			return nil
@@ -680,7 +683,7 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 			p.outR.SetCreditWait(true)
 			continue
 		}
-		p.cmu.Unlock()
+		p.wmu.Unlock()
 		var err error
 		select {
 		case <-p.credit:
@@ -693,10 +696,9 @@ func (p *peer) acquire(ctx context.Context, n int) error {
 		case <-p.t.stop:
 			err = errClosed("send")
 		}
-		p.cmu.Lock()
+		p.wmu.Lock()
 		if err != nil {
 			deregister()
-			p.cmu.Unlock()
 			return err
 		}
 		waited = true
@@ -826,6 +828,9 @@ func (p *peer) release() {
 }
 
 // readInto fills dst from the inbound ring, chunk by chunk as it arrives.
+// It hands each chunk's space back to the peer but the last: the caller
+// releases the record's end once it has read all of it (one store of the
+// tail per small record, not one per part of it).
 func (p *peer) readInto(dst []byte) error {
 	for len(dst) > 0 {
 		a, err := p.wait(1)
@@ -835,12 +840,15 @@ func (p *peer) readInto(dst []byte) error {
 		k := min(a, uint64(len(dst)), p.chunk)
 		p.in.Read(dst[:k])
 		dst = dst[k:]
-		p.release()
+		if len(dst) > 0 {
+			p.release()
+		}
 	}
 	return nil
 }
 
-// skip drops n bytes from the inbound ring.
+// skip drops n bytes from the inbound ring; like readInto, it leaves the
+// release of the last piece to the caller.
 func (p *peer) skip(n uint64) error {
 	for n > 0 {
 		a, err := p.wait(1)
@@ -850,7 +858,9 @@ func (p *peer) skip(n uint64) error {
 		k := min(a, n)
 		p.in.Skip(k)
 		n -= k
-		p.release()
+		if n > 0 {
+			p.release()
+		}
 	}
 	return nil
 }
@@ -910,7 +920,7 @@ func (p *peer) idle() error {
 			}
 			return errGone
 		}
-		if p.pollers.Load() > 0 && !p.needed.Load() {
+		if p.pollers.active() && !p.needed.Load() {
 			select {
 			case <-p.kick:
 			case <-p.t.stop:
@@ -944,7 +954,7 @@ func (p *peer) idle() error {
 		}
 		parked = true
 		seq := p.myBell.Prepare()
-		if !p.arrived() && p.inR.HeadHint()-p.readPos() < ring.HeaderSize && p.pollers.Load() == 0 &&
+		if !p.arrived() && p.inR.HeadHint()-p.readPos() < ring.HeaderSize && !p.pollers.active() &&
 			!p.t.closing.Load() && !p.lost.Load() && !p.gone.Load() {
 			p.pollOutbound()
 			p.myBell.Wait(seq, parkMax)
@@ -1017,8 +1027,10 @@ func (p *peer) next(head bool) (bool, error) {
 // have to take back at its next publish.
 //
 // It reads the tail this rank published last (release), which is where
-// the receivers stand whenever they do not hold rmu: a private copy would
-// cost one more locked store per message.
+// the receivers stand whenever they do not hold rmu, or the start of the
+// record the last one took and left owed (settle): then it finds that
+// record's seal, and the reader settles it when it looks. A private copy
+// of the tail would cost one more locked store per message.
 func (p *peer) arrived() bool { return p.inR.SealedAt(p.readPos()) }
 
 // readPos is the inbound ring's tail as this rank last published it.
@@ -1030,10 +1042,11 @@ func (p *peer) readPos() uint64 { return p.inR.TailHint() }
 // Called with rmu held.
 func (p *peer) drain() bool {
 	var hb [ring.HeaderSize]byte
+	p.settle()
 	for k := 0; ; k++ {
 		if k == 0 {
 			p.needed.Store(false)
-		} else if p.pollers.Load() > 0 {
+		} else if p.pollers.active() {
 			return true // the pollers take it from here
 		}
 		ok, err := p.next(true)
@@ -1077,6 +1090,7 @@ func (p *peer) progress() bool {
 		p.probeRemote()
 	}
 	p.pollOutbound()
+	p.settle()
 	var hb [ring.HeaderSize]byte
 	p.polls++
 	ok, err := p.next(p.polls%headEvery == 0)
@@ -1113,7 +1127,7 @@ func (p *peer) progress() bool {
 // every other case (and reports every error).
 func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact bool) (ring.Header, bool) {
 	t := p.t
-	if p.pollers.Add(1) == 1 {
+	if p.pollers.begin() {
 		p.pspin.begin()
 	}
 	took := false
@@ -1141,6 +1155,7 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 				p.probeRemote()
 			}
 			p.pollOutbound()
+			p.settle()
 			p.polls++
 			ok, err := p.next(p.polls%headEvery == 0)
 			if err == nil && ok {
@@ -1203,51 +1218,82 @@ func (p *peer) finishTake(h ring.Header, err error) bool {
 		p.endPoll(false, false)
 		return false
 	}
-	p.release()
-	more, _ := p.next(false)
-	p.credited(int(h.Len))
+	more := p.inR.SealedAt(p.in.Pos())
+	p.owed += int(h.Len)
+	if h.Len > p.owedMax || p.inR.SpaceWait() || p.inR.CreditWait() {
+		p.settle()
+	} else {
+		p.owings++
+	}
 	p.rmu.Unlock()
 	p.endPoll(true, more)
 	return true
 }
 
+// owedMax bounds the records whose ring space and credit a receive that
+// took them leaves for later (settle): the next receive's first poll, or
+// the reader once receives stop (within two lazyDelay periods), hands them
+// back. The receiver then replies without the two locked stores on its
+// way, and the peer, which is waiting for that reply, seldom needs either
+// before. Larger records, those above a sixteenth of the ring or of the
+// queue limit (peer.owedMax), and any while the peer waits for space or
+// credit, settle at once.
+const owedMax = 16 << 10
+
+// settle hands back the ring space and credit that receives which took
+// their records left owed (finishTake). Every consumer of the ring calls it
+// before it looks for the next record: a lap mark is passed only with
+// everything before it released. Called with rmu held, the link alive.
+func (p *peer) settle() {
+	p.release()
+	if p.owed > 0 {
+		p.credited(p.owed)
+		p.owed = 0
+	}
+}
+
 // endPoll ends a goroutine's polling of the ring: the last poller to stop
 // wakes the reader — at once, unless it stops because it took the record
 // it waited for (took), nothing else has arrived (more) and no other
-// receive from the peer waits. Then the next receive most likely comes before the next
-// record, and polls for it itself: waking the reader now would only make
-// it run to find that out (a goroutine switch and a park per message). It
-// is woken lazyDelay after the last such receive instead, in case none
-// comes: records that arrive meanwhile wait in the ring, which the next
-// receive reads first, or until the reader drains them.
+// receive from the peer waits. Then the next receive most likely comes
+// before the next record, and polls for it itself: waking the reader now
+// would only make it run to find that out (a goroutine switch and a park
+// per message). It is woken once a whole lazyDelay has passed without a
+// receive polling instead (lazyWake), in case none comes: records that
+// arrive meanwhile wait in the ring, which the next receive reads first,
+// or until the reader drains them. Neither end reads the clock, which
+// costs as much as the rest of a poll on a virtual machine: the timer
+// counts polls (pollCount), and a take finds it armed already.
 func (p *peer) endPoll(took, more bool) {
-	if p.pollers.Add(-1) != 0 {
+	if !p.pollers.end() {
 		return
 	}
 	if !took || more || p.t.box.Waiting(p.rank) {
 		signal(p.kick)
 		return
 	}
-	p.lastTake.Store(p.pspin.start(nanotime()))
-	if !p.lazyArmed.Swap(true) {
+	if !p.lazyArmed.Load() && !p.lazyArmed.Swap(true) { // a swap is a locked instruction
 		p.lazyKick.Reset(lazyDelay)
 	}
 }
 
-// lazyDelay is how long after a receive took its record from the ring the
-// reader is woken if no other receive polls meanwhile.
+// lazyDelay is the period of the timer that wakes the reader once receives
+// stop taking their records from the ring: the reader is woken between one
+// and two periods after the last receive that polled.
 const lazyDelay = 50 * time.Microsecond
 
 // lazyWake is lazyKick's function: it wakes the reader if no receive has
-// polled for lazyDelay, and looks again later otherwise.
+// begun to poll since it last ran (and none polls now), and looks again a
+// period later otherwise.
 func (p *peer) lazyWake() {
 	p.lazyArmed.Store(false)
-	if p.pollers.Load() > 0 {
+	if p.pollers.active() {
 		return // their endPoll wakes the reader or arms the timer again
 	}
-	if d := time.Duration(nanotime() - p.lastTake.Load()); d < lazyDelay {
+	if n := p.pollers.begun(); n != p.lazySeen.Load() {
+		p.lazySeen.Store(n)
 		if !p.lazyArmed.Swap(true) {
-			p.lazyKick.Reset(lazyDelay - d)
+			p.lazyKick.Reset(lazyDelay)
 		}
 		return
 	}
@@ -1270,9 +1316,6 @@ func (p *peer) needReader() {
 func (p *peer) deliver(h ring.Header, inline bool) bool {
 	t := p.t
 	p.deliveries++
-	if h.Len == 0 {
-		p.release()
-	}
 	if !p.inWarm && h.Len >= warmMin && !h.Remote {
 		p.inWarm = true
 		warm(p.inR, unix.MADV_POPULATE_READ)
@@ -1305,6 +1348,7 @@ func (p *peer) deliver(h ring.Header, inline bool) bool {
 			p.readEnded(err, post, false)
 			return false
 		}
+		p.release()
 		if n > len(post.Dst) {
 			t.box.Complete(post, m, n, transport.TooLong(p.rank, n, len(post.Dst)))
 		} else {
@@ -1329,6 +1373,7 @@ func (p *peer) deliver(h ring.Header, inline bool) bool {
 		p.readEnded(err, nil, false)
 		return false
 	}
+	p.release()
 	m.Payload = buf
 	if err := t.box.Put(t.ctx, p.rank, h.Tag, m, len(buf)); err != nil {
 		bufpool.Default.Put(buf) // closing or lost
@@ -1605,12 +1650,26 @@ func (p *peer) unmap() {
 	p.rmu.Lock()
 	p.rdead = true
 	p.rmu.Unlock()
-	p.cmu.Lock()
-	p.cdead = true
-	p.cmu.Unlock()
 	p.fmu.Lock()
 	p.fdead = true
 	p.fmu.Unlock()
 	p.lazyKick.Stop()
 	unix.Munmap(p.region)
 }
+
+// pollCount counts the application goroutines polling a peer's ring
+// (its low 32 bits) and how many polls have begun (its high 32 bits, which
+// wrap): one atomic add begins or ends a poll and counts it.
+type pollCount struct{ v atomic.Uint64 }
+
+// begin counts a poll in; it reports whether it is the only one.
+func (c *pollCount) begin() bool { return uint32(c.v.Add(1<<32|1)) == 1 }
+
+// end counts a poll out; it reports whether it was the last.
+func (c *pollCount) end() bool { return uint32(c.v.Add(^uint64(0))) == 0 }
+
+// active reports whether a goroutine polls.
+func (c *pollCount) active() bool { return uint32(c.v.Load()) != 0 }
+
+// begun returns how many polls have begun, modulo 1<<32.
+func (c *pollCount) begun() uint32 { return uint32(c.v.Load() >> 32) }

@@ -474,7 +474,7 @@ func (x poller) peer(src int) *peer {
 // Begin implements mailbox.Poller.
 func (x poller) Begin(src int) {
 	if p := x.peer(src); p != nil {
-		if p.pollers.Add(1) == 1 {
+		if p.pollers.begin() {
 			p.pspin.begin()
 		}
 	}

@@ -243,3 +243,65 @@ func TestReaderDrainsAfterTake(t *testing.T) {
 		t.Fatal("the blocked receive was not served")
 	}
 }
+
+// TestOwedSettles: a receive that takes a small record from the ring
+// leaves its ring space and credit owed (settle), and they come back
+// without any further receive — the reader settles them — so a sender
+// that needs that credit is not held up by a receiver that stopped
+// receiving. A record above the limit settles at once.
+func TestOwedSettles(t *testing.T) {
+	const limit = 64 << 10
+	ts := mesh(t, 2, WithQueueLimit(limit), WithRingSize(256<<10))
+	defer ts[1].Close()
+	defer ts[0].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p := ts[1].peers[0].Load()
+	require.Equal(t, uint64(limit/16), p.owedMax)
+	state := func() (owed int, owings uint64) {
+		p.rmu.Lock()
+		defer p.rmu.Unlock()
+		return p.owed, p.owings
+	}
+	// recv receives one message of n bytes under tag, waiting for it
+	// before it is sent, and reports whether its receive left it owed.
+	recv := func(tag uint32, n int) bool {
+		_, before := state()
+		got := make(chan error, 1)
+		go func() {
+			_, k, err := ts[1].RecvInto(ctx, 0, tag, make([]byte, n))
+			if err == nil && k != n {
+				err = fmt.Errorf("received %d bytes, want %d", k, n)
+			}
+			got <- err
+		}()
+		time.Sleep(20 * time.Microsecond)
+		require.NoError(t, ts[0].Send(ctx, 1, tag, transport.Header{}, make([]byte, n)))
+		require.NoError(t, <-got)
+		_, after := state()
+		return after > before
+	}
+
+	small := limit / 16
+	for attempt := 0; !recv(1, small); attempt++ {
+		// The reader may have delivered it before the receive polled.
+		require.Less(t, attempt, 100, "no receive left its record owed")
+	}
+	// The rest of the window: it passes only once the owed credit is back.
+	start := time.Now()
+	big := make([]byte, limit-small+1)
+	require.NoError(t, ts[0].Send(ctx, 1, 2, transport.Header{}, big))
+	t.Logf("the send that needed the owed credit waited %v", time.Since(start))
+	require.Less(t, time.Since(start), time.Second)
+	owed, _ := state()
+	require.Zero(t, owed)
+	_, n, err := ts[1].RecvInto(ctx, 0, 2, big)
+	require.NoError(t, err)
+	require.Equal(t, len(big), n)
+
+	for range 20 {
+		require.False(t, recv(3, small+1), "a record above the limit was left owed")
+		owed, _ := state()
+		require.Zero(t, owed)
+	}
+}
