@@ -47,10 +47,11 @@ func (g *ProcessGroup) checkP2P(op string, peer int, tag uint32) error {
 // calls under the same one: a loop of sends and receives under one
 // cancellable context allocates nothing after its first call.
 func (g *ProcessGroup) p2pCtx(ctx context.Context) (context.Context, p2pHold) {
-	if ctx.Done() == nil {
+	done := ctx.Done()
+	if done == nil {
 		return g.d.failCtx, p2pHold{}
 	}
-	return g.d.joins.hold(ctx, g.d.failCtx)
+	return g.d.joins.hold(ctx, done, g.d.failCtx)
 }
 
 // p2pErr turns a point-to-point error into the one the caller sees: after

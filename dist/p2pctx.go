@@ -2,7 +2,6 @@ package dist
 
 import (
 	"context"
-	"reflect"
 	"sync"
 	"sync/atomic"
 )
@@ -18,8 +17,9 @@ const orphanMax = 2 * joinSlots
 
 // p2pJoins keeps contexts that join a caller's context with the job's
 // failure context, for point-to-point calls under the same caller context
-// to reuse. Only pointer-typed contexts are kept (every cancellable
-// context of package context is one): comparing other dynamic types could
+// to reuse. A join is found by the caller context's Done channel, which
+// contexts that end together share (a context.WithValue of another has
+// its parent's): one pointer comparison, which no dynamic type can make
 // panic.
 //
 // A call under a context that has a join uses it without a lock and
@@ -45,7 +45,7 @@ type p2pJoins struct {
 // failure. Its fields are set before it is published in a slot and never
 // change, but used, dead and orphan.
 type p2pJoin struct {
-	parent  context.Context
+	done    <-chan struct{} // the parent's Done
 	ctx     context.Context
 	cancel  context.CancelFunc
 	stop    func() bool   // unregisters cancel from the failure context
@@ -72,21 +72,19 @@ type p2pHold struct {
 }
 
 // hold returns a context that ends with parent or with fail (the job's
-// failure context), reusing a kept join of parent if there is one.
-func (j *p2pJoins) hold(parent, fail context.Context) (context.Context, p2pHold) {
-	// The join the last hold found first, before the type check: a kept
-	// join's parent is pointer-typed, so comparing it cannot panic.
-	if e := j.last.Load(); e != nil && e.parent == parent {
+// failure context), reusing a kept join of a context with parent's Done
+// channel (done) if there is one.
+func (j *p2pJoins) hold(parent context.Context, done <-chan struct{}, fail context.Context) (context.Context, p2pHold) {
+	// The join the last hold found first: most calls repeat it.
+	if e := j.last.Load(); e != nil && e.done == done {
 		j.touch(e)
 		return e.ctx, p2pHold{}
 	}
-	if reflect.TypeOf(parent).Kind() == reflect.Pointer {
-		if e := j.find(parent); e != nil {
-			return e.ctx, p2pHold{}
-		}
-		if e := j.add(parent, fail); e != nil {
-			return e.ctx, p2pHold{}
-		}
+	if e := j.find(done); e != nil {
+		return e.ctx, p2pHold{}
+	}
+	if e := j.add(parent, done, fail); e != nil {
+		return e.ctx, p2pHold{}
 	}
 	c, cancel := context.WithCancel(parent)
 	return c, p2pHold{cancel: cancel, stop: context.AfterFunc(fail, cancel)}
@@ -100,10 +98,11 @@ func (j *p2pJoins) touch(e *p2pJoin) {
 	}
 }
 
-// find returns the kept join of parent, if there is one.
-func (j *p2pJoins) find(parent context.Context) *p2pJoin {
+// find returns the kept join of a context whose Done is done, if there is
+// one.
+func (j *p2pJoins) find(done <-chan struct{}) *p2pJoin {
 	for i := range j.slots {
-		if e := j.slots[i].Load(); e != nil && e.parent == parent {
+		if e := j.slots[i].Load(); e != nil && e.done == done {
 			j.touch(e)
 			j.last.Store(e)
 			return e
@@ -115,13 +114,13 @@ func (j *p2pJoins) find(parent context.Context) *p2pJoin {
 // add makes a join of parent and keeps it, in a free slot or in place of
 // the least recently used join (let go of as an orphan); it returns nil if
 // the job closed or orphanMax orphans wait for their contexts to end.
-func (j *p2pJoins) add(parent, fail context.Context) *p2pJoin {
+func (j *p2pJoins) add(parent context.Context, done <-chan struct{}, fail context.Context) *p2pJoin {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
 		return nil
 	}
-	if e := j.find(parent); e != nil { // made meanwhile
+	if e := j.find(done); e != nil { // made meanwhile
 		return e
 	}
 	pick := -1
@@ -145,7 +144,7 @@ func (j *p2pJoins) add(parent, fail context.Context) *p2pJoin {
 		j.last.CompareAndSwap(old, nil)
 	}
 	c, cancel := context.WithCancel(parent)
-	e := &p2pJoin{parent: parent, ctx: c, cancel: cancel, stop: context.AfterFunc(fail, cancel)}
+	e := &p2pJoin{done: done, ctx: c, cancel: cancel, stop: context.AfterFunc(fail, cancel)}
 	e.used.Store(j.tick.Add(1))
 	e.unwatch = context.AfterFunc(c, func() { j.retire(e) })
 	j.slots[pick].Store(e)
