@@ -87,6 +87,7 @@ func (g *ProcessGroup) Send(ctx context.Context, to int, tag uint32, p []byte) e
 	err := g.d.t.Send(c, r, tag, transport.Header{}, p)
 	if err == nil {
 		g.d.obs.met.Sent(r, len(p))
+		return nil
 	}
 	return g.p2pErr(ctx, "send", err)
 }
@@ -124,6 +125,7 @@ func (g *ProcessGroup) RecvInto(ctx context.Context, from int, tag uint32, dst [
 	_, n, err := g.d.t.RecvInto(c, r, tag, dst)
 	if err == nil {
 		g.d.obs.met.Received(r, n)
+		return n, nil
 	}
 	if errors.Is(err, transport.ErrMessageTooLong) {
 		return n, err
