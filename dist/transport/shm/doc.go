@@ -32,15 +32,15 @@
 // The memory holds one single-producer/single-consumer byte ring per
 // direction, each with a control block whose producer-written,
 // consumer-written and doorbell words sit on separate cache lines. A
-// message is a 32-byte record header (tag, the opaque transport.Header,
+// message is a 40-byte record header (tag, the opaque transport.Header,
 // length) followed by its payload, streamed through the ring in chunks
 // while the receiver consumes them, so a message of any size passes a ring
 // of any size; the first 256 KiB of a record are published every 32 KiB,
 // so that the receiver copies while the sender writes. A header's first
-// word, stored last, seals it with the record's position (whole, for a
-// record of up to 32 KiB written at once): a waiting receiver polls that
-// word, on the cache line the record arrives in, rather than the ring's
-// head. A sender that finds the ring drained before a record of 64 KiB
+// 8 bytes, stored last, seal it with the record's full position (and mark
+// a record of up to 32 KiB written at once as whole): a waiting receiver
+// polls that word, on the cache line the record arrives in, rather than
+// the ring's head. A sender that finds the ring drained before a record of 64 KiB
 // or more goes on at the start of the ring's next lap (a lap mark tells
 // the receiver), so that messages that each find the ring empty — the
 // segments of an all-reduce, a pipeline's activations — reuse memory both

@@ -346,7 +346,7 @@ func TestCorruptRing(t *testing.T) {
 		{"bad magic", func(ts []*Transport) {
 			p := ts[2].peers[1].Load()
 			p.wmu.Lock()
-			p.out.Write([]byte("this is not a record header....."))
+			p.out.Write([]byte(fmt.Sprintf("%-*s", ring.HeaderSize, "this is not a record header")))
 			p.out.Publish()
 			p.peerBell.Ring()
 			p.wmu.Unlock()
@@ -356,7 +356,7 @@ func TestCorruptRing(t *testing.T) {
 			p.wmu.Lock()
 			var b [ring.HeaderSize]byte
 			(&ring.Header{Tag: 1, Len: 8}).Put(b[:])
-			binary.LittleEndian.PutUint32(b[:], ring.Seal(p.out.Pos()+ring.Align, false, false))
+			binary.LittleEndian.PutUint64(b[:], ring.Seal(p.out.Pos()+ring.Align, false, false))
 			p.out.Write(b[:])
 			p.out.Write(make([]byte, 8))
 			p.out.Publish()
@@ -368,7 +368,7 @@ func TestCorruptRing(t *testing.T) {
 			p.wmu.Lock()
 			var b [ring.HeaderSize]byte
 			(&ring.Header{Tag: 1, Len: 1 << 40}).Put(b[:])
-			binary.LittleEndian.PutUint32(b[:], ring.Seal(p.out.Pos(), false, true))
+			binary.LittleEndian.PutUint64(b[:], ring.Seal(p.out.Pos(), false, true))
 			p.out.Write(b[:])
 			p.peerBell.Ring() // sealed but never published: the seal alone announces it
 			p.wmu.Unlock()

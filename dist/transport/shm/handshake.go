@@ -25,7 +25,7 @@ const (
 	helloSize = 96
 	macSize   = sha256.Size
 	ackSize   = helloSize + macSize
-	version   = 4
+	version   = 5
 
 	msgWelcome = 'W' // server: the memory follows (SCM_RIGHTS)
 	msgReject  = 'R' // server: refused; a reason byte follows

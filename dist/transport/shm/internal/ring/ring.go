@@ -226,8 +226,8 @@ func (p *Producer) WriteHeader(h *Header) {
 	pos := p.head
 	var b [HeaderSize]byte
 	h.Put(b[:])
-	p.head += 4
-	p.Write(b[4:])
+	p.head += sealSize
+	p.Write(b[sealSize:])
 	p.word(pos).Store(Seal(pos, h.Remote, false))
 }
 
@@ -240,8 +240,8 @@ func (p *Producer) WriteRecord(h *Header, payload []byte) {
 	pos := p.head
 	var b [HeaderSize]byte
 	h.Put(b[:])
-	p.head += 4
-	p.Write(b[4:])
+	p.head += sealSize
+	p.Write(b[sealSize:])
 	p.Write(payload)
 	p.Write(zeroPad[:Pad(uint64(len(payload)))])
 	p.word(pos).Store(Seal(pos, h.Remote, true))
@@ -250,13 +250,13 @@ func (p *Producer) WriteRecord(h *Header, payload []byte) {
 // zeroPad is the padding after a payload.
 var zeroPad [Align]byte
 
-// word is the 4-byte word at position pos of the data area, which must be
-// a multiple of Align (a record header's first word).
-func (r *Ring) word(pos uint64) *atomic.Uint32 {
-	return (*atomic.Uint32)(unsafe.Pointer(&r.data[pos&r.mask]))
+// word is the 8-byte word at position pos of the data area, which must be
+// a multiple of Align (a record header's first word, its seal).
+func (r *Ring) word(pos uint64) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&r.data[pos&r.mask]))
 }
 
-func (p *Producer) word(pos uint64) *atomic.Uint32 { return p.r.word(pos) }
+func (p *Producer) word(pos uint64) *atomic.Uint64 { return p.r.word(pos) }
 
 // Publish makes what was written visible to the consumer. It reports
 // whether anything new was published.
@@ -285,7 +285,7 @@ func (p *Producer) Restart() {
 }
 
 // lapMark is the seal of a lap mark at position pos.
-func lapMark(pos uint64) uint32 { return sealBit | lapBit | uint32(pos/Align)&posMask }
+func lapMark(pos uint64) uint64 { return sealBit | lapBit | pos/Align&posMask }
 
 // Offset returns the producer's position in the ring's data area: how far
 // head is from the start of its lap.
@@ -359,7 +359,7 @@ func (c *Consumer) Next(head bool) (bool, error) {
 	end := c.tail + HeaderSize
 	if w&wholeBit != 0 {
 		var lb [8]byte
-		c.peekAt(c.tail+8, lb[:])
+		c.peekAt(c.tail+lenOff, lb[:])
 		n := binary.LittleEndian.Uint64(lb[:])
 		if n > c.r.Size()-HeaderSize-Pad(n) {
 			return false, fmt.Errorf("%w: whole record of %d bytes in a ring of %d", ErrCorrupt, n, c.r.Size())
@@ -436,8 +436,11 @@ const (
 	// payload is followed by zero padding up to a multiple of Align, so
 	// that headers and payloads start 8-byte aligned.
 	Align = 8
-	// HeaderSize is the size of a record header.
-	HeaderSize = 32
+	// HeaderSize is the size of a record header: the seal (u64), the tag
+	// (u32), four zero bytes, the payload length (u64) and the meta.
+	HeaderSize = 40
+	sealSize   = 8  // the seal, the header's first word
+	lenOff     = 16 // the payload length's offset in the header
 	// RemoteSize is the size of a remote record's body in the ring:
 	// instead of the payload, the address of the payload in the
 	// producer's memory, which the consumer reads with process_vm_readv
@@ -460,11 +463,13 @@ type Header struct {
 
 // Seal is the first word of the header of a record at position pos: a
 // flag, whether the record is remote and whether it was written whole
-// before it was sealed (WriteRecord), and bits of pos/Align, which a record
-// of an earlier lap of the ring cannot share with it (the ring is at most
-// MaxSize, 1<<27 Align-byte units, fewer than 1<<posBits).
-func Seal(pos uint64, remote, whole bool) uint32 {
-	w := sealBit | uint32(pos/Align)&posMask
+// before it was sealed (WriteRecord), and pos/Align, in 60 bits: a
+// position a ring reaches only after 2^63 bytes, so that no word written
+// at an earlier pass over the same place of the ring — however many laps
+// ago, which lap restarts make possible for places past where the
+// producer restarts — matches it.
+func Seal(pos uint64, remote, whole bool) uint64 {
+	w := sealBit | pos/Align&posMask
 	if remote {
 		w |= remoteBit
 	}
@@ -476,26 +481,27 @@ func Seal(pos uint64, remote, whole bool) uint32 {
 
 // The bits of a seal.
 const (
-	sealBit   = 1 << 31
-	wholeBit  = 1 << 30
-	remoteBit = 1 << 29
-	lapBit    = 1 << 28 // a lap mark (Producer.Restart), not a record
-	posBits   = 28
+	sealBit   = 1 << 63
+	wholeBit  = 1 << 62
+	remoteBit = 1 << 61
+	lapBit    = 1 << 60 // a lap mark (Producer.Restart), not a record
+	posBits   = 60
 	posMask   = 1<<posBits - 1
 )
 
-func sealedAt(w uint32, pos uint64) bool {
-	return w&sealBit != 0 && w&posMask == uint32(pos/Align)&posMask
+func sealedAt(w uint64, pos uint64) bool {
+	return w&sealBit != 0 && w&posMask == pos/Align&posMask
 }
 
 // Put encodes h into b[:HeaderSize] with its first word zero: the
 // producer writes that word, the seal, last (WriteHeader, WriteRecord).
 func (h *Header) Put(b []byte) {
 	_ = b[HeaderSize-1]
-	binary.LittleEndian.PutUint32(b[0:], 0)
-	binary.LittleEndian.PutUint32(b[4:], h.Tag)
-	binary.LittleEndian.PutUint64(b[8:], h.Len)
-	copy(b[16:32], h.Meta[:])
+	binary.LittleEndian.PutUint64(b[0:], 0)
+	binary.LittleEndian.PutUint32(b[8:], h.Tag)
+	binary.LittleEndian.PutUint32(b[12:], 0)
+	binary.LittleEndian.PutUint64(b[lenOff:], h.Len)
+	copy(b[24:40], h.Meta[:])
 }
 
 // ErrTooLarge is returned by ParseHeader for a record longer than allowed.
@@ -506,12 +512,13 @@ var ErrTooLarge = errors.New("ring: record too large")
 // must not exceed max.
 func ParseHeader(b []byte, max, pos uint64) (Header, error) {
 	_ = b[HeaderSize-1]
-	m := binary.LittleEndian.Uint32(b[0:])
-	if !sealedAt(m, pos) || m&lapBit != 0 {
-		return Header{}, fmt.Errorf("%w: record seal %#x at position %d", ErrCorrupt, m, pos)
+	m := binary.LittleEndian.Uint64(b[0:])
+	if !sealedAt(m, pos) || m&lapBit != 0 || binary.LittleEndian.Uint32(b[12:]) != 0 {
+		return Header{}, fmt.Errorf("%w: record seal %#x (reserved %#x) at position %d",
+			ErrCorrupt, m, binary.LittleEndian.Uint32(b[12:]), pos)
 	}
-	h := Header{Tag: binary.LittleEndian.Uint32(b[4:]), Len: binary.LittleEndian.Uint64(b[8:]), Remote: m&remoteBit != 0}
-	copy(h.Meta[:], b[16:32])
+	h := Header{Tag: binary.LittleEndian.Uint32(b[8:]), Len: binary.LittleEndian.Uint64(b[lenOff:]), Remote: m&remoteBit != 0}
+	copy(h.Meta[:], b[24:40])
 	if h.Len > max {
 		return Header{}, fmt.Errorf("%w: %w: %d bytes, limit %d", ErrCorrupt, ErrTooLarge, h.Len, max)
 	}

@@ -73,16 +73,22 @@ func TestChecks(t *testing.T) {
 	h.Put(b[:])
 	_, err = ParseHeader(b[:], 1<<20, 0)
 	require.ErrorIs(t, err, ErrCorrupt, "no seal")
-	binary.LittleEndian.PutUint32(b[:], Seal(64, true, false))
+	binary.LittleEndian.PutUint64(b[:], Seal(64, true, false))
 	got, err := ParseHeader(b[:], 1<<20, 64)
 	require.NoError(t, err)
 	require.Equal(t, h, got)
+	b[12] = 1
+	_, err = ParseHeader(b[:], 1<<20, 64)
+	require.ErrorIs(t, err, ErrCorrupt, "reserved bytes set")
+	b[12] = 0
 	_, err = ParseHeader(b[:], 1<<20-1, 64)
 	require.True(t, errors.Is(err, ErrTooLarge) && errors.Is(err, ErrCorrupt))
 	_, err = ParseHeader(b[:], 1<<20, 72)
 	require.ErrorIs(t, err, ErrCorrupt, "the seal of another position")
 	_, err = ParseHeader(b[:], 1<<20, 64+MaxSize)
 	require.ErrorIs(t, err, ErrCorrupt, "the seal of another lap")
+	_, err = ParseHeader(b[:], 1<<20, 64+1<<40)
+	require.ErrorIs(t, err, ErrCorrupt, "the seal of a lap 2^40 bytes on")
 
 	require.Error(t, CheckSize(MinSize+1))
 	require.Error(t, CheckSize(MinSize/2))
@@ -95,7 +101,7 @@ func TestChecks(t *testing.T) {
 func FuzzConsumer(f *testing.F) {
 	f.Add(uint64(10), uint64(0), []byte("GDSM"))
 	f.Add(uint64(1<<63), uint64(5), []byte{})
-	f.Add(uint64(64), uint64(0), []byte{0, 0, 0, 0x90}) // a lap mark at position 0
+	f.Add(uint64(64), uint64(0), []byte{0, 0, 0, 0, 0, 0, 0, 0x90}) // a lap mark at position 0
 	f.Fuzz(func(t *testing.T, head, tail uint64, data []byte) {
 		p, c, r := newPair(t, MinSize)
 		p.Write(make([]byte, 64))
@@ -287,4 +293,56 @@ func TestRestartChecks(t *testing.T) {
 	c.PeekInto(hb[:])
 	_, err = ParseHeader(hb[:], 1<<20, 0)
 	require.ErrorIs(t, err, ErrCorrupt)
+}
+
+// TestStaleSeals: a seal or lap mark left at a place of the ring that the
+// producer has not written over since — which lap restarts make possible
+// for places past where it restarts — is never taken for the record or
+// mark of a later lap, however many laps later: the consumer waits there
+// for the producer. (A seal that kept only the position's low bits would
+// match again after 2 GiB.)
+func TestStaleSeals(t *testing.T) {
+	for _, laps := range []uint64{1, 2, 256, 1 << 19, 1 << 30} {
+		for _, mark := range []bool{false, true} {
+			p, c, r := newPair(t, MinSize)
+			// A record and a lap mark at 1 KiB into lap 0.
+			p.WriteRecord(&Header{Tag: 1, Len: 8}, make([]byte, 8))
+			p.Publish()
+			ok, err := c.Next(false)
+			require.NoError(t, err)
+			require.True(t, ok)
+			c.Skip(HeaderSize + 8)
+			require.True(t, c.Release())
+			const at = 1 << 10
+			if mark {
+				r.word(at).Store(lapMark(at))
+			} else {
+				r.word(at).Store(Seal(at, false, true))
+			}
+			// Both sides caught up at the same place, laps later.
+			pos := at + laps*MinSize
+			p.head, p.pub, p.tail = pos, pos, pos
+			c.tail, c.pub, c.head, c.seen = pos, pos, pos, pos
+			r.u64(offHead).Store(pos)
+			r.u64(offTail).Store(pos)
+			require.False(t, r.SealedAt(pos), "laps %d, mark %v", laps, mark)
+			for _, head := range []bool{false, true} {
+				ok, err := c.Next(head)
+				require.NoError(t, err)
+				require.False(t, ok, "laps %d, mark %v: nothing was written", laps, mark)
+				require.Equal(t, pos, c.Pos(), "laps %d, mark %v: no lap passed", laps, mark)
+			}
+			// The producer's next record there is read.
+			p.WriteRecord(&Header{Tag: 2, Len: 8}, make([]byte, 8))
+			p.Publish()
+			ok, err = c.Next(false)
+			require.NoError(t, err)
+			require.True(t, ok)
+			var hb [HeaderSize]byte
+			c.PeekInto(hb[:])
+			h, err := ParseHeader(hb[:], 1<<20, pos)
+			require.NoError(t, err)
+			require.Equal(t, uint32(2), h.Tag)
+		}
+	}
 }
