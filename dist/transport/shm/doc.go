@@ -32,7 +32,7 @@
 // The memory holds one single-producer/single-consumer byte ring per
 // direction, each with a control block whose producer-written,
 // consumer-written and doorbell words sit on separate cache lines. A
-// message is a 64-byte record header (tag, the opaque transport.Header,
+// message is a 32-byte record header (tag, the opaque transport.Header,
 // length) followed by its payload, streamed through the ring in chunks
 // while the receiver consumes them, so a message of any size passes a ring
 // of any size; the first 256 KiB of a record are published every 32 KiB,

@@ -356,7 +356,7 @@ func TestCorruptRing(t *testing.T) {
 			p.wmu.Lock()
 			var b [ring.HeaderSize]byte
 			(&ring.Header{Tag: 1, Len: 8}).Put(b[:])
-			binary.LittleEndian.PutUint64(b[:], ring.Seal(p.out.Pos()+ring.Align, false, false))
+			binary.LittleEndian.PutUint64(b[:], ring.Seal(p.out.Pos()+ring.Align, 8, false, false))
 			p.out.Write(b[:])
 			p.out.Write(make([]byte, 8))
 			p.out.Publish()
@@ -367,8 +367,8 @@ func TestCorruptRing(t *testing.T) {
 			p := ts[2].peers[1].Load()
 			p.wmu.Lock()
 			var b [ring.HeaderSize]byte
-			(&ring.Header{Tag: 1, Len: 1 << 40}).Put(b[:])
-			binary.LittleEndian.PutUint64(b[:], ring.Seal(p.out.Pos(), false, true))
+			(&ring.Header{Tag: 1, Len: 1 << 39}).Put(b[:])
+			binary.LittleEndian.PutUint64(b[:], ring.Seal(p.out.Pos(), 1<<39, false, true))
 			p.out.Write(b[:])
 			p.peerBell.Ring() // sealed but never published: the seal alone announces it
 			p.wmu.Unlock()
@@ -376,7 +376,7 @@ func TestCorruptRing(t *testing.T) {
 		{"huge length", func(ts []*Transport) {
 			p := ts[2].peers[1].Load()
 			p.wmu.Lock()
-			h := ring.Header{Tag: 1, Len: 1 << 50}
+			h := ring.Header{Tag: 1, Len: 1 << 39}
 			p.out.WriteHeader(&h)
 			p.out.Publish()
 			p.peerBell.Ring()

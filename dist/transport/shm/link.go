@@ -170,7 +170,7 @@ func newPeer(t *Transport, l link) (*peer, error) {
 		peerBell:   outR.Bell(),
 		chunk:      max(uint64(l.ringSize)/8, 4<<10),
 		window:     int64(min(l.info.QueueLimit, 1<<62)),
-		maxFrame:   l.info.MaxFrame,
+		maxFrame:   min(l.info.MaxFrame, ring.MaxLen),
 		pid:        int(l.pid),
 		spaceCh:    make(chan struct{}, 1),
 		ackCh:      make(chan struct{}, 1),

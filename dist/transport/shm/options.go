@@ -128,13 +128,13 @@ func WithRingSize(n int) Option {
 }
 
 // WithMaxFrame sets the largest message, in bytes, this rank accepts
-// (default 64 MiB). A peer announcing a longer record is treated as lost;
+// (default 64 MiB, at most 1 TiB - 1). A peer announcing a longer record is treated as lost;
 // Send refuses a message longer than the receiver's maximum with an error
 // matching transport.ErrFrameTooLarge.
 func WithMaxFrame(n int) Option {
 	return func(c *config) error {
-		if n <= 0 {
-			return fmt.Errorf("shm: %w: max frame %d", ErrInvalidArgument, n)
+		if n <= 0 || uint64(n) > ring.MaxLen {
+			return fmt.Errorf("shm: %w: max frame %d (1 to %d)", ErrInvalidArgument, n, uint64(ring.MaxLen))
 		}
 		c.maxFrame = n
 		return nil

@@ -228,7 +228,7 @@ func (p *Producer) WriteHeader(h *Header) {
 	h.Put(b[:])
 	p.head += sealSize
 	p.Write(b[sealSize:])
-	p.word(pos).Store(Seal(pos, h.Remote, false))
+	p.word(pos).Store(Seal(pos, h.Len, h.Remote, false))
 }
 
 // WriteRecord writes a whole record — the header h, payload and the
@@ -244,7 +244,7 @@ func (p *Producer) WriteRecord(h *Header, payload []byte) {
 	p.Write(b[sealSize:])
 	p.Write(payload)
 	p.Write(zeroPad[:Pad(uint64(len(payload)))])
-	p.word(pos).Store(Seal(pos, h.Remote, true))
+	p.word(pos).Store(Seal(pos, h.Len, h.Remote, true))
 }
 
 // zeroPad is the padding after a payload.
@@ -358,9 +358,9 @@ func (c *Consumer) Next(head bool) (bool, error) {
 	}
 	end := c.tail + HeaderSize
 	if w&wholeBit != 0 {
-		var lb [8]byte
+		var lb [4]byte
 		c.peekAt(c.tail+lenOff, lb[:])
-		n := binary.LittleEndian.Uint64(lb[:])
+		n := recordLen(w, lb[:])
 		if n > c.r.Size()-HeaderSize-Pad(n) {
 			return false, fmt.Errorf("%w: whole record of %d bytes in a ring of %d", ErrCorrupt, n, c.r.Size())
 		}
@@ -436,16 +436,18 @@ const (
 	// payload is followed by zero padding up to a multiple of Align, so
 	// that headers and payloads start 8-byte aligned.
 	Align = 8
-	// HeaderSize is the size of a record header: the seal (u64), the tag
-	// (u32), four zero bytes, the payload length (u64), the meta and 24
-	// zero bytes, so that the payload of a record that starts a cache line
-	// (as one after a lap mark does) starts one too: a large copy from or
-	// into the ring at a position 8 bytes off a line ran at half the speed
-	// (16 MiB streams at 3.6-3.9 GB/s against 5.7-9.4 with 32-byte
+	// HeaderSize is the size of a record header: the seal (u64, which
+	// also holds the payload length's bits 39-32), the tag (u32), the
+	// payload length's bits 31-0 (u32) and the meta. A multiple of 32, so
+	// that a payload is as aligned as its record: a large copy from or into
+	// the ring 8 bytes off a 32-byte boundary ran at about half the speed
+	// (16 MiB streams at 3.6-3.9 GB/s against 5.7-9.4, with 40-byte
 	// headers, on the machine of BENCHMARKS.md).
-	HeaderSize = 64
+	HeaderSize = 32
 	sealSize   = 8  // the seal, the header's first word
-	lenOff     = 16 // the payload length's offset in the header
+	lenOff     = 12 // the payload length's low word's offset in the header
+	// MaxLen is the longest payload a record can carry (40 bits).
+	MaxLen = 1<<40 - 1
 	// RemoteSize is the size of a remote record's body in the ring:
 	// instead of the payload, the address of the payload in the
 	// producer's memory, which the consumer reads with process_vm_readv
@@ -466,15 +468,15 @@ type Header struct {
 	Remote bool // a remote record
 }
 
-// Seal is the first word of the header of a record at position pos: a
-// flag, whether the record is remote and whether it was written whole
-// before it was sealed (WriteRecord), and pos/Align, in 60 bits: a
-// position a ring reaches only after 2^63 bytes, so that no word written
-// at an earlier pass over the same place of the ring — however many laps
-// ago, which lap restarts make possible for places past where the
-// producer restarts — matches it.
-func Seal(pos uint64, remote, whole bool) uint64 {
-	w := sealBit | pos/Align&posMask
+// Seal is the first word of the header of a record at position pos whose
+// payload is n bytes: a flag, whether the record is remote and whether it
+// was written whole before it was sealed (WriteRecord), bits 39-32 of n,
+// and pos/Align in 52 bits, which repeat only after 2^55 bytes (32 PiB)
+// through the ring: no word written at an earlier pass over the same place
+// of the ring — however many laps ago, which lap restarts make possible
+// for places past where the producer restarts — matches it.
+func Seal(pos, n uint64, remote, whole bool) uint64 {
+	w := sealBit | (n>>32&0xff)<<posBits | pos/Align&posMask
 	if remote {
 		w |= remoteBit
 	}
@@ -490,9 +492,15 @@ const (
 	wholeBit  = 1 << 62
 	remoteBit = 1 << 61
 	lapBit    = 1 << 60 // a lap mark (Producer.Restart), not a record
-	posBits   = 60
+	posBits   = 52
 	posMask   = 1<<posBits - 1
 )
+
+// recordLen is the payload length of a record whose seal is w and whose
+// header holds lo at lenOff.
+func recordLen(w uint64, lo []byte) uint64 {
+	return w>>posBits&0xff<<32 | uint64(binary.LittleEndian.Uint32(lo))
+}
 
 func sealedAt(w uint64, pos uint64) bool {
 	return w&sealBit != 0 && w&posMask == pos/Align&posMask
@@ -504,9 +512,8 @@ func (h *Header) Put(b []byte) {
 	_ = b[HeaderSize-1]
 	binary.LittleEndian.PutUint64(b[0:], 0)
 	binary.LittleEndian.PutUint32(b[8:], h.Tag)
-	binary.LittleEndian.PutUint32(b[12:], 0)
-	binary.LittleEndian.PutUint64(b[lenOff:], h.Len)
-	copy(b[24:40], h.Meta[:])
+	binary.LittleEndian.PutUint32(b[lenOff:], uint32(h.Len))
+	copy(b[16:32], h.Meta[:])
 }
 
 // ErrTooLarge is returned by ParseHeader for a record longer than allowed.
@@ -518,12 +525,11 @@ var ErrTooLarge = errors.New("ring: record too large")
 func ParseHeader(b []byte, max, pos uint64) (Header, error) {
 	_ = b[HeaderSize-1]
 	m := binary.LittleEndian.Uint64(b[0:])
-	if !sealedAt(m, pos) || m&lapBit != 0 || binary.LittleEndian.Uint32(b[12:]) != 0 {
-		return Header{}, fmt.Errorf("%w: record seal %#x (reserved %#x) at position %d",
-			ErrCorrupt, m, binary.LittleEndian.Uint32(b[12:]), pos)
+	if !sealedAt(m, pos) || m&lapBit != 0 {
+		return Header{}, fmt.Errorf("%w: record seal %#x at position %d", ErrCorrupt, m, pos)
 	}
-	h := Header{Tag: binary.LittleEndian.Uint32(b[8:]), Len: binary.LittleEndian.Uint64(b[lenOff:]), Remote: m&remoteBit != 0}
-	copy(h.Meta[:], b[24:40])
+	h := Header{Tag: binary.LittleEndian.Uint32(b[8:]), Len: recordLen(m, b[lenOff:]), Remote: m&remoteBit != 0}
+	copy(h.Meta[:], b[16:32])
 	if h.Len > max {
 		return Header{}, fmt.Errorf("%w: %w: %d bytes, limit %d", ErrCorrupt, ErrTooLarge, h.Len, max)
 	}

@@ -73,14 +73,18 @@ func TestChecks(t *testing.T) {
 	h.Put(b[:])
 	_, err = ParseHeader(b[:], 1<<20, 0)
 	require.ErrorIs(t, err, ErrCorrupt, "no seal")
-	binary.LittleEndian.PutUint64(b[:], Seal(64, true, false))
+	binary.LittleEndian.PutUint64(b[:], Seal(64, h.Len, true, false))
 	got, err := ParseHeader(b[:], 1<<20, 64)
 	require.NoError(t, err)
 	require.Equal(t, h, got)
-	b[12] = 1
-	_, err = ParseHeader(b[:], 1<<20, 64)
-	require.ErrorIs(t, err, ErrCorrupt, "reserved bytes set")
-	b[12] = 0
+	long := Header{Tag: 9, Len: MaxLen, Meta: [16]byte{3}}
+	long.Put(b[:])
+	binary.LittleEndian.PutUint64(b[:], Seal(128, long.Len, false, false))
+	got, err = ParseHeader(b[:], MaxLen, 128)
+	require.NoError(t, err)
+	require.Equal(t, long, got, "a 40-bit length")
+	h.Put(b[:])
+	binary.LittleEndian.PutUint64(b[:], Seal(64, h.Len, true, false))
 	_, err = ParseHeader(b[:], 1<<20-1, 64)
 	require.True(t, errors.Is(err, ErrTooLarge) && errors.Is(err, ErrCorrupt))
 	_, err = ParseHeader(b[:], 1<<20, 72)
@@ -89,6 +93,8 @@ func TestChecks(t *testing.T) {
 	require.ErrorIs(t, err, ErrCorrupt, "the seal of another lap")
 	_, err = ParseHeader(b[:], 1<<20, 64+1<<40)
 	require.ErrorIs(t, err, ErrCorrupt, "the seal of a lap 2^40 bytes on")
+	_, err = ParseHeader(b[:], 1<<20, 64+1<<54)
+	require.ErrorIs(t, err, ErrCorrupt, "the seal of a lap 2^54 bytes on")
 
 	require.Error(t, CheckSize(MinSize+1))
 	require.Error(t, CheckSize(MinSize/2))
@@ -317,7 +323,7 @@ func TestStaleSeals(t *testing.T) {
 			if mark {
 				r.word(at).Store(lapMark(at))
 			} else {
-				r.word(at).Store(Seal(at, false, true))
+				r.word(at).Store(Seal(at, 8, false, true))
 			}
 			// Both sides caught up at the same place, laps later.
 			pos := at + laps*MinSize
