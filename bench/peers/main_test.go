@@ -78,6 +78,12 @@ func TestWithOpenMPI(t *testing.T) {
 	if _, err := exec.LookPath("mpirun"); err != nil {
 		t.Skip("mpirun not installed")
 	}
+	// Debian's openmpi-bin brings mpicc without mpi.h (libopenmpi-dev has it).
+	probe := exec.Command(mpicc, "-E", "-x", "c", "-")
+	probe.Stdin = strings.NewReader("#include <mpi.h>\n")
+	if err := probe.Run(); err != nil {
+		t.Skip("Open MPI's headers are not installed (libopenmpi-dev)")
+	}
 	bin := filepath.Join(t.TempDir(), "mpi_peer")
 	out, err := exec.Command(mpicc, "-O2", "-Wall", "-o", bin, "mpi/mpi_peer.c").CombinedOutput()
 	require.NoError(t, err, "%s", out)

@@ -1,8 +1,8 @@
 #!/bin/sh
 # bench/peers/run.sh: gdist beside Open MPI on this machine, in one run.
 #
-# Installs Debian's Open MPI (openmpi-bin, libopenmpi-dev) if mpicc or mpirun
-# is missing, builds bench/peers/mpi/mpi_peer.c with mpicc and bench/peers with
+# Installs Debian's Open MPI (openmpi-bin, libopenmpi-dev) if mpicc, mpirun
+# or Open MPI's headers are missing, builds bench/peers/mpi/mpi_peer.c with mpicc and bench/peers with
 # go into a temporary directory (removed on exit; nothing is written into the
 # repository), and runs the comparison: the same ping-pongs, streams and
 # all-reduces through Open MPI (shared memory, vader) and through gdist
@@ -16,7 +16,11 @@ set -eu
 
 cd "$(dirname "$0")/../.."
 
-if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
+# openmpi-bin alone brings mpicc without mpi.h (libopenmpi-dev has it).
+has_headers() {
+	echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1
+}
+if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1 || ! has_headers; then
 	sudo=
 	if [ "$(id -u)" -ne 0 ]; then
 		sudo=sudo
