@@ -131,8 +131,16 @@ func TestPatienceFollowsWaits(t *testing.T) {
 		got <- err
 	}()
 	time.Sleep(10 * time.Millisecond) // past maxPatience: parked
-	frac := idleCPU(t, time.Second)
-	t.Logf("idle: %.2f%% of a core", 100*frac)
+	// A window in which other processes kept the CPUs busy can read high
+	// (the reader's pauses let them run, see busyYield): the reader must
+	// stay under 5 % in one of up to three windows of a second, which a
+	// reader that kept polling would not.
+	frac := 1.0
+	for w := 0; w < 3 && frac >= 0.05; w++ {
+		f := idleCPU(t, time.Second)
+		t.Logf("idle, window %d: %.2f%% of a core", w+1, 100*f)
+		frac = min(frac, f)
+	}
 	assert.Less(t, frac, 0.05)
 	require.NoError(t, ts[0].Send(ctx, 1, 3, transport.Header{}, []byte("wake")))
 	require.NoError(t, <-got)
