@@ -31,11 +31,13 @@
 // so for inference GPipe's bubble is an upper bound.
 //
 // Inference on p stages is also given against one stage (paired per
-// round), next to a control measured in the same p-stage job at each m:
-// the whole model on one stage, on rank 0 alone (the others waiting) and
-// on every rank at once, each rank in a group of its own. The ratio of
-// the two is what the machine gives p processes at once at that moment,
-// which bounds what p stages can gain over one.
+// round), next to a control measured in the same p-stage job at each m,
+// its windows taking turns with inference's: the whole model on one
+// stage, on rank 0 alone (the others waiting) and on every rank at once,
+// each rank in a group of its own. The ratio of the two is what the
+// machine gives p processes at once at that moment, which bounds what p
+// stages can gain over one; inference over the control's processes at
+// once is the part of that the pipeline keeps.
 //
 // # Usage
 //
@@ -503,6 +505,10 @@ func report(w io.Writer, o options, rounds []round) {
 			fmt.Fprintf(w, "# p=%d: control, %d one-stage processes at once / one alone, the ceiling of the line above (median of rounds): %s\n",
 				p, p, c)
 		}
+		if c := pairedRatios(o, rounds, of("infer", p, p), of(soloTogether, p, 1)); c != "" {
+			fmt.Fprintf(w, "# p=%d: inference / the control's %d processes at once, the part of the ceiling the pipeline keeps (median of rounds): %s\n",
+				p, p, c)
+		}
 	}
 	for _, p := range o.stages {
 		if b, ok := bests[p]; ok {
@@ -675,18 +681,9 @@ func worker(ctx context.Context, o options, stdout io.Writer) (err error) {
 		if len(modes) == 0 {
 			continue
 		}
-		rs, err := measure(ctx, g, o, dt, modes, m, &base)
+		rs, err := measure(ctx, g, solo, o, dt, modes, m, &base)
 		if err != nil {
 			return fmt.Errorf("m=%d: %w", m, err)
-		}
-		if solo != nil {
-			if ok, _ := fits(o, "infer", 1, m); ok && slices.Contains(modes, "infer") {
-				cs, err := control(ctx, g, solo, o, dt, m)
-				if err != nil {
-					return fmt.Errorf("m=%d: control: %w", m, err)
-				}
-				rs = append(rs, cs...)
-			}
 		}
 		for _, r := range rs {
 			emit("RESULT", r)
@@ -697,81 +694,15 @@ func worker(ctx context.Context, o options, stdout io.Writer) (err error) {
 
 // Modes of the control the jobs of more than one stage measure next to
 // inference: the whole model on one stage (a group of one member), on
-// rank 0 while the others wait, and on every rank at once.
+// rank 0 while the others wait, and on every rank at once. Their windows
+// take turns with the schedules' (see measure); a control's result, on
+// rank 0 only, has the Wall that gives its throughput: the window's for
+// one rank alone, and for every rank at once the slowest rank's divided
+// by the number of ranks (each ran the window's samples).
 const (
 	soloAlone    = "solo-alone"
 	soloTogether = "solo-together"
 )
-
-// control measures inference of the whole model on one stage at m, on
-// each rank's group of one (solo): -repeat windows of rank 0 alone, the
-// other ranks waiting, interleaved with as many of every rank at once.
-// It returns, on rank 0, the fastest of each as results of modes
-// soloAlone and soloTogether; the latter's Wall is what gives, for the
-// one rank's batches, the throughput of all the ranks together. Their
-// ratio is how much the machine gives p processes at once at that
-// moment: the ceiling of p stages against one.
-func control(ctx context.Context, g, solo *dist.ProcessGroup, o options, dt tensor.Dtype, m int) (rs []result, err error) {
-	pl, err := newPipeline(ctx, solo, o, dt, "infer", m, 0x10000000)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if cerr := pl.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
-	x, _ := batchData(o.batch, o.width, dt)
-	data := pipeline.Data{Input: func(mb int, in *tensor.Dense) error { return copyRows(in, x, mb) }}
-	for range o.warmup {
-		if err := pl.Infer(ctx, data); err != nil {
-			return nil, err
-		}
-	}
-	timed := func(run bool) (float64, error) {
-		runtime.GC()
-		if err := g.Barrier(ctx); err != nil {
-			return 0, err
-		}
-		tp := []float64{0}
-		if run {
-			start := time.Now()
-			for range o.steps {
-				if err := pl.Infer(ctx, data); err != nil {
-					return 0, err
-				}
-			}
-			tp[0] = float64(o.steps*o.batch) / time.Since(start).Seconds()
-		}
-		if err := g.AllReduce(ctx, dist.F64(tp), dist.Sum); err != nil {
-			return 0, err
-		}
-		return tp[0], nil
-	}
-	var alone, together float64
-	for range o.repeat {
-		a, err := timed(g.Rank() == 0)
-		if err != nil {
-			return nil, err
-		}
-		t, err := timed(true)
-		if err != nil {
-			return nil, err
-		}
-		alone, together = max(alone, a), max(together, t)
-	}
-	if g.Rank() != 0 {
-		return nil, nil
-	}
-	samples := float64(o.steps * o.batch)
-	for _, c := range []struct {
-		mode string
-		tp   float64
-	}{{soloAlone, alone}, {soloTogether, together}} {
-		rs = append(rs, result{Mode: c.mode, P: g.WorldSize(), M: m, Steps: o.steps, Batch: o.batch, Wall: samples / c.tp})
-	}
-	return rs, nil
-}
 
 // newPipeline builds this rank's part of the model for mode at m.
 func newPipeline(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dtype, mode string, m int, tagBase uint32) (*pipeline.Pipeline, error) {
@@ -807,6 +738,7 @@ type config struct {
 	mode     string
 	pl       *pipeline.Pipeline
 	step     func() error
+	waits    bool // this rank waits out the windows (a control on rank 0 alone)
 	mem      float64
 	best     result
 	bestWall float64
@@ -816,8 +748,12 @@ type config struct {
 // *base on) and returns this rank's timings of each. The schedules' timed
 // windows interleave (one window of each in turn, -repeat times, the
 // first schedule rotating), so that they are compared under the same load;
+// with solo (each rank's group of one) and inference among the modes, so
+// do the control's windows of the whole model on one stage (soloAlone,
+// soloTogether), so that inference is compared with them under the same
+// load too;
 // each keeps the window whose slowest rank was the fastest.
-func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dtype, modes []string, m int, base *uint32) (rs []result, err error) {
+func measure(ctx context.Context, g, solo *dist.ProcessGroup, o options, dt tensor.Dtype, modes []string, m int, base *uint32) (rs []result, err error) {
 	var ss []*config
 	defer func() {
 		for _, s := range ss {
@@ -859,6 +795,25 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 		}
 		s.mem = (float64(liveHeap()) - float64(heap0)) / (1 << 20)
 	}
+	if ok, _ := fits(o, "infer", 1, m); solo != nil && ok && slices.Contains(modes, "infer") {
+		for i, mode := range []string{soloAlone, soloTogether} {
+			pl, err := newPipeline(ctx, solo, o, dt, "infer", m, 0x10000000+uint32(i)*pipeline.TagSpan)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", mode, err)
+			}
+			s := &config{mode: mode, pl: pl, bestWall: math.Inf(1), waits: mode == soloAlone && g.Rank() != 0}
+			ss = append(ss, s)
+			s.step = func() error { return pl.Infer(ctx, data) }
+			if s.waits {
+				continue
+			}
+			for range o.warmup {
+				if err := s.step(); err != nil {
+					return nil, fmt.Errorf("%s: %w", mode, err)
+				}
+			}
+		}
+	}
 	for w := range o.repeat {
 		for i := range ss {
 			s := ss[(i+w)%len(ss)]
@@ -868,7 +823,17 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 		}
 	}
 	for _, s := range ss {
-		if o.trace {
+		switch {
+		case s.mode == soloAlone || s.mode == soloTogether:
+			if g.Rank() == 0 {
+				r := result{Mode: s.mode, P: g.WorldSize(), M: m, Steps: o.steps, Batch: o.batch, Wall: s.bestWall}
+				if s.mode == soloTogether {
+					r.Wall /= float64(g.WorldSize())
+				}
+				rs = append(rs, r)
+			}
+			continue
+		case o.trace:
 			st := s.pl.Stats()
 			var b strings.Builder
 			for _, e := range st.Events {
@@ -882,8 +847,9 @@ func measure(ctx context.Context, g *dist.ProcessGroup, o options, dt tensor.Dty
 	return rs, g.Barrier(ctx)
 }
 
-// window runs one timed window of -steps steps and keeps it if its
-// slowest rank was faster than in the schedule's earlier windows.
+// window runs one timed window of -steps steps (none on a rank that
+// waits) and keeps it if its slowest rank was faster than in the
+// configuration's earlier windows.
 func (s *config) window(ctx context.Context, g *dist.ProcessGroup, o options, m int) error {
 	runtime.GC()
 	if err := g.Barrier(ctx); err != nil {
@@ -893,7 +859,7 @@ func (s *config) window(ctx context.Context, g *dist.ProcessGroup, o options, m 
 	var events []pipeline.Event
 	cpu0 := benchutil.CPUTime()
 	start := time.Now()
-	for range o.steps {
+	for i := 0; i < o.steps && !s.waits; i++ {
 		if err := s.step(); err != nil {
 			return err
 		}

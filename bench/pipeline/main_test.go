@@ -50,6 +50,7 @@ func TestSweep(t *testing.T) {
 	assert.Regexp(t, `# p=2: inference / one stage \(median of paired rounds\): m=2 \d+\.\d\dx\n`, out)
 	assert.Regexp(t, `# p=2: inference / one stage alone in the same job.*: m=2 \d+\.\d\dx\n`, out)
 	assert.Regexp(t, `# p=2: control, 2 one-stage processes at once / one alone.*: m=2 \d+\.\d\dx\n`, out)
+	assert.Regexp(t, `# p=2: inference / the control's 2 processes at once.*: m=2 \d+\.\d\dx\n`, out)
 	rows := 0
 	for _, l := range strings.Split(out, "\n") {
 		if f := strings.Fields(l); len(f) > 2 && (f[0] == "1" || f[0] == "2") && f[1] == "2" {
