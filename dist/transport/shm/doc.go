@@ -40,11 +40,12 @@
 // 8 bytes, stored last, seal it with the record's full position (and mark
 // a record of up to 32 KiB written at once as whole): a waiting receiver
 // polls that word, on the cache line the record arrives in, rather than
-// the ring's head. A sender that finds the ring drained before a record of 64 KiB
-// or more goes on at the start of the ring's next lap (a lap mark tells
-// the receiver), so that messages that each find the ring empty — the
-// segments of an all-reduce, a pipeline's activations — reuse memory both
-// processes' caches still hold instead of cycling through the whole ring.
+// the ring's head. A sender that finds the ring drained before a record
+// of 64 KiB or more goes on at the start of the ring's next lap (a lap
+// mark tells the receiver), so that messages that each find the ring
+// empty — the segments of an all-reduce, a pipeline's activations — reuse
+// memory both processes' caches still hold instead of cycling through the
+// whole ring.
 // A receive that has to wait (Recv, RecvInto, RecvReduce) first
 // polls the ring itself and delivers what arrives — into its own buffer
 // (straight from the ring when nothing for its source and tag is queued),

@@ -128,8 +128,8 @@ func WithRingSize(n int) Option {
 }
 
 // WithMaxFrame sets the largest message, in bytes, this rank accepts
-// (default 64 MiB, at most 1 TiB - 1). A peer announcing a longer record is treated as lost;
-// Send refuses a message longer than the receiver's maximum with an error
+// (default 64 MiB, at most 1 TiB - 1). A peer announcing a longer record
+// is treated as lost; Send refuses a message longer than the receiver's maximum with an error
 // matching transport.ErrFrameTooLarge.
 func WithMaxFrame(n int) Option {
 	return func(c *config) error {
