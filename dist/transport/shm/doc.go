@@ -45,7 +45,10 @@
 // mark tells the receiver), so that messages that each find the ring
 // empty — the segments of an all-reduce, a pipeline's activations — reuse
 // memory both processes' caches still hold instead of cycling through the
-// whole ring.
+// whole ring. Smaller records do the same once the sender is 256 KiB into
+// a lap (it looks every 64 KiB until it finds the ring drained): round
+// trips and small all-reduces keep to the first few hundred KiB of the
+// ring.
 // A receive that has to wait (Recv, RecvInto, RecvReduce) first
 // polls the ring itself and delivers what arrives — into its own buffer
 // (straight from the ring when nothing for its source and tag is queued),
@@ -71,11 +74,12 @@
 // the default ring size (n ranks on a host: n(n-1)/2 pairs, at most 448 MiB
 // for 8). A ring's pages are allocated and mapped on both sides in one go
 // the first time a record of 16 KiB or more goes through it (madvise
-// MADV_POPULATE_WRITE and _READ): left to first use, every fresh page cost
-// the sender and the receiver a page fault each, which made the first lap
-// (the first 32 all-reduces of 256 KiB) three to six times slower than the
-// rest. Rings that only ever carry small messages (the pairs a ring
-// all-reduce does not use) stay almost unallocated.
+// MADV_POPULATE_WRITE and _READ), and until then 256 KiB at a time, ahead
+// of where each side writes or reads: left to first use, every fresh page
+// cost the sender and the receiver a page fault each, which made the first
+// lap (the first 32 all-reduces of 256 KiB) three to six times slower than
+// the rest. Rings that only ever carry small messages (the pairs a ring all-reduce
+// does not use) stay almost unallocated.
 //
 // With WithSingleCopy (off by default: slower than streaming through the
 // ring on the machine of BENCHMARKS.md), messages from the given size take

@@ -34,6 +34,14 @@ const (
 	// warmMin: the first record this large through a ring makes each side
 	// map the ring's pages in one go (see warm).
 	warmMin = 16 << 10
+	// warmChunk: until then, each side maps the ring's pages this many
+	// bytes at a time, ahead of where it writes or reads (see warmTo).
+	warmChunk = 256 << 10
+	// recycleMin, recycleEvery: a sender of records below restartMin looks
+	// whether it can restart the ring once it is recycleMin bytes into a
+	// lap, and then every recycleEvery bytes (see recycle).
+	recycleMin   = 256 << 10
+	recycleEvery = 64 << 10
 	// firstPiece: a sender publishes the first firstPieces bytes of a
 	// record every firstPiece bytes (then every chunk).
 	firstPiece  = 32 << 10
@@ -66,7 +74,8 @@ type peer struct {
 	// write side
 	wmu          sync.Mutex
 	wdead        bool          // the region is about to be unmapped (guarded by wmu)
-	outWarm      bool          // the outbound ring's pages are mapped (guarded by wmu)
+	outWarm      uint64        // the outbound ring's pages are mapped up to this offset (guarded by wmu)
+	recycleAt    uint64        // the position from which recycle looks again (guarded by wmu)
 	spaceCh      chan struct{} // capacity 1: the outbound tail moved
 	spaceWaiting atomic.Bool
 
@@ -86,7 +95,7 @@ type peer struct {
 	riov         [1]unix.RemoteIovec
 	scratch      []byte // combineRemote's buffer
 	elem         []byte // combineFrom's buffer for an element split by the ring's end
-	inWarm       bool   // the inbound ring's pages are mapped
+	inWarm       uint64 // the inbound ring's pages are mapped up to this offset
 
 	// send credit, guarded by wmu: a send takes its credit under the lock
 	// it writes its record under (one lock per message, not two), and lets
@@ -418,15 +427,20 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	if m := p.t.cfg.remoteMin; m > 0 && len(b) >= m && p.outR.RemoteOK() {
 		return p.sendRemote(tag, h, b)
 	}
-	if !p.outWarm && len(b) >= warmMin {
-		p.outWarm = true
-		warm(p.outR, unix.MADV_POPULATE_WRITE)
-	}
 	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h}
 	pad := ring.Pad(uint64(len(b)))
 	size := p.outR.Size()
 	if len(b) >= restartMin {
 		p.restart(uint64(ring.HeaderSize+len(b)) + pad)
+	} else if p.out.Pos() >= p.recycleAt {
+		p.recycle(uint64(ring.HeaderSize+len(b)) + pad)
+	}
+	if p.outWarm < size {
+		if len(b) >= warmMin {
+			p.outWarm = warmTo(p.outR, p.outWarm, size, unix.MADV_POPULATE_WRITE)
+		} else {
+			p.outWarm = warmTo(p.outR, p.outWarm, p.out.Offset()+uint64(ring.HeaderSize+len(b))+pad, unix.MADV_POPULATE_WRITE)
+		}
 	}
 	want := min(uint64(ring.HeaderSize+len(b))+pad, size)
 	space, err := p.waitSpace(want)
@@ -497,32 +511,68 @@ const restartMin = 64 << 10
 // through all of it: with 8 MiB rings on the machine of BENCHMARKS.md, a
 // lap of the whole ring left each record to come from memory. Called
 // with wmu held, between records.
-func (p *peer) restart(n uint64) {
+func (p *peer) restart(n uint64) bool {
 	if off := p.out.Offset(); off < n {
-		return // at the start of a lap already, or the record would wait for the mark to be passed
+		return false // at the start of a lap already, or the record would wait for the mark to be passed
 	}
 	if s, err := p.out.Space(); err != nil || s != p.outR.Size() {
-		return // not empty (or corrupt: waitSpace reports it)
+		return false // not empty (or corrupt: waitSpace reports it)
 	}
 	p.out.Restart()
 	p.restarts++
+	return true
+}
+
+// recycle is restart for a record of n bytes below restartMin, which
+// repays reading the consumer's tail only now and then: once the producer
+// is recycleMin bytes into a lap, and then every recycleEvery bytes while
+// the ring is not empty. Small records — a ping-pong's, a latency-bound
+// all-reduce's — then stay in the first part of the ring, whose pages
+// both processes have mapped and written and whose lines their caches
+// hold, instead of cycling through all of it. Without it, on a virtual
+// machine where the first write to a page cost about 5 µs, the first lap
+// of 8 MiB rings — 512 all-reduces of 4096 floats between 2 ranks, 16 KiB
+// records — took about 45 µs per all-reduce instead of 5. Called with wmu
+// held, between records.
+func (p *peer) recycle(n uint64) {
+	if p.out.Offset() < recycleMin {
+		p.recycleAt = p.out.Pos() + recycleMin - p.out.Offset()
+		return
+	}
+	if !p.restart(n) {
+		p.recycleAt = p.out.Pos() + recycleEvery
+	}
 }
 
 // zeroPad is the padding after a payload (ring.Align).
 var zeroPad [ring.Align]byte
 
-// warm maps every page of r's data area into this process at once (advice
-// MADV_POPULATE_WRITE for the producer, which also allocates them, READ for
-// the consumer), the first time a record of warmMin bytes or more goes
-// through the ring. Left to first touch, each fresh 4 KiB page costs each
-// side a page fault during the ring's first lap, which made the first 32
-// all-reduces of 256 KiB three to six times slower than the rest; mapping
-// every region at setup instead (MAP_POPULATE) would allocate all n(n-1)/2
+// warmTo maps the pages of r's data area from offset from (where the
+// pages are mapped already) to at least offset to into this process at
+// once (advice MADV_POPULATE_WRITE for the producer, which also allocates
+// them, READ for the consumer), in steps of warmChunk; it returns how far
+// they are mapped now. Each side maps the whole ring the first time a
+// record of warmMin bytes or more goes through it, and until then the
+// part ahead of where it writes or reads: both go through a ring from its
+// start, lap after lap, and a lap restart goes back to it. Left to first
+// touch, each fresh 4 KiB page costs each side a page fault during the
+// ring's first lap, which made the first 32 all-reduces of 256 KiB three
+// to six times slower than the rest. On a virtual machine where a fault
+// on a fresh page cost 12-18 µs and a read fault on a page the peer
+// allocated 5-9 µs, the advice cost 1.3-2 µs and 0.3-0.5 µs a page (the
+// first write to a page still cost about 5 µs there). Mapping every
+// region at setup instead (MAP_POPULATE) would allocate all n(n-1)/2
 // pairs' rings, most of which a ring all-reduce never uses. The advice
 // needs Linux 5.14; on older kernels, or if it fails, the pages come by
 // faults as before.
-func warm(r *ring.Ring, advice int) {
-	_ = unix.Madvise(r.DataBytes(), advice)
+func warmTo(r *ring.Ring, from, to uint64, advice int) uint64 {
+	size := r.Size()
+	if to <= from {
+		return from
+	}
+	to = min((to+warmChunk-1)/warmChunk*warmChunk, size)
+	_ = unix.Madvise(r.DataBytes()[from:to], advice)
+	return to
 }
 
 // sendRemote writes a remote record for b and waits until the peer has
@@ -1018,6 +1068,10 @@ func (p *peer) next(head bool) (bool, error) {
 	if p.in.Pos() != pos {
 		p.release()
 	}
+	if size := p.inR.Size(); p.inWarm < size {
+		// A record below warmMin fits in what is mapped ahead.
+		p.inWarm = warmTo(p.inR, p.inWarm, p.in.Pos()&(size-1)+warmChunk/2, unix.MADV_POPULATE_READ)
+	}
 	return ok, err
 }
 
@@ -1102,7 +1156,7 @@ func (p *peer) progress() bool {
 	}
 	p.in.PeekInto(hb[:])
 	h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame), p.in.Pos())
-	if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) {
+	if err != nil || h.Remote || (p.inWarm < p.inR.Size() && h.Len >= warmMin) {
 		p.needReader()
 		return false
 	}
@@ -1161,7 +1215,7 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 			if err == nil && ok {
 				p.in.PeekInto(hb[:])
 				h, err := ring.ParseHeader(hb[:], uint64(t.cfg.maxFrame), p.in.Pos())
-				if err != nil || h.Remote || (!p.inWarm && h.Len >= warmMin) {
+				if err != nil || h.Remote || (p.inWarm < p.inR.Size() && h.Len >= warmMin) {
 					p.needReader()
 					p.rmu.Unlock()
 					return ring.Header{}, false
@@ -1316,9 +1370,8 @@ func (p *peer) needReader() {
 func (p *peer) deliver(h ring.Header, inline bool) bool {
 	t := p.t
 	p.deliveries++
-	if !p.inWarm && h.Len >= warmMin && !h.Remote {
-		p.inWarm = true
-		warm(p.inR, unix.MADV_POPULATE_READ)
+	if size := p.inR.Size(); p.inWarm < size && h.Len >= warmMin && !h.Remote {
+		p.inWarm = warmTo(p.inR, p.inWarm, size, unix.MADV_POPULATE_READ)
 	}
 	m := transport.Message{Header: h.Meta}
 	if h.Remote {
