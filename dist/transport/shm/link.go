@@ -32,7 +32,7 @@ const (
 	// wakeCap bounds how many credit waiters one change wakes directly.
 	wakeCap = 1024
 	// warmMin: the first record this large through a ring makes each side
-	// map the ring's pages in one go (see warm).
+	// map the ring's pages in one go (see warmTo).
 	warmMin = 16 << 10
 	// warmChunk: until then, each side maps the ring's pages this many
 	// bytes at a time, ahead of where it writes or reads (see warmTo).
