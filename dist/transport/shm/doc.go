@@ -63,7 +63,8 @@
 // use) goes further: the receiver combines
 // the payload into the caller's buffer where it lies in the ring, a piece at
 // a time as it arrives, without copying it anywhere (records are padded to
-// 8 bytes so that payloads are aligned for the typed kernels). With 8 MiB
+// 64 bytes, so that each starts on a cache line of its own and payloads are
+// aligned for the typed kernels). With 8 MiB
 // rings (WithRingSize) dist's 4 MiB segments fit whole, so a sender never
 // waits for its peer's receive and the receive is posted by the time its
 // segment is read; between 2 ranks dist's all-reduce sends 256 KiB

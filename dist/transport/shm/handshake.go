@@ -25,7 +25,7 @@ const (
 	helloSize = 96
 	macSize   = sha256.Size
 	ackSize   = helloSize + macSize
-	version   = 5
+	version   = 6
 
 	msgWelcome = 'W' // server: the memory follows (SCM_RIGHTS)
 	msgReject  = 'R' // server: refused; a reason byte follows

@@ -76,6 +76,7 @@ type peer struct {
 	wdead        bool          // the region is about to be unmapped (guarded by wmu)
 	outWarm      uint64        // the outbound ring's pages are mapped up to this offset (guarded by wmu)
 	recycleAt    uint64        // the position from which recycle looks again (guarded by wmu)
+	recycleAsked bool          // recycle set the ring's space-wait flag (guarded by wmu)
 	spaceCh      chan struct{} // capacity 1: the outbound tail moved
 	spaceWaiting atomic.Bool
 
@@ -539,9 +540,48 @@ func (p *peer) recycle(n uint64) {
 		p.recycleAt = p.out.Pos() + recycleMin - p.out.Offset()
 		return
 	}
-	if !p.restart(n) {
-		p.recycleAt = p.out.Pos() + recycleEvery
+	if p.restart(n) || p.recycleAsked && p.drained(n) {
+		if p.recycleAsked {
+			p.recycleAsked = false
+			p.outR.SetSpaceWait(false)
+		}
+		return
 	}
+	// The consumer may have taken every record and left their space to
+	// hand back later (settle), as it does when it replies at once: ask it,
+	// as a sender waiting for space does, to hand it back as it takes them,
+	// and wait for the last record at the next look (drained). Two ranks
+	// that send to each other before they receive (an all-reduce's
+	// exchange) would otherwise never see the ring drained: each sends its
+	// next record while the other still reads the last.
+	p.recycleAt = p.out.Pos() + recycleEvery
+	p.recycleAsked = true
+	p.outR.SetSpaceWait(true)
+}
+
+// drainWait bounds how long recycle waits for the consumer to finish the
+// records in the ring.
+const drainWait = 20 * time.Microsecond
+
+// drained waits up to drainWait for the consumer to release everything in
+// the ring, when what is left is at most recycleEvery bytes, and then
+// restarts the lap for a record of n bytes; it reports whether it did.
+// Called with wmu held, between records.
+func (p *peer) drained(n uint64) bool {
+	s, err := p.out.Space()
+	if err != nil || p.outR.Size()-s > recycleEvery {
+		return false
+	}
+	start := nanotime()
+	for i := 1; nanotime()-start < int64(drainWait); i++ {
+		if i%64 == 0 {
+			runtime.Gosched()
+		}
+		if p.restart(n) {
+			return true
+		}
+	}
+	return false
 }
 
 // zeroPad is the padding after a payload (ring.Align).
@@ -582,11 +622,12 @@ func (p *peer) sendRemote(tag uint32, h transport.Header, b []byte) error {
 	p.pin.Pin(&b[0]) // b cannot move (nor, escaping, live on a stack) meanwhile
 	defer p.pin.Unpin()
 	binary.LittleEndian.PutUint64(p.desc[:], uint64(uintptr(unsafe.Pointer(&b[0]))))
-	if _, err := p.waitSpace(ring.HeaderSize + ring.RemoteSize); err != nil {
+	if _, err := p.waitSpace(ring.HeaderSize + ring.RemoteSize + ring.RemotePad); err != nil {
 		return err
 	}
 	p.out.WriteHeader(&rh)
 	p.out.Write(p.desc[:])
+	p.out.Write(zeroPad[:ring.RemotePad])
 	p.out.Publish()
 	p.peerBell.Ring()
 	p.remoteSent++
@@ -1570,11 +1611,12 @@ func (p *peer) readRemoteRecord(h ring.Header) bool {
 		return false
 	}
 	var d [ring.RemoteSize]byte
-	if _, err := p.wait(ring.RemoteSize); err != nil {
+	if _, err := p.wait(ring.RemoteSize + ring.RemotePad); err != nil {
 		p.readEnded(err, nil, false)
 		return false
 	}
 	p.in.Read(d[:])
+	p.in.Skip(ring.RemotePad)
 	p.release()
 	addr := binary.LittleEndian.Uint64(d[:])
 	n := int(h.Len)

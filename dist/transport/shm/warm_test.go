@@ -4,6 +4,7 @@ package shm
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -106,5 +107,48 @@ func TestLargeRecordWarmsRing(t *testing.T) {
 		s := stateOf(tr.peers[1-r].Load())
 		assert.Equal(t, uint64(DefaultRingSize), s.outWarm, "rank %d", r)
 		assert.Equal(t, uint64(DefaultRingSize), s.inWarm, "rank %d", r)
+	}
+}
+
+// TestExchangeRecyclesRing: two ranks that each send before they receive,
+// as an all-reduce's exchange does, both keep to the first part of their
+// rings: at each look the other still reads the last record, and the
+// sender waits for it (drained) rather than going on through the ring.
+func TestExchangeRecyclesRing(t *testing.T) {
+	ts := mesh(t, 2)
+	defer ts[1].Close()
+	defer ts[0].Close()
+	const size, n = 8 << 10, 2000 // 16 MiB through each ring
+	ctx := context.Background()
+	errs := make(chan error, 2)
+	for r := range 2 {
+		go func() {
+			p, dst := make([]byte, size), make([]byte, size)
+			for i := range n {
+				p[0] = byte(i)
+				if err := ts[r].Send(ctx, 1-r, 1, transport.Header{}, p); err != nil {
+					errs <- err
+					return
+				}
+				k, err := recvInto(ctx, ts[r], 1-r, dst)
+				if err == nil && (k != size || dst[0] != byte(i)) {
+					err = fmt.Errorf("rank %d: message %d: %d bytes starting %d", r, i, k, dst[0])
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	for r, tr := range ts {
+		s := stateOf(tr.peers[1-r].Load())
+		t.Logf("rank %d: %+v", r, s)
+		assert.NotZero(t, s.restarts, "rank %d never restarted its ring", r)
+		assert.Less(t, s.offset, uint64(DefaultRingSize/2), "rank %d went past the recycled part", r)
+		assert.Less(t, s.outWarm, uint64(DefaultRingSize/2), "rank %d mapped more than it wrote", r)
 	}
 }

@@ -87,7 +87,7 @@ func TestChecks(t *testing.T) {
 	binary.LittleEndian.PutUint64(b[:], Seal(64, h.Len, true, false))
 	_, err = ParseHeader(b[:], 1<<20-1, 64)
 	require.True(t, errors.Is(err, ErrTooLarge) && errors.Is(err, ErrCorrupt))
-	_, err = ParseHeader(b[:], 1<<20, 72)
+	_, err = ParseHeader(b[:], 1<<20, 64+Align)
 	require.ErrorIs(t, err, ErrCorrupt, "the seal of another position")
 	_, err = ParseHeader(b[:], 1<<20, 64+MaxSize)
 	require.ErrorIs(t, err, ErrCorrupt, "the seal of another lap")
