@@ -430,25 +430,25 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	}
 	rh := ring.Header{Tag: tag, Len: uint64(len(b)), Meta: h}
 	pad := ring.Pad(uint64(len(b)))
+	rec := uint64(ring.HeaderSize+len(b)) + pad // the whole record
 	size := p.outR.Size()
 	if len(b) >= restartMin {
-		p.restart(uint64(ring.HeaderSize+len(b)) + pad)
+		p.restart(rec)
 	} else if p.out.Pos() >= p.recycleAt {
-		p.recycle(uint64(ring.HeaderSize+len(b)) + pad)
+		p.recycle(rec)
 	}
 	if p.outWarm < size {
+		to := p.out.Offset() + rec
 		if len(b) >= warmMin {
-			p.outWarm = warmTo(p.outR, p.outWarm, size, unix.MADV_POPULATE_WRITE)
-		} else {
-			p.outWarm = warmTo(p.outR, p.outWarm, p.out.Offset()+uint64(ring.HeaderSize+len(b))+pad, unix.MADV_POPULATE_WRITE)
+			to = size
 		}
+		p.outWarm = warmTo(p.outR, p.outWarm, to, unix.MADV_POPULATE_WRITE)
 	}
-	want := min(uint64(ring.HeaderSize+len(b))+pad, size)
-	space, err := p.waitSpace(want)
+	space, err := p.waitSpace(min(rec, size))
 	if err != nil {
 		return err
 	}
-	if len(b) <= firstPiece && space >= uint64(ring.HeaderSize+len(b))+pad {
+	if len(b) <= firstPiece && space >= rec {
 		// Sealed whole: a receiver polling the record's first word reads
 		// all of it without waiting for head.
 		p.out.WriteRecord(&rh, b)
