@@ -222,6 +222,13 @@ func wake(c chan struct{}, n int) {
 // goneErr returns the error of an operation op involving a peer that was
 // lost or said goodbye (or ErrClosed after Close), nil for a live one.
 func (p *peer) goneErr(op string) error {
+	if !p.t.closing.Load() && !p.lost.Load() && !p.gone.Load() {
+		return nil
+	}
+	return p.goneErrSlow(op)
+}
+
+func (p *peer) goneErrSlow(op string) error {
 	switch {
 	case p.t.closing.Load():
 		return errClosed(op)
@@ -442,7 +449,9 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 		if len(b) >= warmMin {
 			to = size
 		}
-		p.outWarm = warmTo(p.outR, p.outWarm, to, unix.MADV_POPULATE_WRITE)
+		if to > p.outWarm {
+			p.outWarm = warmTo(p.outR, p.outWarm, to, unix.MADV_POPULATE_WRITE)
+		}
 	}
 	space, err := p.waitSpace(min(rec, size))
 	if err != nil {
@@ -684,6 +693,10 @@ func (p *peer) waitSpace(want uint64) (uint64, error) {
 			return s, nil
 		}
 	}
+	return p.waitSpaceSlow(want)
+}
+
+func (p *peer) waitSpaceSlow(want uint64) (uint64, error) {
 	start := time.Now()
 	parked := false
 	for i := 0; ; i++ {
@@ -867,6 +880,10 @@ func (p *peer) wait(need uint64) (uint64, error) {
 	if a := p.in.Known(); a >= need {
 		return a, nil // a whole record's seal, or the head seen before
 	}
+	return p.waitSlow(need)
+}
+
+func (p *peer) waitSlow(need uint64) (uint64, error) {
 	start := time.Now()
 	parked := false
 	for i := 0; ; i++ {
@@ -911,10 +928,8 @@ func (p *peer) wait(need uint64) (uint64, error) {
 
 // release hands consumed ring space back to the peer.
 func (p *peer) release() {
-	if p.in.Release() {
-		if p.inR.SpaceWait() {
-			p.peerBell.Ring()
-		}
+	if p.in.Release() && p.inR.SpaceWait() {
+		p.peerBell.Ring()
 	}
 }
 
@@ -923,6 +938,10 @@ func (p *peer) release() {
 // releases the record's end once it has read all of it (one store of the
 // tail per small record, not one per part of it).
 func (p *peer) readInto(dst []byte) error {
+	if n := uint64(len(dst)); n <= p.chunk && n <= p.in.Known() { // in the ring already: one piece
+		p.in.Read(dst)
+		return nil
+	}
 	for len(dst) > 0 {
 		a, err := p.wait(1)
 		if err != nil {
@@ -941,6 +960,10 @@ func (p *peer) readInto(dst []byte) error {
 // skip drops n bytes from the inbound ring; like readInto, it leaves the
 // release of the last piece to the caller.
 func (p *peer) skip(n uint64) error {
+	if n <= p.in.Known() {
+		p.in.Skip(n)
+		return nil
+	}
 	for n > 0 {
 		a, err := p.wait(1)
 		if err != nil {
@@ -1111,7 +1134,9 @@ func (p *peer) next(head bool) (bool, error) {
 	}
 	if size := p.inR.Size(); p.inWarm < size {
 		// A record below warmMin fits in what is mapped ahead.
-		p.inWarm = warmTo(p.inR, p.inWarm, p.in.Pos()&(size-1)+warmChunk/2, unix.MADV_POPULATE_READ)
+		if to := p.in.Pos()&(size-1) + warmChunk/2; to > p.inWarm {
+			p.inWarm = warmTo(p.inR, p.inWarm, to, unix.MADV_POPULATE_READ)
+		}
 	}
 	return ok, err
 }
@@ -1136,7 +1161,6 @@ func (p *peer) readPos() uint64 { return p.inR.TailHint() }
 // they left to it. It reports false if the link ended (readEnded has run).
 // Called with rmu held.
 func (p *peer) drain() bool {
-	var hb [ring.HeaderSize]byte
 	p.settle()
 	for k := 0; ; k++ {
 		if k == 0 {
@@ -1153,8 +1177,8 @@ func (p *peer) drain() bool {
 			return true
 		}
 		pos := p.in.Pos()
-		p.in.Read(hb[:])
-		h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame), pos)
+		h, err := ring.ParseHeader(p.in.Header(), uint64(p.t.cfg.maxFrame), pos)
+		p.in.Skip(ring.HeaderSize)
 		if err != nil {
 			p.readEnded(err, nil, false)
 			return false
@@ -1186,7 +1210,6 @@ func (p *peer) progress() bool {
 	}
 	p.pollOutbound()
 	p.settle()
-	var hb [ring.HeaderSize]byte
 	p.polls++
 	ok, err := p.next(p.polls%headEvery == 0)
 	if err != nil || !ok {
@@ -1195,8 +1218,7 @@ func (p *peer) progress() bool {
 		}
 		return false
 	}
-	p.in.PeekInto(hb[:])
-	h, err := ring.ParseHeader(hb[:], uint64(p.t.cfg.maxFrame), p.in.Pos())
+	h, err := ring.ParseHeader(p.in.Header(), uint64(p.t.cfg.maxFrame), p.in.Pos())
 	if err != nil || h.Remote || (p.inWarm < p.inR.Size() && h.Len >= warmMin) {
 		p.needReader()
 		return false
@@ -1231,7 +1253,6 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 			p.endPoll(false, false)
 		}
 	}()
-	var hb [ring.HeaderSize]byte
 	checked, seen := false, uint64(0)
 	for i := 1; ; i++ {
 		if p.rmu.TryLock() {
@@ -1254,8 +1275,7 @@ func (p *peer) takeNext(ctx context.Context, tag uint32, limit uint64, exact boo
 			p.polls++
 			ok, err := p.next(p.polls%headEvery == 0)
 			if err == nil && ok {
-				p.in.PeekInto(hb[:])
-				h, err := ring.ParseHeader(hb[:], uint64(t.cfg.maxFrame), p.in.Pos())
+				h, err := ring.ParseHeader(p.in.Header(), uint64(t.cfg.maxFrame), p.in.Pos())
 				if err != nil || h.Remote || (p.inWarm < p.inR.Size() && h.Len >= warmMin) {
 					p.needReader()
 					p.rmu.Unlock()

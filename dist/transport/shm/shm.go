@@ -102,14 +102,19 @@ func (t *Transport) SharedMemory(r int) bool { return t.HasLink(r) }
 
 // peerFor returns the peer of rank r, or an error for op.
 func (t *Transport) peerFor(op string, r int) (*peer, error) {
+	if p := t.peers[r].Load(); p != nil { // a peer is added only for a rank linkedTo names
+		return p, nil
+	}
+	return nil, t.noPeer(op, r)
+}
+
+// noPeer is peerFor's error for rank r.
+func (t *Transport) noPeer(op string, r int) error {
 	if !t.linkedTo[r] {
-		return nil, fmt.Errorf("shm: %s rank %d: %w", op, r, ErrNoLink)
+		return fmt.Errorf("shm: %s rank %d: %w", op, r, ErrNoLink)
 	}
-	p := t.peers[r].Load()
-	if p == nil { // cannot happen once the constructor has returned
-		return nil, &transport.PeerError{Rank: r, Op: op, Err: transport.ErrPeerLost}
-	}
-	return p, nil
+	// cannot happen once the constructor has returned
+	return &transport.PeerError{Rank: r, Op: op, Err: transport.ErrPeerLost}
 }
 
 // Send implements transport.Transport. It waits, under ctx, until the

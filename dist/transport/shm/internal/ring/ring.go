@@ -224,11 +224,17 @@ func (p *Producer) Pos() uint64 { return p.head }
 // last Space (or Known) minus what was written since.
 func (p *Producer) WriteHeader(h *Header) {
 	pos := p.head
-	var b [HeaderSize]byte
-	h.Put(b[:])
-	p.head += sealSize
-	p.Write(b[sealSize:])
+	p.putHeader(h)
 	p.word(pos).Store(Seal(pos, h.Len, h.Remote, false))
+}
+
+// putHeader writes h but its seal in place at head, a record's start.
+func (p *Producer) putHeader(h *Header) {
+	b := p.r.header(p.head)
+	binary.LittleEndian.PutUint32(b[8:], h.Tag)
+	binary.LittleEndian.PutUint32(b[lenOff:], uint32(h.Len))
+	copy(b[16:HeaderSize], h.Meta[:])
+	p.head += HeaderSize
 }
 
 // WriteRecord writes a whole record — the header h, payload and the
@@ -238,12 +244,16 @@ func (p *Producer) WriteHeader(h *Header) {
 // was written since; h.Len must be len(payload).
 func (p *Producer) WriteRecord(h *Header, payload []byte) {
 	pos := p.head
-	var b [HeaderSize]byte
-	h.Put(b[:])
-	p.head += sealSize
-	p.Write(b[sealSize:])
-	p.Write(payload)
-	p.Write(zeroPad[:Pad(uint64(len(payload)))])
+	p.putHeader(h)
+	n := uint64(len(payload))
+	if i := p.head & p.r.mask; i+n+Pad(n) <= p.r.mask+1 { // no wrap: one copy
+		b := p.r.data[i : i+n+Pad(n)]
+		clear(b[copy(b, payload):])
+		p.head += uint64(len(b))
+	} else {
+		p.Write(payload)
+		p.Write(zeroPad[:Pad(n)])
+	}
 	p.word(pos).Store(Seal(pos, h.Len, h.Remote, true))
 }
 
@@ -254,6 +264,13 @@ var zeroPad [Align]byte
 // a multiple of Align (a record header's first word, its seal).
 func (r *Ring) word(pos uint64) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&r.data[pos&r.mask]))
+}
+
+// header is the HeaderSize bytes of the data area at position pos, a
+// record's start: a multiple of Align, so that they never wrap.
+func (r *Ring) header(pos uint64) []byte {
+	i := pos & r.mask
+	return r.data[i : i+HeaderSize : i+HeaderSize]
 }
 
 func (p *Producer) word(pos uint64) *atomic.Uint64 { return p.r.word(pos) }
@@ -358,9 +375,7 @@ func (c *Consumer) Next(head bool) (bool, error) {
 	}
 	end := c.tail + HeaderSize
 	if w&wholeBit != 0 {
-		var lb [4]byte
-		c.peekAt(c.tail+lenOff, lb[:])
-		n := recordLen(w, lb[:])
+		n := recordLen(w, c.r.header(c.tail)[lenOff:])
 		if n > c.r.Size()-HeaderSize-Pad(n) {
 			return false, fmt.Errorf("%w: whole record of %d bytes in a ring of %d", ErrCorrupt, n, c.r.Size())
 		}
@@ -396,6 +411,12 @@ func (r *Ring) HeadHint() uint64 { return r.u64(offHead).Load() }
 // consuming them; len(dst) must not exceed the last Avail minus what was
 // read since.
 func (c *Consumer) PeekInto(dst []byte) { c.peekAt(c.tail, dst) }
+
+// Header returns the next record's header in place in the ring, for
+// ParseHeader, once Next reported it there: a record starts on a multiple
+// of Align, so its header never wraps. The producer leaves it alone until
+// it is released.
+func (c *Consumer) Header() []byte { return c.r.header(c.tail) }
 
 // peekAt copies len(dst) bytes from position t of the ring into dst.
 func (c *Consumer) peekAt(t uint64, dst []byte) {
