@@ -24,6 +24,14 @@ import (
 // shared by all its groups.
 
 func (g *ProcessGroup) checkP2P(op string, peer int, tag uint32) error {
+	if tag < TagReservedBase && uint(peer) < uint(g.size) && !g.shut.Load() && !g.d.down.Load() {
+		return nil // inlined: the path of every message
+	}
+	return g.p2pRefused(op, peer, tag)
+}
+
+// p2pRefused is checkP2P's error, or nil.
+func (g *ProcessGroup) p2pRefused(op string, peer int, tag uint32) error {
 	if tag >= TagReservedBase {
 		return fmt.Errorf("dist: %s: %w: %#x", op, ErrReservedTag, tag)
 	}
@@ -82,9 +90,9 @@ func (g *ProcessGroup) Send(ctx context.Context, to int, tag uint32, p []byte) e
 		return err
 	}
 	c, hold := g.p2pCtx(ctx)
-	defer hold.release()
 	r := g.global(to)
 	err := g.d.t.Send(c, r, tag, transport.Header{}, p)
+	hold.release()
 	if err == nil {
 		g.d.obs.met.Sent(r, len(p))
 		return nil
@@ -99,9 +107,9 @@ func (g *ProcessGroup) Recv(ctx context.Context, from int, tag uint32) ([]byte, 
 		return nil, err
 	}
 	c, hold := g.p2pCtx(ctx)
-	defer hold.release()
 	r := g.global(from)
 	m, err := g.d.t.Recv(c, r, tag)
+	hold.release()
 	if err != nil {
 		return nil, g.p2pErr(ctx, "recv", err)
 	}
@@ -120,9 +128,9 @@ func (g *ProcessGroup) RecvInto(ctx context.Context, from int, tag uint32, dst [
 		return 0, err
 	}
 	c, hold := g.p2pCtx(ctx)
-	defer hold.release()
 	r := g.global(from)
 	_, n, err := g.d.t.RecvInto(c, r, tag, dst)
+	hold.release()
 	if err == nil {
 		g.d.obs.met.Received(r, n)
 		return n, nil

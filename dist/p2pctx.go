@@ -171,12 +171,17 @@ func (j *p2pJoins) retire(e *p2pJoin) {
 	}
 }
 
-// release ends the call's use of its context.
+// release ends the call's use of its context. (Small enough to be
+// inlined: most calls hold nothing.)
 func (h p2pHold) release() {
 	if h.cancel != nil {
-		h.stop()
-		h.cancel()
+		h.undo()
 	}
+}
+
+func (h p2pHold) undo() {
+	h.stop()
+	h.cancel()
 }
 
 // close undoes every kept join; later holds make joins for one call
