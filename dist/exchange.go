@@ -35,13 +35,32 @@ type exchange struct {
 	g *ProcessGroup
 }
 
-var _ coll.Exchange = (*exchange)(nil)
+var (
+	_ coll.Exchange       = (*exchange)(nil)
+	_ coll.StreamExchange = (*exchange)(nil)
+)
 
 // Send implements coll.Exchange.
 func (x *exchange) Send(ctx context.Context, to int, p []byte) error {
 	g := x.g
 	r := g.global(to)
 	err := g.d.t.Send(ctx, r, g.tag+tagColl, collHeader(g.cur.wire, g.cur.fp), p)
+	if err == nil {
+		g.d.obs.met.Sent(r, len(p))
+	}
+	return err
+}
+
+// SendStream implements coll.StreamExchange: Send, through the
+// transport's SendStream where it has one (transport.StreamSender).
+func (x *exchange) SendStream(ctx context.Context, to int, p []byte) error {
+	s, ok := x.g.d.t.(transport.StreamSender)
+	if !ok {
+		return x.Send(ctx, to, p)
+	}
+	g := x.g
+	r := g.global(to)
+	err := s.SendStream(ctx, r, g.tag+tagColl, collHeader(g.cur.wire, g.cur.fp), p)
 	if err == nil {
 		g.d.obs.met.Sent(r, len(p))
 	}

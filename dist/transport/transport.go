@@ -172,6 +172,18 @@ type SharedMemory interface {
 	SharedMemory(r int) bool
 }
 
+// StreamSender is implemented by transports that can write a message past
+// the sender's caches (non-temporal stores into shared memory). Where the
+// receiver runs on a core that shares no cache with the sender's, that
+// saves fetching each line of the destination from the receiver's cache
+// before writing it; where they share one, a plain Send is faster. dist's
+// all-reduce between 2 members chooses between them by measuring both.
+type StreamSender interface {
+	// SendStream is Send with the payload written past the caches where
+	// the message goes through shared memory, and Send otherwise.
+	SendStream(ctx context.Context, to int, tag uint32, h Header, p []byte) error
+}
+
 // CheckHosts checks a host map against Topology's contract: hosts numbered
 // 0, 1, ... in the order of their lowest rank. Its error names the first
 // rank out of order; callers add their own context and sentinel.

@@ -53,6 +53,15 @@ type Exchange interface {
 	Recv(ctx context.Context, from int, dst []byte, red Reducer) error
 }
 
+// StreamExchange is implemented by an Exchange that can send a message
+// with its payload written past the sender's caches
+// (transport.StreamSender); allReducePair uses it where that is measured
+// to be faster.
+type StreamExchange interface {
+	// SendStream is Send, streamed where the transport can.
+	SendStream(ctx context.Context, to int, p []byte) error
+}
+
 // Reducer is how a reduction combines buffers of one element type. Its
 // zero value means "no reduction": Exchange.Recv copies.
 type Reducer struct {
@@ -134,8 +143,9 @@ type Net struct {
 	// when they run flat (see NewPlan).
 	Hier *Plan
 
-	scratch []byte // partial results of reduce_scatter and reduce
-	offs    []int  // byte offsets of the uneven collectives' blocks
+	pair    pairChoice // allReducePair's choice of streamed or plain sends
+	scratch []byte     // partial results of reduce_scatter and reduce
+	offs    []int      // byte offsets of the uneven collectives' blocks
 }
 
 // buf returns n bytes of the Net's scratch buffer.

@@ -3,6 +3,7 @@ package coll_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -462,4 +463,45 @@ func TestHierFlatMismatch(t *testing.T) {
 	}
 	wg.Wait()
 	require.ErrorIs(t, errs[2], coll.ErrFlatPeer, "member 2 follows the flat member 1")
+}
+
+// TestAllReducePairStreams: over an exchange that can stream, the
+// all-reduce between 2 members sends both ways as its choice goes
+// (plainly and streamed), and every result is exact.
+func TestAllReducePairStreams(t *testing.T) {
+	c := tcase{N: 2, Cap: 4, Seed: 7, Seg: 64, Small: 0, Pair: 64}
+	nw := colltest.New(c.N, c.Cap, c.Seed)
+	defer nw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const calls = 3 * 32
+	lens := []int{1, 40, 333}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for me := range 2 {
+		nt := &coll.Net{Ex: nw.Exchange(me), Segment: c.Seg, Small: c.Small, PairSegment: c.Pair}
+		wg.Go(func() {
+			for k := range calls {
+				n := lens[k%len(lens)]
+				b := bytesOf(input(c.Seed+uint64(k), me, n))
+				if err := nt.AllReduce(ctx, coll.World(2, me), b, f64Reducer(false)); err != nil {
+					errs[me] = err
+					return
+				}
+				cc := c
+				cc.Seed, cc.Len = c.Seed+uint64(k), n
+				if want := combineAll(cc, n); !slices.Equal(want, f64s(b)) {
+					errs[me] = fmt.Errorf("call %d, %d elements: got %v, want %v", k, n, f64s(b), want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for me, err := range errs {
+		require.NoError(t, err, "member %d", me)
+		st := nw.Stats(me)
+		require.Positive(t, st.Streamed, "member %d streamed nothing", me)
+		require.Less(t, st.Streamed, st.Messages, "member %d sent nothing plainly", me)
+	}
 }

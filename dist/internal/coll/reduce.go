@@ -1,6 +1,9 @@
 package coll
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // AllReduce combines data element by element across c's members and leaves
 // the result in data on each of them: hierarchically when the Net has a
@@ -264,6 +267,11 @@ func (nt *Net) reduceChain(ctx context.Context, c Comm, data []byte, root int, r
 // the whole vector once, it combines half as much and copies segments
 // small enough to stay in the caches. Block r is combined by member r
 // only, so both members end with the same bits.
+//
+// Where the Exchange can stream (StreamExchange), the segments go
+// streamed or plainly as pairChoice measures faster for the size; the time
+// counts from the first combined segment, past any wait for the peer to
+// arrive.
 func (nt *Net) allReducePair(ctx context.Context, c Comm, data []byte, red Reducer) error {
 	peer := 1 - c.Me
 	mine, theirs := chunk(data, red.Size, 2, c.Me), chunk(data, red.Size, 2, peer)
@@ -272,21 +280,37 @@ func (nt *Net) allReducePair(ctx context.Context, c Comm, data []byte, red Reduc
 		lo := min(k*seg, len(b))
 		return b[lo:min(lo+seg, len(b))]
 	}
+	sx, _ := nt.Ex.(StreamExchange)
+	class, stream := nt.pair.pick(len(data))
+	stream = stream && sx != nil
+	send := func(p []byte) error {
+		if stream {
+			return sx.SendStream(ctx, c.at(peer), p)
+		}
+		return nt.send(ctx, c, peer, p)
+	}
+	var start time.Time
 	for k := range max(1, (len(mine)+seg-1)/seg, (len(theirs)+seg-1)/seg) {
-		if err := nt.send(ctx, c, peer, part(theirs, k)); err != nil {
+		if err := send(part(theirs, k)); err != nil {
 			return err
 		}
 		m := part(mine, k)
 		if err := nt.recv(ctx, c, peer, m, red); err != nil {
 			return err
 		}
+		if k == 0 && sx != nil {
+			start = time.Now()
+		}
 		red.finish(m, 2)
-		if err := nt.send(ctx, c, peer, m); err != nil {
+		if err := send(m); err != nil {
 			return err
 		}
 		if err := nt.recv(ctx, c, peer, part(theirs, k), copying); err != nil {
 			return err
 		}
+	}
+	if sx != nil {
+		nt.pair.record(class, stream, time.Since(start), len(data))
 	}
 	return nil
 }

@@ -51,6 +51,7 @@ var (
 	_ transport.Topology       = (*Transport)(nil)
 	_ transport.ReduceReceiver = (*Transport)(nil)
 	_ transport.Backlog        = (*Transport)(nil)
+	_ transport.StreamSender   = (*Transport)(nil)
 )
 
 // Rank implements transport.Transport.
@@ -130,6 +131,21 @@ func (t *Transport) Send(ctx context.Context, to int, tag uint32, h transport.He
 		return err
 	}
 	return t.stateErr("send", tr.Send(ctx, to, tag, h, p))
+}
+
+// SendStream implements transport.StreamSender: through the route to `to`,
+// streamed where the route can (shared memory), a plain Send elsewhere.
+func (t *Transport) SendStream(ctx context.Context, to int, tag uint32, h transport.Header, p []byte) error {
+	tr, err := t.route("send", to)
+	if err != nil {
+		return err
+	}
+	if s, ok := tr.(transport.StreamSender); ok {
+		err = s.SendStream(ctx, to, tag, h, p)
+	} else {
+		err = tr.Send(ctx, to, tag, h, p)
+	}
+	return t.stateErr("send", err)
 }
 
 // Recv implements transport.Transport. The payload belongs to the caller,

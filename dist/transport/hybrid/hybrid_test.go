@@ -3,6 +3,7 @@
 package hybrid_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -156,18 +157,25 @@ func TestRoutes(t *testing.T) {
 	h[0] = 9
 	assert.Equal(t, []int{0, 0, 1, 1}, ts[0].Hosts(), "Hosts returns a copy")
 
-	// Every pair exchanges a message on its route, both ways.
+	// Every pair exchanges a message on its route, both ways, sent by Send
+	// and by SendStream (streamed on shared memory, a plain send elsewhere).
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for from := range ts {
-		for to := range ts {
-			msg := fmt.Appendf(nil, "%d->%d", from, to)
-			require.NoError(t, ts[from].Send(ctx, to, 3, transport.Header{byte(from)}, msg))
-			m, err := ts[to].Recv(ctx, from, 3)
-			require.NoError(t, err)
-			assert.Equal(t, msg, m.Payload)
-			assert.Equal(t, transport.Header{byte(from)}, m.Header)
-			ts[to].Release(m.Payload)
+	for _, stream := range []bool{false, true} {
+		for from := range ts {
+			for to := range ts {
+				msg := fmt.Appendf(bytes.Repeat([]byte{'.'}, 5000), "%d->%d", from, to)
+				send := ts[from].Send
+				if stream {
+					send = ts[from].SendStream
+				}
+				require.NoError(t, send(ctx, to, 3, transport.Header{byte(from)}, msg))
+				m, err := ts[to].Recv(ctx, from, 3)
+				require.NoError(t, err)
+				assert.Equal(t, msg, m.Payload)
+				assert.Equal(t, transport.Header{byte(from)}, m.Header)
+				ts[to].Release(m.Payload)
+			}
 		}
 	}
 }

@@ -418,8 +418,9 @@ func (s *pollSpin) adapt() {
 // for credit (the peer's queue limit), then streams the record through the
 // ring in chunks as space frees up. Once writing has started it is not
 // interrupted by ctx (that would leave half a record); it ends early only
-// if the peer is lost or leaves, or this transport closes.
-func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byte) error {
+// if the peer is lost or leaves, or this transport closes. stream writes
+// the payload with non-temporal stores (ring.Producer.WriteStream).
+func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byte, stream bool) error {
 	if uint64(len(b)) > p.maxFrame {
 		return fmt.Errorf("shm: send to rank %d: %w: %d bytes, the peer accepts %d",
 			p.rank, transport.ErrFrameTooLarge, len(b), p.maxFrame)
@@ -460,7 +461,11 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 	if len(b) <= firstPiece && space >= rec {
 		// Sealed whole: a receiver polling the record's first word reads
 		// all of it without waiting for head.
-		p.out.WriteRecord(&rh, b)
+		if stream {
+			p.out.WriteRecordStream(&rh, b)
+		} else {
+			p.out.WriteRecord(&rh, b)
+		}
 		p.out.Publish()
 		p.peerBell.Ring()
 		return nil
@@ -477,7 +482,11 @@ func (p *peer) send(ctx context.Context, tag uint32, h transport.Header, b []byt
 			piece = min(piece, firstPiece)
 		}
 		k := min(space, uint64(len(b)), piece)
-		p.out.Write(b[:k])
+		if stream {
+			p.out.WriteStream(b[:k])
+		} else {
+			p.out.Write(b[:k])
+		}
 		b = b[k:]
 		space -= k
 		written += k

@@ -57,6 +57,7 @@ type Transport struct {
 var (
 	_ transport.Transport      = (*Transport)(nil)
 	_ transport.ReduceReceiver = (*Transport)(nil)
+	_ transport.StreamSender   = (*Transport)(nil)
 )
 
 func newTransport(rank, world int, cfg config) *Transport {
@@ -126,6 +127,21 @@ func (t *Transport) noPeer(op string, r int) error {
 // and the heartbeat bound. A message longer than the receiver's maximum is
 // refused with an error matching transport.ErrFrameTooLarge.
 func (t *Transport) Send(ctx context.Context, to int, tag uint32, h transport.Header, p []byte) error {
+	return t.send(ctx, to, tag, h, p, false)
+}
+
+// SendStream implements transport.StreamSender: Send, with the payload
+// written into the ring with non-temporal stores, which go to memory past
+// this core's caches. It pays where the receiver runs on a core that
+// shares no cache with the sender's (two dies of one chip, or vCPUs the
+// hypervisor placed so): a plain copy first fetches every line of the
+// ring from the receiver's cache. Where the cores share a cache, Send is
+// faster.
+func (t *Transport) SendStream(ctx context.Context, to int, tag uint32, h transport.Header, p []byte) error {
+	return t.send(ctx, to, tag, h, p, true)
+}
+
+func (t *Transport) send(ctx context.Context, to int, tag uint32, h transport.Header, p []byte, stream bool) error {
 	if t.closing.Load() {
 		return errClosed("send")
 	}
@@ -142,7 +158,7 @@ func (t *Transport) Send(ctx context.Context, to int, tag uint32, h transport.He
 	if err != nil {
 		return err
 	}
-	return pr.send(ctx, tag, h, p)
+	return pr.send(ctx, tag, h, p, stream)
 }
 
 func (t *Transport) sendSelf(ctx context.Context, tag uint32, h transport.Header, p []byte) error {

@@ -32,6 +32,7 @@ type Network struct {
 type Stats struct {
 	Messages int
 	Bytes    int
+	Streamed int // messages sent by SendStream
 }
 
 type link struct {
@@ -159,6 +160,16 @@ func (e *exchange) Send(ctx context.Context, to int, p []byte) error {
 	e.nw.stats[e.me].Bytes += len(p)
 	l.cond.Broadcast()
 	return nil
+}
+
+// SendStream implements coll.StreamExchange: Send, counted in
+// Stats.Streamed.
+func (e *exchange) SendStream(ctx context.Context, to int, p []byte) error {
+	err := e.Send(ctx, to, p)
+	if err == nil {
+		e.nw.stats[e.me].Streamed++
+	}
+	return err
 }
 
 func (e *exchange) Recv(ctx context.Context, from int, dst []byte, red coll.Reducer) error {

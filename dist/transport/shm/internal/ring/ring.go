@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/gdist/gdist/internal/vec"
 )
 
 // Layout constants.
@@ -214,6 +216,19 @@ func (p *Producer) Write(b []byte) {
 	}
 }
 
+// WriteStream is Write with non-temporal stores (vec.CopyStream): the
+// bytes go to memory past this core's caches, and the consumer reads them
+// from there rather than from this core. It pays where the consumer runs
+// on a core that shares no cache with this one.
+func (p *Producer) WriteStream(b []byte) {
+	for len(b) > 0 {
+		i := p.head & p.r.mask
+		n := vec.CopyStream(p.r.data[i:], b)
+		b = b[n:]
+		p.head += uint64(n)
+	}
+}
+
 // Pos returns how many bytes the producer has written (published or not).
 func (p *Producer) Pos() uint64 { return p.head }
 
@@ -242,15 +257,25 @@ func (p *Producer) putHeader(h *Header) {
 // seal may read all of it before head is published. HeaderSize+len(payload)
 // plus the padding must not exceed the last Space (or Known) minus what
 // was written since; h.Len must be len(payload).
-func (p *Producer) WriteRecord(h *Header, payload []byte) {
+func (p *Producer) WriteRecord(h *Header, payload []byte) { p.writeRecord(h, payload, false) }
+
+// WriteRecordStream is WriteRecord with the payload written as
+// WriteStream writes.
+func (p *Producer) WriteRecordStream(h *Header, payload []byte) { p.writeRecord(h, payload, true) }
+
+func (p *Producer) writeRecord(h *Header, payload []byte, stream bool) {
 	pos := p.head
 	p.putHeader(h)
 	n := uint64(len(payload))
-	if i := p.head & p.r.mask; i+n+Pad(n) <= p.r.mask+1 { // no wrap: one copy
+	switch i := p.head & p.r.mask; {
+	case stream:
+		p.WriteStream(payload)
+		p.Write(zeroPad[:Pad(n)])
+	case i+n+Pad(n) <= p.r.mask+1: // no wrap: one copy
 		b := p.r.data[i : i+n+Pad(n)]
 		clear(b[copy(b, payload):])
 		p.head += uint64(len(b))
-	} else {
+	default:
 		p.Write(payload)
 		p.Write(zeroPad[:Pad(n)])
 	}
