@@ -119,8 +119,12 @@
 // then all-gather) above it. Between 2 members that share memory
 // (transport.SharedMemory) it interleaves the reduce-scatter and the
 // all-gather in 256 KiB segments from DefaultSmallThreshold up, so that
-// each combined segment goes back while it is in the cache. Broadcast and
-// reduce use a
+// each combined segment goes back while it is in the cache; it sends them
+// plainly or streamed past the caches (transport.StreamSender), whichever
+// it measures faster for the size (the first calls of each size try both,
+// and every 32nd the way not chosen: which is faster depends on whether
+// the two processes' cores share a cache, which can change as they run).
+// Broadcast and reduce use a
 // binomial tree or a pipelined chain; large messages travel in segments of
 // at most 4 MiB. When the transport reports which ranks share a host
 // (transport.Topology) and the job spans hosts, AllReduce and Broadcast go

@@ -42,25 +42,24 @@ var (
 
 // Send implements coll.Exchange.
 func (x *exchange) Send(ctx context.Context, to int, p []byte) error {
-	g := x.g
-	r := g.global(to)
-	err := g.d.t.Send(ctx, r, g.tag+tagColl, collHeader(g.cur.wire, g.cur.fp), p)
-	if err == nil {
-		g.d.obs.met.Sent(r, len(p))
-	}
-	return err
+	return x.send(ctx, to, p, false)
 }
 
 // SendStream implements coll.StreamExchange: Send, through the
 // transport's SendStream where it has one (transport.StreamSender).
 func (x *exchange) SendStream(ctx context.Context, to int, p []byte) error {
-	s, ok := x.g.d.t.(transport.StreamSender)
-	if !ok {
-		return x.Send(ctx, to, p)
-	}
+	return x.send(ctx, to, p, true)
+}
+
+func (x *exchange) send(ctx context.Context, to int, p []byte, stream bool) error {
 	g := x.g
-	r := g.global(to)
-	err := s.SendStream(ctx, r, g.tag+tagColl, collHeader(g.cur.wire, g.cur.fp), p)
+	r, tag, h := g.global(to), g.tag+tagColl, collHeader(g.cur.wire, g.cur.fp)
+	var err error
+	if s, ok := g.d.t.(transport.StreamSender); ok && stream {
+		err = s.SendStream(ctx, r, tag, h, p)
+	} else {
+		err = g.d.t.Send(ctx, r, tag, h, p)
+	}
 	if err == nil {
 		g.d.obs.met.Sent(r, len(p))
 	}

@@ -23,20 +23,7 @@ import (
 // of every message, which a ping-pong adds to the cost of moving cache
 // lines between the cores.
 func BenchmarkP2PMessage(b *testing.B) {
-	ts := make([]*shm.Transport, 2)
-	errs := make([]error, 2)
-	rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer rcancel()
-	token, name := []byte(rand.Text()), "@gdist-p2p-bench-"+rand.Text()
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Go(func() { ts[i], errs[i] = shm.Rendezvous(rctx, i, 2, name, shm.WithToken(token)) })
-	}
-	wg.Wait()
-	for i, err := range errs {
-		require.NoError(b, err, "rank %d", i)
-	}
-	gs := groupsOn(b, ts)
+	ts, gs := shmPair(b)
 	defer func() {
 		for _, g := range gs {
 			require.NoError(b, g.Close())
@@ -72,4 +59,24 @@ func BenchmarkP2PMessage(b *testing.B) {
 			}
 		})
 	}
+}
+
+// shmPair returns the 2 ranks of a job in this process over shared
+// memory, as transports and as groups on them.
+func shmPair(tb testing.TB) ([]*shm.Transport, []*ProcessGroup) {
+	tb.Helper()
+	ts := make([]*shm.Transport, 2)
+	errs := make([]error, 2)
+	rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer rcancel()
+	token, name := []byte(rand.Text()), "@gdist-shm-pair-"+rand.Text()
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { ts[i], errs[i] = shm.Rendezvous(rctx, i, 2, name, shm.WithToken(token)) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(tb, err, "rank %d", i)
+	}
+	return ts, groupsOn(tb, ts)
 }

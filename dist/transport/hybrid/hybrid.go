@@ -140,12 +140,11 @@ func (t *Transport) SendStream(ctx context.Context, to int, tag uint32, h transp
 	if err != nil {
 		return err
 	}
-	if s, ok := tr.(transport.StreamSender); ok {
-		err = s.SendStream(ctx, to, tag, h, p)
-	} else {
-		err = tr.Send(ctx, to, tag, h, p)
+	s, ok := tr.(transport.StreamSender)
+	if !ok {
+		return t.stateErr("send", tr.Send(ctx, to, tag, h, p))
 	}
-	return t.stateErr("send", err)
+	return t.stateErr("send", s.SendStream(ctx, to, tag, h, p))
 }
 
 // Recv implements transport.Transport. The payload belongs to the caller,

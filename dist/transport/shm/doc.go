@@ -71,6 +71,14 @@
 // segments, which the peer combines out of the ring as they arrive. Steady-state Send, Recv,
 // RecvInto, RecvReduce and Release do not allocate.
 //
+// SendStream (transport.StreamSender) is Send with the payload written
+// into the ring by non-temporal stores (internal/vec.CopyStream on amd64
+// with AVX2), which go to memory past the sender's caches. Where the
+// receiver's core shares no cache with the sender's, a plain copy first
+// fetches each line of the ring from the receiver's cache, which read it
+// last; streaming skips that. Where the two share a cache, Send is faster.
+// dist's all-reduce between 2 members measures both and takes the faster.
+//
 // Each pair's memory is two rings and their control blocks, 16 MiB with
 // the default ring size (n ranks on a host: n(n-1)/2 pairs, at most 448 MiB
 // for 8). A ring's pages are allocated and mapped on both sides in one go
