@@ -68,3 +68,17 @@ func TestSendStream(t *testing.T) {
 	}
 	require.NoError(t, <-done)
 }
+
+// TestSendStreamRefuses: SendStream refuses what Send refuses, with the
+// same matchable errors: a rank out of range, a message over the peer's
+// maximum, a call after Close.
+func TestSendStreamRefuses(t *testing.T) {
+	ts := mesh(t, 2, WithMaxFrame(64<<10))
+	defer ts[1].Close()
+	ctx := context.Background()
+	require.ErrorIs(t, ts[0].SendStream(ctx, 2, 1, transport.Header{}, nil), transport.ErrInvalidRank)
+	require.ErrorIs(t, ts[0].SendStream(ctx, -1, 1, transport.Header{}, nil), transport.ErrInvalidRank)
+	require.ErrorIs(t, ts[0].SendStream(ctx, 1, 1, transport.Header{}, make([]byte, 64<<10+1)), transport.ErrFrameTooLarge)
+	require.NoError(t, ts[0].Close())
+	require.ErrorIs(t, ts[0].SendStream(ctx, 1, 1, transport.Header{}, make([]byte, 4096)), transport.ErrClosed)
+}
